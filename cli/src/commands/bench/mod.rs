@@ -1,0 +1,43 @@
+//! `walhook bench`: throughput and latency, measured on a throwaway
+//! Postgres. Benchmarks print figures; tests check behaviour.
+
+pub mod capture;
+
+use std::process::ExitCode;
+
+/// Arguments of `walhook bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The scenario to run.
+    #[command(subcommand)]
+    pub scenario: Scenario,
+}
+
+/// Benchmark scenarios.
+#[derive(Debug, clap::Subcommand)]
+pub enum Scenario {
+    /// Capture alone: events/s decoded, canonicalised and handed on, against
+    /// pg_recvlogical draining the same changes to /dev/null.
+    Capture(capture::Args),
+}
+
+/// Runs a scenario.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.scenario {
+        Scenario::Capture(a) => capture::run(a).await,
+    }
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>24} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}

@@ -1,0 +1,77 @@
+//! `walhook capture`: the capture stage alone.
+//!
+//! With `--stdout` it prints every event body as one line of canonical JSON
+//! and confirms nothing to the slot (unless `--confirm`), so users try their
+//! rules against real traffic before going live. Incidents go to stderr.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::bail;
+use walhook_connectors::postgres::{CaptureObserver, PostgresSource, RunOptions};
+use walhook_pipeline::capture::{Incident, WriterSink};
+
+use crate::config::Config;
+
+/// Arguments of `walhook capture`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The config file ([source] and [[rules]]).
+    #[arg(long, short, env = "WALHOOK_CONFIG")]
+    pub config: PathBuf,
+    /// Print events to stdout, one canonical JSON line each, instead of
+    /// handing them on.
+    #[arg(long)]
+    pub stdout: bool,
+    /// With --stdout: confirm printed transactions to the slot, so that the
+    /// next run starts after them. Without it the slot does not move.
+    #[arg(long, requires = "stdout")]
+    pub confirm: bool,
+    /// Stop once every change committed before the command started has been
+    /// read (instead of running until Ctrl-C).
+    #[arg(long)]
+    pub until_caught_up: bool,
+}
+
+/// Prints incidents to stderr as JSON lines.
+struct StderrObserver;
+
+impl CaptureObserver for StderrObserver {
+    fn incident(&self, incident: &Incident) {
+        if let Ok(line) = serde_json::to_string(incident) {
+            eprintln!("incident: {line}");
+        }
+    }
+}
+
+/// Runs capture.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(&args.config)?;
+    if !args.stdout {
+        bail!(
+            "the embedded log lives inside one process: run the whole pipeline with `walhook run \
+             --config {}`, or try the rules with `walhook capture --stdout`",
+            args.config.display()
+        );
+    }
+    let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?;
+    let shutdown = super::shutdown_on_signals();
+    let options = RunOptions {
+        confirm: args.confirm,
+        stop_when_caught_up: args.until_caught_up,
+    };
+    let sink = WriterSink::new(std::io::BufWriter::new(std::io::stdout()));
+    let stats = source
+        .run(sink, Arc::new(StderrObserver), options, shutdown)
+        .await?;
+    tracing::info!(
+        transactions = stats.transactions,
+        changes = stats.changes,
+        events = stats.events,
+        incidents = stats.incidents,
+        confirmed = %stats.confirmed,
+        "capture stopped"
+    );
+    Ok(ExitCode::SUCCESS)
+}

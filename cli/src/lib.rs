@@ -1,0 +1,94 @@
+//! The `walhook` command: a thin composition root.
+//!
+//! It loads the config, wires the stages from the library crates and runs
+//! them; nothing depends on it. Each subcommand is a module of
+//! [`commands`].
+
+pub mod commands;
+pub mod config;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Committed Postgres changes become signed webhooks.
+///
+/// walhook tails the business database's WAL through logical replication,
+/// turns row changes into events with the capture rules of the config file,
+/// fans each event out to the tenant's subscribed endpoints and delivers
+/// signed (Standard Webhooks) attempts with retries: at least once, never a
+/// silent loss.
+#[derive(Debug, Parser)]
+#[command(name = "walhook", version, about, long_about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on stderr: `text` or `json`. The level comes from
+    /// WALHOOK_LOG (or RUST_LOG), e.g. `info` or `walhook=debug`.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the platform schema `walhook` (idempotent).
+    Migrate(commands::migrate::Args),
+    /// Run the capture stage alone; with --stdout, print events to try rules.
+    Capture(commands::capture::Args),
+    /// Measure throughput and latency on a throwaway Postgres.
+    Bench(commands::bench::Args),
+}
+
+fn init_logging(format: &str) {
+    let filter = std::env::var("WALHOOK_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Parses the command line and runs the command; errors go to stderr with
+/// their causes, and the exit status is 1 (2 for usage errors, by clap).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Capture(args) => commands::capture::run(args).await,
+        Command::Bench(args) => commands::bench::run(args).await,
+    }
+}

@@ -1,0 +1,7 @@
+//! walhook's connectors to the outside world.
+//!
+//! - [`postgres`]: the capture source: a logical replication slot read with
+//!   `pgwire-replication`, our own `pgoutput` decoder, and the capture rules
+//!   that turn row changes into events.
+
+pub mod postgres;

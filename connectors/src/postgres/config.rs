@@ -1,0 +1,669 @@
+//! The configuration of a Postgres source and its capture rules.
+//!
+//! Rules live in the walhook config file (TOML), so producers change no code:
+//!
+//! ```toml
+//! [[rules]]
+//! name = "invoice_paid"
+//! table = "public.invoices"
+//! operations = ["update"]
+//! when = [{ column = "status", changed_to = "paid" }]
+//! event_type = "invoice.paid"
+//! tenant_column = "tenant_id"
+//! object_id_column = "id"
+//! object_version = "lsn"
+//! include = ["id", "amount_cents", "currency", "status"]
+//! ```
+//!
+//! [`SourceConfig::validate`] checks everything that needs no database and
+//! names the rule, the field and the fix; checks against the catalog happen
+//! when capture starts (`rules.rs`).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Deserialize;
+use walhook_pipeline::event::EventType;
+
+/// Default replication slot name.
+pub const DEFAULT_SLOT: &str = "walhook";
+/// Default publication name.
+pub const DEFAULT_PUBLICATION: &str = "walhook";
+/// Default interval between heartbeats.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// Default interval between standby status updates.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where and how to capture.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// The source's name; part of every event id, so never change it for a
+    /// running source.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// `postgres://user:password@host:port/database` of the business
+    /// database. The user needs the REPLICATION attribute.
+    pub url: String,
+    /// The logical replication slot.
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    /// The publication the slot reads.
+    #[serde(default = "default_publication")]
+    pub publication: String,
+    /// Create the slot when it does not exist.
+    #[serde(default)]
+    pub create_slot: bool,
+    /// Create the publication for the rules' tables when it does not exist.
+    #[serde(default)]
+    pub create_publication: bool,
+    /// How often to emit a heartbeat message so that the slot advances while
+    /// the captured database is idle but others write (0 turns it off).
+    #[serde(default = "default_heartbeat", with = "walhook_pipeline::duration")]
+    pub heartbeat_interval: Duration,
+    /// How often to report the confirmed position to the server.
+    #[serde(
+        default = "default_status_interval",
+        with = "walhook_pipeline::duration"
+    )]
+    pub status_interval: Duration,
+    /// Warn when the slot retains more WAL than this many bytes.
+    #[serde(default = "default_lag_warning")]
+    pub lag_warning_bytes: u64,
+}
+
+fn default_name() -> String {
+    "main".into()
+}
+fn default_slot() -> String {
+    DEFAULT_SLOT.into()
+}
+fn default_publication() -> String {
+    DEFAULT_PUBLICATION.into()
+}
+fn default_heartbeat() -> Duration {
+    DEFAULT_HEARTBEAT
+}
+fn default_status_interval() -> Duration {
+    DEFAULT_STATUS_INTERVAL
+}
+fn default_lag_warning() -> u64 {
+    1 << 30
+}
+
+/// Which row changes a rule reacts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// `INSERT`.
+    Insert,
+    /// `UPDATE`.
+    Update,
+    /// `DELETE`.
+    Delete,
+}
+
+/// The kinds of capture rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    /// Row changes of a business table become events.
+    #[default]
+    Table,
+    /// Rows inserted into an outbox table carry their own type and payload.
+    Outbox,
+    /// Transactional `pg_logical_emit_message` calls with a prefix.
+    Message,
+}
+
+/// A scalar in a condition, compared with the column's Postgres text form.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    /// A boolean (`true` matches Postgres' `t`).
+    Bool(bool),
+    /// An integer.
+    Integer(i64),
+    /// A float, compared by its shortest text form.
+    Float(f64),
+    /// A string.
+    String(String),
+}
+
+impl Scalar {
+    /// The value as Postgres prints it in text format.
+    pub fn pg_text(&self) -> String {
+        match self {
+            Scalar::Bool(true) => "t".into(),
+            Scalar::Bool(false) => "f".into(),
+            Scalar::Integer(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::String(s) => s.clone(),
+        }
+    }
+}
+
+/// Which row a condition reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowSelector {
+    /// The row after the change (insert, update).
+    #[default]
+    New,
+    /// The row before the change (update, delete).
+    Old,
+}
+
+/// One condition; a rule's `when` list matches when all of them hold.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Condition {
+    /// The column it reads.
+    pub column: String,
+    /// The row it reads (for `equals`, `not_equals`, `in`, `is_null`).
+    #[serde(default)]
+    pub row: RowSelector,
+    /// The value equals this.
+    pub equals: Option<Scalar>,
+    /// The value is null or differs from this.
+    pub not_equals: Option<Scalar>,
+    /// The value is one of these.
+    #[serde(rename = "in")]
+    pub one_of: Option<Vec<Scalar>>,
+    /// The value is (`true`) or is not (`false`) null.
+    pub is_null: Option<bool>,
+    /// The old and new values differ (updates).
+    pub changed: Option<bool>,
+    /// The new value is this and the old was not (inserts count as changes
+    /// from nothing).
+    pub changed_to: Option<Scalar>,
+    /// The old value was this and the new is not (updates).
+    pub changed_from: Option<Scalar>,
+}
+
+/// The object version: the commit LSN or a column.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ObjectVersion {
+    /// `"lsn"`: the commit LSN, an integer that grows with every commit.
+    Named(String),
+    /// `{ column = "version" }`: a column of the row.
+    Column {
+        /// The column.
+        column: String,
+    },
+}
+
+/// One capture rule as written in the config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// A unique name; part of event ids, so keep it stable.
+    pub name: String,
+    /// The rule kind (`table` by default).
+    #[serde(default)]
+    pub kind: RuleKind,
+    /// `schema.table` (or `table` in `public`) for table and outbox rules.
+    pub table: Option<String>,
+    /// The operations a table rule reacts to (all three by default).
+    #[serde(default)]
+    pub operations: Vec<Operation>,
+    /// Conditions that must all hold.
+    #[serde(default)]
+    pub when: Vec<Condition>,
+    /// The event type a table rule produces.
+    pub event_type: Option<String>,
+    /// The column naming the tenant.
+    pub tenant_column: Option<String>,
+    /// The column naming the business object.
+    pub object_id_column: Option<String>,
+    /// The object version: `"lsn"` or `{ column = "…" }`.
+    pub object_version: Option<ObjectVersion>,
+    /// Columns to put in the payload (all when empty).
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Columns to leave out of the payload.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// The payload schema version.
+    #[serde(default = "default_schema_version")]
+    pub schema_version: u32,
+    /// Outbox rules: the column holding the event type.
+    pub type_column: Option<String>,
+    /// Outbox rules: the column holding the JSON payload.
+    pub payload_column: Option<String>,
+    /// Message rules: the prefix of the logical messages.
+    pub prefix: Option<String>,
+}
+
+fn default_schema_version() -> u32 {
+    1
+}
+
+/// A configuration problem, naming the rule, the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("capture rule {rule:?}, field `{field}`: {problem}")]
+pub struct RuleError {
+    /// The rule's name (or its position when it has none).
+    pub rule: String,
+    /// The field at fault.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+impl RuleError {
+    /// A new error.
+    pub fn new(rule: &str, field: &str, problem: impl Into<String>) -> Self {
+        RuleError {
+            rule: rule.into(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Splits `schema.table` (default schema `public`).
+pub fn split_table(name: &str) -> (String, String) {
+    match name.split_once('.') {
+        Some((schema, table)) => (schema.to_owned(), table.to_owned()),
+        None => ("public".to_owned(), name.to_owned()),
+    }
+}
+
+impl Condition {
+    /// The operator of the condition, checking that there is exactly one.
+    pub fn operator_count(&self) -> usize {
+        [
+            self.equals.is_some(),
+            self.not_equals.is_some(),
+            self.one_of.is_some(),
+            self.is_null.is_some(),
+            self.changed.is_some(),
+            self.changed_to.is_some(),
+            self.changed_from.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count()
+    }
+
+    /// Whether the condition compares old and new values.
+    pub fn compares_old_and_new(&self) -> bool {
+        self.changed.is_some() || self.changed_to.is_some() || self.changed_from.is_some()
+    }
+
+    /// Whether the condition reads the old row.
+    pub fn reads_old(&self) -> bool {
+        self.compares_old_and_new() || self.row == RowSelector::Old
+    }
+}
+
+impl RuleConfig {
+    /// The operations, defaulting to all three.
+    pub fn effective_operations(&self) -> Vec<Operation> {
+        if self.operations.is_empty() {
+            vec![Operation::Insert, Operation::Update, Operation::Delete]
+        } else {
+            self.operations.clone()
+        }
+    }
+
+    fn validate(&self) -> Result<(), RuleError> {
+        let name = self.name.as_str();
+        let err = |field: &str, problem: String| Err(RuleError::new(name, field, problem));
+        let forbid = |field: &str, present: bool, kind: &str| {
+            if present {
+                Err(RuleError::new(
+                    name,
+                    field,
+                    format!("is not used by {kind} rules; remove it"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return err(
+                "name",
+                "use letters, digits, `_` and `-` only (it is part of event ids)".into(),
+            );
+        }
+        if self.schema_version == 0 {
+            return err("schema_version", "must be at least 1".into());
+        }
+        for (i, c) in self.when.iter().enumerate() {
+            if c.operator_count() != 1 {
+                return err(
+                    &format!("when[{i}]"),
+                    "give exactly one of equals, not_equals, in, is_null, changed, changed_to, changed_from"
+                        .into(),
+                );
+            }
+            if c.changed == Some(false) {
+                return err(
+                    &format!("when[{i}].changed"),
+                    "only `changed = true` is meaningful".into(),
+                );
+            }
+            if c.compares_old_and_new() && c.row == RowSelector::Old {
+                return err(
+                    &format!("when[{i}].row"),
+                    "changed/changed_to/changed_from read both rows; remove `row`".into(),
+                );
+            }
+        }
+        match self.kind {
+            RuleKind::Table => {
+                if self.table.is_none() {
+                    return err(
+                        "table",
+                        "table rules need `table = \"schema.table\"`".into(),
+                    );
+                }
+                match &self.event_type {
+                    None => {
+                        return err(
+                            "event_type",
+                            "table rules need an event type such as \"invoice.paid\"".into(),
+                        );
+                    }
+                    Some(t) => {
+                        if EventType::new(t).is_err() {
+                            return err(
+                                "event_type",
+                                format!(
+                                    "{t:?} is not a valid type: start with a letter, then letters, digits, `.`, `_`, `-`"
+                                ),
+                            );
+                        }
+                    }
+                }
+                if self.tenant_column.is_none() {
+                    return err(
+                        "tenant_column",
+                        "name the column that holds the tenant id".into(),
+                    );
+                }
+                if !self.include.is_empty() && !self.exclude.is_empty() {
+                    return err("include", "give either include or exclude, not both".into());
+                }
+                forbid("type_column", self.type_column.is_some(), "table")?;
+                forbid("payload_column", self.payload_column.is_some(), "table")?;
+                forbid("prefix", self.prefix.is_some(), "table")?;
+                let ops = self.effective_operations();
+                for (i, c) in self.when.iter().enumerate() {
+                    if c.compares_old_and_new() && ops.iter().all(|o| *o == Operation::Delete) {
+                        return err(
+                            &format!("when[{i}]"),
+                            "a delete has no new row to compare".into(),
+                        );
+                    }
+                    if c.row == RowSelector::Old && ops.contains(&Operation::Insert) {
+                        return err(
+                            &format!("when[{i}].row"),
+                            "an insert has no old row; restrict `operations` to update/delete"
+                                .into(),
+                        );
+                    }
+                }
+            }
+            RuleKind::Outbox => {
+                if self.table.is_none() {
+                    return err(
+                        "table",
+                        "outbox rules need `table = \"schema.outbox_table\"`".into(),
+                    );
+                }
+                for (field, value) in [
+                    ("type_column", &self.type_column),
+                    ("payload_column", &self.payload_column),
+                    ("tenant_column", &self.tenant_column),
+                ] {
+                    if value.is_none() {
+                        return err(field, format!("outbox rules need `{field}`"));
+                    }
+                }
+                forbid(
+                    "event_type",
+                    self.event_type.is_some(),
+                    "outbox (the type comes from `type_column`)",
+                )?;
+                forbid(
+                    "include",
+                    !self.include.is_empty(),
+                    "outbox (the payload column is the data)",
+                )?;
+                forbid("exclude", !self.exclude.is_empty(), "outbox")?;
+                forbid("prefix", self.prefix.is_some(), "outbox")?;
+                if self.effective_operations() != vec![Operation::Insert]
+                    && !self.operations.is_empty()
+                {
+                    return err(
+                        "operations",
+                        "outbox rules read inserts only; remove `operations`".into(),
+                    );
+                }
+            }
+            RuleKind::Message => {
+                match &self.prefix {
+                    Some(p) if !p.is_empty() => {}
+                    _ => {
+                        return err(
+                            "prefix",
+                            "message rules need the `prefix` given to pg_logical_emit_message"
+                                .into(),
+                        );
+                    }
+                }
+                for (field, present) in [
+                    ("table", self.table.is_some()),
+                    ("event_type", self.event_type.is_some()),
+                    ("tenant_column", self.tenant_column.is_some()),
+                    ("object_id_column", self.object_id_column.is_some()),
+                    ("object_version", self.object_version.is_some()),
+                    ("type_column", self.type_column.is_some()),
+                    ("payload_column", self.payload_column.is_some()),
+                    ("include", !self.include.is_empty()),
+                    ("exclude", !self.exclude.is_empty()),
+                    ("when", !self.when.is_empty()),
+                    ("operations", !self.operations.is_empty()),
+                ] {
+                    forbid(
+                        field,
+                        present,
+                        "message (the message's JSON carries type, tenant_id and data)",
+                    )?;
+                }
+            }
+        }
+        if let Some(ObjectVersion::Named(n)) = &self.object_version
+            && n != "lsn"
+        {
+            return err(
+                "object_version",
+                format!("{n:?} is not known: use \"lsn\" or {{ column = \"…\" }}"),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl SourceConfig {
+    /// Checks the source and its rules without touching a database.
+    pub fn validate(&self, rules: &[RuleConfig]) -> Result<(), RuleError> {
+        let ident_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !ident_ok(&self.slot) {
+            return Err(RuleError::new(
+                "(source)",
+                "source.slot",
+                format!(
+                    "{:?}: slot names use a-z, 0-9 and _ (at most 63)",
+                    self.slot
+                ),
+            ));
+        }
+        if !ident_ok(&self.publication) {
+            return Err(RuleError::new(
+                "(source)",
+                "source.publication",
+                format!("{:?}: use a-z, 0-9 and _ (at most 63)", self.publication),
+            ));
+        }
+        if self.name.is_empty() {
+            return Err(RuleError::new(
+                "(source)",
+                "source.name",
+                "must not be empty",
+            ));
+        }
+        if rules.is_empty() {
+            return Err(RuleError::new(
+                "(none)",
+                "rules",
+                "no capture rules: add at least one [[rules]] table",
+            ));
+        }
+        let mut names = HashSet::new();
+        for (i, rule) in rules.iter().enumerate() {
+            if !names.insert(rule.name.as_str()) {
+                return Err(RuleError::new(
+                    &rule.name,
+                    "name",
+                    format!("rule #{} repeats this name; names must be unique", i + 1),
+                ));
+            }
+            rule.validate()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(toml_text: &str) -> RuleConfig {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    fn source() -> SourceConfig {
+        toml::from_str(r#"url = "postgres://u@127.0.0.1/db""#).unwrap()
+    }
+
+    #[test]
+    fn valid_rules_pass() {
+        let rules = vec![
+            rule(
+                r#"name = "paid"
+                table = "public.invoices"
+                operations = ["update"]
+                when = [{ column = "status", changed_to = "paid" }, { column = "amount", in = [1, 2] }]
+                event_type = "invoice.paid"
+                tenant_column = "tenant_id"
+                object_version = "lsn""#,
+            ),
+            rule(
+                r#"name = "outbox"
+                kind = "outbox"
+                table = "outbox"
+                type_column = "type"
+                payload_column = "payload"
+                tenant_column = "tenant""#,
+            ),
+            rule(
+                r#"name = "msgs"
+                kind = "message"
+                prefix = "app""#,
+            ),
+        ];
+        source().validate(&rules).unwrap();
+    }
+
+    #[test]
+    fn bad_rules_name_the_field() {
+        let cases = [
+            (
+                r#"name = "a"
+                table = "t"
+                event_type = "x.y""#,
+                "tenant_column",
+            ),
+            (
+                r#"name = "a"
+                table = "t"
+                tenant_column = "t"
+                event_type = "1bad""#,
+                "event_type",
+            ),
+            (
+                r#"name = "a"
+                table = "t"
+                tenant_column = "t"
+                event_type = "x"
+                when = [{ column = "s", equals = 1, in = [2] }]"#,
+                "when[0]",
+            ),
+            (
+                r#"name = "a"
+                table = "t"
+                tenant_column = "t"
+                event_type = "x"
+                include = ["a"]
+                exclude = ["b"]"#,
+                "include",
+            ),
+            (
+                r#"name = "a"
+                kind = "message""#,
+                "prefix",
+            ),
+            (
+                r#"name = "a"
+                table = "t"
+                tenant_column = "t"
+                event_type = "x"
+                object_version = "xmin""#,
+                "object_version",
+            ),
+            (
+                r#"name = "a b"
+                kind = "message"
+                prefix = "p""#,
+                "name",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = source().validate(&[rule(text)]).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+        let dup = rule(
+            r#"name = "m"
+            kind = "message"
+            prefix = "p""#,
+        );
+        assert_eq!(
+            source().validate(&[dup.clone(), dup]).unwrap_err().field,
+            "name"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = toml::from_str::<RuleConfig>(
+            r#"name = "a"
+            tabel = "t""#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("tabel"), "{err}");
+    }
+}

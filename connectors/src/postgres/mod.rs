@@ -1,0 +1,29 @@
+//! The Postgres source: committed row changes become events.
+//!
+//! ```text
+//!  business Postgres ──pgoutput──▶ source.rs ──▶ pgoutput.rs (decode) ──▶ rules.rs (match, build)
+//!        ▲                             │                                      │
+//!        │  catalog.rs: wal_level,     │ hand_off(tx) ──▶ TransactionSink ◀────┘
+//!        │  slot, publication, tables  │
+//!        └──── confirmed LSN ◀─────────┘ (only when the sink's receipt resolved)
+//! ```
+//!
+//! - [`config`]: the `[source]` section and `[[rules]]`, validated without a
+//!   database.
+//! - [`catalog`]: start-up checks, slot and publication management.
+//! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
+//! - [`value`]: Postgres text values as typed canonical JSON.
+//! - [`rules`]: rules bound to columns; changes to events.
+//! - [`source`]: the streaming loop and the ack protocol.
+
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod pgoutput;
+pub mod rules;
+pub mod source;
+pub mod value;
+
+pub use config::{RuleConfig, SourceConfig};
+pub use error::CaptureError;
+pub use source::{CaptureObserver, PostgresSource, RunOptions, RunStats};

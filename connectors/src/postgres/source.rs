@@ -1,0 +1,783 @@
+//! The capture loop: slot → pgoutput → rules → sink → confirmed LSN.
+//!
+//! ```text
+//!  pgwire-replication ──▶ decode ──▶ TransactionBuilder ──hand_off──▶ sink
+//!        ▲  (keepalives answered by its worker,                        │ receipt
+//!        │   even under back-pressure)                                 ▼
+//!        └──── update_applied_lsn(end_lsn) ◀──── acker (in commit order)
+//! ```
+//!
+//! The acker awaits receipts in the order transactions were handed off and
+//! confirms a transaction's `end_lsn` only when it and all before it are
+//! durable. Large transactions are handed off in chunks as they are read
+//! (protocol version 1 sends only committed transactions, so a chunk can go
+//! before the commit message), and confirmed once at their end.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use walhook_pipeline::capture::{CapturedTransaction, Incident, IncidentKind, TransactionSink};
+use walhook_pipeline::failpoint;
+use walhook_pipeline::ids::Lsn;
+use walhook_pipeline::log::Receipt;
+use walhook_pipeline::time::Timestamp;
+
+use super::catalog;
+use super::config::{RuleConfig, RuleKind, SourceConfig, split_table};
+use super::error::CaptureError;
+use super::pgoutput::{self, Message};
+use super::rules::{Change, CompiledRule, MessageRule, Outcome, TableInfo, TxContext, compile};
+
+/// The prefix of walhook's own heartbeat messages.
+pub const HEARTBEAT_PREFIX: &str = "walhook.heartbeat";
+
+/// Session settings that fix the text form of values (see `value.rs`).
+const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=iso_8601 \
+                               -c extra_float_digits=3 -c bytea_output=hex";
+
+/// Events handed off per chunk of a large transaction.
+const CHUNK_EVENTS: usize = 4096;
+
+/// Observes capture for checkpoints, incidents and metrics. Called on the
+/// capture task: implementations must not block.
+pub trait CaptureObserver: Send + Sync {
+    /// The slot now confirms `lsn`.
+    fn confirmed(&self, _lsn: Lsn) {}
+    /// A transaction was read (before hand-off).
+    fn transaction(&self, _tx: &CapturedTransaction) {}
+    /// Something did not become an event.
+    fn incident(&self, _incident: &Incident) {}
+    /// The slot's lag, read periodically.
+    fn slot_lag(&self, _lag_bytes: i64) {}
+}
+
+/// An observer that only logs.
+#[derive(Debug, Default)]
+pub struct LogObserver;
+
+impl CaptureObserver for LogObserver {}
+
+/// How a capture run behaves.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Confirm durable positions to the slot (off for dry runs).
+    pub confirm: bool,
+    /// Stop once everything committed before the run started was read.
+    pub stop_when_caught_up: bool,
+}
+
+/// Counters of one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Transactions read.
+    pub transactions: u64,
+    /// Row changes read.
+    pub changes: u64,
+    /// Events handed off.
+    pub events: u64,
+    /// Incidents recorded.
+    pub incidents: u64,
+    /// The last confirmed position.
+    pub confirmed: Lsn,
+}
+
+/// A validated source, ready to run.
+pub struct PostgresSource {
+    cfg: SourceConfig,
+    /// Table rules by (schema, table).
+    table_rules: HashMap<(String, String), Vec<RuleConfig>>,
+    message_rules: Vec<MessageRule>,
+    /// Warnings from start-up, for the operator.
+    pub warnings: Vec<String>,
+}
+
+/// The connection parameters of a `postgres://` URL.
+struct ConnParams {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    dbname: String,
+}
+
+fn conn_params(url: &str) -> Result<ConnParams, CaptureError> {
+    let cfg = tokio_postgres::Config::from_str(url).map_err(|e| {
+        CaptureError::Definite(format!("[source].url is not a valid Postgres URL ({e}); write postgres://user:password@host:port/database"))
+    })?;
+    let host = match cfg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "127.0.0.1".into(),
+    };
+    Ok(ConnParams {
+        host,
+        port: cfg.get_ports().first().copied().unwrap_or(5432),
+        user: cfg.get_user().unwrap_or("postgres").to_owned(),
+        password: cfg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default(),
+        dbname: cfg.get_dbname().unwrap_or("postgres").to_owned(),
+    })
+}
+
+/// Connects a plain SQL session to the captured database.
+pub async fn connect_sql(url: &str) -> Result<tokio_postgres::Client, CaptureError> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(CaptureError::query("connect to the captured database"))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "capture SQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+impl PostgresSource {
+    /// Validates the config, checks the database, and creates the slot and
+    /// publication when the config asks for it.
+    pub async fn prepare(cfg: SourceConfig, rules: Vec<RuleConfig>) -> Result<Self, CaptureError> {
+        cfg.validate(&rules)?;
+        conn_params(&cfg.url)?;
+        let client = connect_sql(&cfg.url).await?;
+        catalog::check_wal_level(&client).await?;
+        let tables = catalog::rule_tables(&rules);
+        let infos = catalog::load_tables(&client, &tables).await?;
+        let mut warnings = Vec::new();
+        let mut table_rules: HashMap<(String, String), Vec<RuleConfig>> = HashMap::new();
+        for rule in rules.iter().filter(|r| r.kind != RuleKind::Message) {
+            let key = split_table(rule.table.as_deref().unwrap_or_default());
+            let info = infos
+                .iter()
+                .find(|i| (i.schema.clone(), i.name.clone()) == key);
+            if let Some(info) = info {
+                let compiled = compile(rule, info)?;
+                warnings.extend(compiled.warnings);
+            }
+            table_rules.entry(key).or_default().push(rule.clone());
+        }
+        if !tables.is_empty() {
+            catalog::ensure_publication(&client, &cfg, &tables).await?;
+        } else if cfg.create_publication {
+            // Message rules only: a publication is still needed to stream.
+            let exists = client
+                .query_opt(
+                    "SELECT 1 FROM pg_publication WHERE pubname = $1",
+                    &[&cfg.publication],
+                )
+                .await
+                .map_err(CaptureError::query("read pg_publication"))?;
+            if exists.is_none() {
+                client
+                    .batch_execute(&format!(
+                        "CREATE PUBLICATION {}",
+                        catalog::quote_ident(&cfg.publication)
+                    ))
+                    .await
+                    .map_err(CaptureError::query("create the publication"))?;
+            }
+        }
+        catalog::ensure_slot(&client, &cfg).await?;
+        let message_rules = rules
+            .iter()
+            .filter(|r| r.kind == RuleKind::Message)
+            .map(MessageRule::new)
+            .collect();
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(PostgresSource {
+            cfg,
+            table_rules,
+            message_rules,
+            warnings,
+        })
+    }
+
+    /// The source's config.
+    pub fn config(&self) -> &SourceConfig {
+        &self.cfg
+    }
+
+    /// The event types the table rules produce, with their schema versions.
+    pub fn event_types(&self) -> Vec<(String, u32)> {
+        let mut out: Vec<(String, u32)> = self
+            .table_rules
+            .values()
+            .flatten()
+            .filter_map(|r| r.event_type.clone().map(|t| (t, r.schema_version)))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Streams until `shutdown`, a definite error, or (with
+    /// `stop_when_caught_up`) the position current at the start.
+    pub async fn run<S: TransactionSink>(
+        &self,
+        mut sink: S,
+        observer: Arc<dyn CaptureObserver>,
+        options: RunOptions,
+        shutdown: CancellationToken,
+    ) -> Result<RunStats, CaptureError> {
+        let sql = connect_sql(&self.cfg.url).await?;
+        let state = catalog::ensure_slot(&sql, &self.cfg).await?;
+        let params = conn_params(&self.cfg.url)?;
+        let mut rcfg = ReplicationConfig::new(
+            params.host,
+            params.user,
+            params.password,
+            params.dbname,
+            self.cfg.slot.clone(),
+            self.cfg.publication.clone(),
+        )
+        .with_port(params.port)
+        .with_start_lsn(pgwire_replication::Lsn::ZERO)
+        .with_ack_lsn(pgwire_replication::Lsn::from_u64(state.confirmed_flush.0))
+        .with_status_interval(self.cfg.status_interval)
+        .with_wakeup_interval(Duration::from_secs(1))
+        .with_buffer_size(4096)
+        .with_options(SESSION_OPTIONS)
+        .with_application_name(format!("walhook-capture-{}", self.cfg.name));
+        let mut stop_at = None;
+        if options.stop_when_caught_up {
+            let row = sql
+                .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+                .await
+                .map_err(CaptureError::query("read the current WAL position"))?;
+            let now: String = row.get(0);
+            let now = Lsn::from_str(&now).unwrap_or(Lsn::ZERO);
+            rcfg = rcfg.with_stop_lsn(pgwire_replication::Lsn::from_u64(now.0));
+            stop_at = Some(now);
+        }
+        let mut client = ReplicationClient::connect(rcfg)
+            .await
+            .map_err(CaptureError::Stream)?;
+        if stop_at.is_some() {
+            // Something at or past the stop position must be decoded for
+            // the stream to notice it: a heartbeat is.
+            emit_heartbeat(&sql).await?;
+        }
+
+        let (ack_tx, ack_rx) = mpsc::channel::<(Lsn, Receipt)>(1024);
+        let (confirmed_tx, mut confirmed_rx) = watch::channel(state.confirmed_flush);
+        let acker = tokio::spawn(acker(ack_rx, confirmed_tx, observer.clone()));
+
+        let mut stream = StreamState::new(self, observer.clone());
+        let mut heartbeat = tokio::time::interval(if self.cfg.heartbeat_interval.is_zero() {
+            Duration::from_secs(3600 * 24 * 365)
+        } else {
+            self.cfg.heartbeat_interval
+        });
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.tick().await;
+        let mut stats = RunStats {
+            confirmed: state.confirmed_flush,
+            ..RunStats::default()
+        };
+
+        let result: Result<(), CaptureError> = loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break Ok(()),
+                changed = confirmed_rx.changed() => {
+                    if changed.is_err() {
+                        // The acker ended: a receipt failed.
+                        break Err(CaptureError::Sink(walhook_pipeline::capture::SinkError::Closed));
+                    }
+                    let lsn = *confirmed_rx.borrow_and_update();
+                    stats.confirmed = lsn;
+                    if options.confirm {
+                        failpoint::hit("capture.before_confirm");
+                        client.update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn.0));
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if let Err(e) = emit_heartbeat(&sql).await {
+                        tracing::warn!(error = %e, "heartbeat failed");
+                    }
+                    match catalog::slot_state(&sql, &self.cfg.slot).await {
+                        Ok(Some(s)) if s.wal_status == "lost" => break Err(catalog::slot_lost(&self.cfg.slot, s.confirmed_flush)),
+                        Ok(Some(s)) => {
+                            observer.slot_lag(s.lag_bytes);
+                            if s.lag_bytes as u64 > self.cfg.lag_warning_bytes {
+                                tracing::warn!(slot = %self.cfg.slot, lag_bytes = s.lag_bytes, wal_status = %s.wal_status, "the slot retains much WAL; capture is behind");
+                            }
+                        }
+                        Ok(None) => break Err(CaptureError::Definite(format!("replication slot {:?} was dropped while capture ran", self.cfg.slot))),
+                        Err(e) => tracing::warn!(error = %e, "could not read the slot's state"),
+                    }
+                }
+                event = client.recv() => {
+                    let event = match event {
+                        Ok(Some(e)) => e,
+                        Ok(None) => break Ok(()),
+                        Err(e) => break Err(self.stream_error(&sql, e).await),
+                    };
+                    match stream.on_event(event, &mut sink, &ack_tx).await {
+                        Ok(Flow::Continue) => {}
+                        Ok(Flow::Stop) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                }
+            }
+        };
+        stats.transactions = stream.transactions;
+        stats.changes = stream.changes;
+        stats.events = stream.events;
+        stats.incidents = stream.incidents;
+
+        // Let durable work be confirmed before leaving (bounded).
+        drop(ack_tx);
+        if result.is_ok() {
+            let drain = async {
+                while confirmed_rx.changed().await.is_ok() {
+                    let lsn = *confirmed_rx.borrow_and_update();
+                    stats.confirmed = lsn;
+                    if options.confirm {
+                        client.update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn.0));
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(10), drain)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "in-flight transactions were not durable within 10 s; they will be read again"
+                );
+            }
+            let _ = acker.await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
+            // The worker does not report a last position when it stops (nor
+            // after a stop LSN), so move the slot to what is durable now.
+            if options.confirm {
+                advance_slot(&sql, &self.cfg.slot, stats.confirmed).await?;
+            }
+        } else {
+            acker.abort();
+            client.abort();
+        }
+        result.map(|()| stats)
+    }
+
+    async fn stream_error(
+        &self,
+        sql: &tokio_postgres::Client,
+        e: pgwire_replication::PgWireError,
+    ) -> CaptureError {
+        // When Postgres invalidates a slot it first terminates the session
+        // reading it, then marks the slot lost: look for a short while.
+        for attempt in 0..30 {
+            match catalog::slot_state(sql, &self.cfg.slot).await {
+                Ok(Some(s)) if s.wal_status == "lost" => {
+                    return catalog::slot_lost(&self.cfg.slot, s.confirmed_flush);
+                }
+                Ok(Some(s)) if s.active_pid.is_none() && attempt >= 5 => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(_) => break,
+            }
+        }
+        CaptureError::Stream(e)
+    }
+}
+
+/// Moves the slot to `lsn` once no session holds it (no-op when it is
+/// already there).
+async fn advance_slot(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    lsn: Lsn,
+) -> Result<(), CaptureError> {
+    for _ in 0..100 {
+        let Some(state) = catalog::slot_state(sql, slot).await? else {
+            return Ok(());
+        };
+        if state.confirmed_flush >= lsn {
+            return Ok(());
+        }
+        if state.active_pid.is_none() {
+            sql.execute(
+                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+                &[&slot, &lsn.to_string()],
+            )
+            .await
+            .map_err(CaptureError::query(
+                "advance the slot to the last durable position",
+            ))?;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!(%slot, %lsn, "the slot stayed in use; the last position will be confirmed by the next run");
+    Ok(())
+}
+
+async fn emit_heartbeat(sql: &tokio_postgres::Client) -> Result<(), CaptureError> {
+    sql.execute(
+        "SELECT pg_logical_emit_message(false, $1, '')",
+        &[&HEARTBEAT_PREFIX],
+    )
+    .await
+    .map_err(CaptureError::query("emit a heartbeat message"))?;
+    Ok(())
+}
+
+/// Awaits receipts in order and publishes the confirmed position.
+async fn acker(
+    mut rx: mpsc::Receiver<(Lsn, Receipt)>,
+    confirmed: watch::Sender<Lsn>,
+    observer: Arc<dyn CaptureObserver>,
+) {
+    while let Some((lsn, receipt)) = rx.recv().await {
+        if let Err(e) = receipt.await {
+            tracing::error!(error = %e, %lsn, "events were not made durable; capture stops and will read them again");
+            return;
+        }
+        if lsn > *confirmed.borrow() {
+            confirmed.send_replace(lsn);
+            observer.confirmed(lsn);
+        }
+    }
+}
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// A table's compiled rules and key columns.
+struct BoundTable {
+    info: TableInfo,
+    keys: Vec<bool>,
+    rules: Vec<CompiledRule>,
+}
+
+/// The transaction being read.
+struct OpenTx {
+    commit_lsn: Lsn,
+    commit_time: Timestamp,
+    ordinal: u32,
+    pending: CapturedTransaction,
+    receipts: Vec<Receipt>,
+}
+
+struct StreamState<'s> {
+    source: &'s PostgresSource,
+    name: Arc<str>,
+    observer: Arc<dyn CaptureObserver>,
+    tables: HashMap<u32, BoundTable>,
+    tx: Option<OpenTx>,
+    transactions: u64,
+    changes: u64,
+    events: u64,
+    incidents: u64,
+}
+
+impl<'s> StreamState<'s> {
+    fn new(source: &'s PostgresSource, observer: Arc<dyn CaptureObserver>) -> Self {
+        StreamState {
+            source,
+            name: source.cfg.name.as_str().into(),
+            observer,
+            tables: HashMap::new(),
+            tx: None,
+            transactions: 0,
+            changes: 0,
+            events: 0,
+            incidents: 0,
+        }
+    }
+
+    fn incident(&mut self, incident: Incident) {
+        tracing::warn!(kind = incident.kind.as_str(), commit_lsn = ?incident.commit_lsn.map(|l| l.to_string()), rule = ?incident.rule, table = ?incident.table, "{}", incident.detail);
+        self.observer.incident(&incident);
+        self.incidents += 1;
+        if let Some(tx) = self.tx.as_mut() {
+            tx.pending.incidents.push(incident);
+        }
+    }
+
+    async fn on_event<S: TransactionSink>(
+        &mut self,
+        event: ReplicationEvent,
+        sink: &mut S,
+        ack: &mpsc::Sender<(Lsn, Receipt)>,
+    ) -> Result<Flow, CaptureError> {
+        match event {
+            ReplicationEvent::Begin {
+                final_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                let commit_lsn = Lsn(final_lsn.as_u64());
+                let commit_time = Timestamp::from_pg_micros(commit_time_micros);
+                self.tx = Some(OpenTx {
+                    commit_lsn,
+                    commit_time,
+                    ordinal: 0,
+                    pending: self.empty_tx(commit_lsn, commit_time),
+                    receipts: Vec::new(),
+                });
+            }
+            ReplicationEvent::XLogData { data, .. } => {
+                let msg = pgoutput::decode(&data).map_err(CaptureError::Decode)?;
+                self.on_message(msg)?;
+                let full = self
+                    .tx
+                    .as_ref()
+                    .is_some_and(|t| t.pending.events.len() >= CHUNK_EVENTS);
+                if full {
+                    self.hand_off_chunk(sink).await?;
+                }
+            }
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => {
+                if prefix == HEARTBEAT_PREFIX {
+                    // Everything before a heartbeat has been read; once it
+                    // is durable too, the slot may move past it.
+                    if self.tx.is_none() {
+                        ack.send((Lsn(lsn.as_u64()), Receipt::ready()))
+                            .await
+                            .map_err(|_| {
+                                CaptureError::Sink(walhook_pipeline::capture::SinkError::Closed)
+                            })?;
+                    }
+                    return Ok(Flow::Continue);
+                }
+                let Some(rule) = self
+                    .source
+                    .message_rules
+                    .iter()
+                    .find(|r| r.matches(&prefix))
+                    .cloned()
+                else {
+                    return Ok(Flow::Continue);
+                };
+                let outcome = match (transactional, self.tx.as_mut()) {
+                    (true, Some(tx)) => {
+                        let ordinal = tx.ordinal;
+                        tx.ordinal += 1;
+                        tx.pending.change_count += 1;
+                        let ctx = TxContext {
+                            source: &self.name,
+                            commit_lsn: tx.commit_lsn,
+                            commit_time: tx.commit_time,
+                        };
+                        rule.apply(&content, &ctx, ordinal)
+                    }
+                    _ => Outcome::Incident(Incident {
+                        kind: IncidentKind::InvalidMessage,
+                        commit_lsn: Some(Lsn(lsn.as_u64())),
+                        tx_ordinal: None,
+                        rule: Some(rule.name().to_owned()),
+                        table: None,
+                        detail: format!(
+                            "a non-transactional message with prefix {prefix:?} has no commit time and \
+                             cannot become an event; emit it with pg_logical_emit_message(true, …)"
+                        ),
+                    }),
+                };
+                self.changes += u64::from(transactional);
+                match outcome {
+                    Outcome::Event(e) => {
+                        if let Some(tx) = self.tx.as_mut() {
+                            tx.pending.events.push(*e);
+                        }
+                    }
+                    Outcome::Incident(i) => self.incident(i),
+                    Outcome::Skip => {}
+                }
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                let Some(mut tx) = self.tx.take() else {
+                    return Ok(Flow::Continue);
+                };
+                let end_lsn = Lsn(end_lsn.as_u64());
+                tx.pending.end_lsn = end_lsn;
+                self.transactions += 1;
+                self.events += tx.pending.events.len() as u64;
+                self.observer.transaction(&tx.pending);
+                let receipt = sink.hand_off(tx.pending).await?;
+                failpoint::hit("capture.after_handoff");
+                tx.receipts.push(receipt);
+                let receipts = tx.receipts;
+                let all = Receipt::new(async move {
+                    for r in receipts {
+                        r.await?;
+                    }
+                    Ok(())
+                });
+                ack.send((end_lsn, all)).await.map_err(|_| {
+                    CaptureError::Sink(walhook_pipeline::capture::SinkError::Closed)
+                })?;
+            }
+            ReplicationEvent::KeepAlive { .. } => {}
+            ReplicationEvent::StoppedAt { .. } => return Ok(Flow::Stop),
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn empty_tx(&self, commit_lsn: Lsn, commit_time: Timestamp) -> CapturedTransaction {
+        CapturedTransaction {
+            source: self.name.clone(),
+            commit_lsn,
+            end_lsn: commit_lsn,
+            commit_time,
+            change_count: 0,
+            events: Vec::new(),
+            incidents: Vec::new(),
+        }
+    }
+
+    /// Hands off what a large transaction has so far.
+    async fn hand_off_chunk<S: TransactionSink>(
+        &mut self,
+        sink: &mut S,
+    ) -> Result<(), CaptureError> {
+        let fresh = {
+            let tx = self.tx.as_ref().expect("checked by the caller");
+            self.empty_tx(tx.commit_lsn, tx.commit_time)
+        };
+        let tx = self.tx.as_mut().expect("checked by the caller");
+        let chunk = std::mem::replace(&mut tx.pending, fresh);
+        self.events += chunk.events.len() as u64;
+        let receipt = sink.hand_off(chunk).await?;
+        tx.receipts.push(receipt);
+        Ok(())
+    }
+
+    fn bind(&self, info: TableInfo) -> Result<BoundTable, CaptureError> {
+        let key = (info.schema.clone(), info.name.clone());
+        let mut rules = Vec::new();
+        if let Some(configs) = self.source.table_rules.get(&key) {
+            for rule in configs {
+                // A schema change that breaks a rule stops capture with the
+                // message a bad config would get.
+                rules.push(compile(rule, &info)?);
+            }
+        }
+        let keys = info.columns.iter().map(|c| c.key).collect();
+        Ok(BoundTable { info, keys, rules })
+    }
+
+    fn on_message(&mut self, msg: Message<'_>) -> Result<(), CaptureError> {
+        match msg {
+            Message::Relation(rel) => {
+                let info = TableInfo::from(&rel);
+                if let Some(old) = self.tables.get(&rel.rel_id)
+                    && old.info != info
+                    && !old.rules.is_empty()
+                {
+                    let detail = format!(
+                        "table {} changed: columns are now {}",
+                        info.qualified(),
+                        info.columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    self.incident(Incident {
+                        kind: IncidentKind::SchemaChange,
+                        commit_lsn: self.tx.as_ref().map(|t| t.commit_lsn),
+                        tx_ordinal: None,
+                        rule: None,
+                        table: Some(info.qualified()),
+                        detail,
+                    });
+                }
+                let bound = self.bind(info)?;
+                self.tables.insert(rel.rel_id, bound);
+            }
+            Message::Insert { rel_id, new } => {
+                self.on_change(rel_id, Change::Insert { new: &new })?
+            }
+            Message::Update { rel_id, old, new } => self.on_change(
+                rel_id,
+                Change::Update {
+                    old: old.as_ref(),
+                    new: &new,
+                },
+            )?,
+            Message::Delete { rel_id, old } => {
+                self.on_change(rel_id, Change::Delete { old: &old })?
+            }
+            Message::Truncate { rel_ids, options } => {
+                let names: Vec<String> = rel_ids
+                    .iter()
+                    .filter_map(|id| self.tables.get(id))
+                    .map(|t| t.info.qualified())
+                    .collect();
+                if let Some(tx) = self.tx.as_mut() {
+                    tx.ordinal += 1;
+                    tx.pending.change_count += 1;
+                }
+                self.changes += 1;
+                let detail = format!(
+                    "TRUNCATE{} of {}: its rows were removed without row changes, so no events were made for them",
+                    if options & 1 == 1 { " CASCADE" } else { "" },
+                    names.join(", ")
+                );
+                self.incident(Incident {
+                    kind: IncidentKind::Truncate,
+                    commit_lsn: self.tx.as_ref().map(|t| t.commit_lsn),
+                    tx_ordinal: self.tx.as_ref().map(|t| t.ordinal - 1),
+                    rule: None,
+                    table: Some(names.join(", ")),
+                    detail,
+                });
+            }
+            Message::LogicalMessage { .. } | Message::Begin { .. } | Message::Commit { .. } => {
+                // The transport turns these into events of their own.
+            }
+            Message::Origin { .. } | Message::Type { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn on_change(&mut self, rel_id: u32, change: Change<'_, '_>) -> Result<(), CaptureError> {
+        let Some(tx) = self.tx.as_mut() else {
+            return Err(CaptureError::Definite(
+                "a row change arrived outside a transaction".into(),
+            ));
+        };
+        let ordinal = tx.ordinal;
+        tx.ordinal += 1;
+        tx.pending.change_count += 1;
+        self.changes += 1;
+        let Some(table) = self.tables.get(&rel_id) else {
+            return Err(CaptureError::Definite(format!(
+                "a change for relation {rel_id} arrived before its description"
+            )));
+        };
+        let ctx = TxContext {
+            source: &self.name,
+            commit_lsn: tx.commit_lsn,
+            commit_time: tx.commit_time,
+        };
+        let mut incidents = Vec::new();
+        for rule in &table.rules {
+            match rule.apply(change, &table.keys, &ctx, ordinal) {
+                Outcome::Event(e) => tx.pending.events.push(*e),
+                Outcome::Incident(i) => incidents.push(i),
+                Outcome::Skip => {}
+            }
+        }
+        for i in incidents {
+            self.incident(i);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,371 @@
+//! Recording webhook receivers on loopback.
+//!
+//! One [`Receiver`] is an HTTP server on `127.0.0.1:0` serving any number of
+//! endpoints, one per path. Each path answers with a [`Behaviour`] that a test
+//! can switch while traffic flows, and every request is recorded with its
+//! Standard Webhooks headers and exact body bytes.
+//!
+//! When a path has secrets, the receiver checks `webhook-signature` the way a
+//! customer would, with its own HMAC code written from the Standard Webhooks
+//! spec rather than walhook's signer: the signed content is
+//! `{webhook-id}.{webhook-timestamp}.{body}`, the key the base64 after
+//! `whsec_`, and any one `v1,<base64>` entry that matches in constant time
+//! verifies the request.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, KeyInit, Mac};
+use parking_lot::Mutex;
+use sha2::Sha256;
+use tokio::sync::Notify;
+
+/// How an endpoint answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Always this status.
+    Status(u16),
+    /// The first `n` requests get `status`, the rest 200.
+    FailFirst {
+        /// How many requests fail.
+        n: u32,
+        /// The failing status.
+        status: u16,
+    },
+    /// Every `n`-th request (1-based) gets `status`, the rest 200.
+    FailEvery {
+        /// The period.
+        n: u32,
+        /// The failing status.
+        status: u16,
+    },
+    /// Wait, then answer `status`.
+    Delay {
+        /// How long to wait before answering.
+        wait: Duration,
+        /// The status then sent.
+        status: u16,
+    },
+    /// `status` with a `Retry-After: secs` header.
+    RetryAfter {
+        /// The status (429 or 503).
+        status: u16,
+        /// The header's value in seconds.
+        secs: u64,
+    },
+    /// A redirect to `location` with `status` (301, 302, 307, 308).
+    Redirect {
+        /// The status.
+        status: u16,
+        /// Where it points.
+        location: String,
+    },
+}
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The endpoint path (without the leading slash).
+    pub path: String,
+    /// `webhook-id`.
+    pub webhook_id: String,
+    /// `webhook-timestamp`.
+    pub webhook_timestamp: String,
+    /// `webhook-signature`.
+    pub signature: String,
+    /// `walhook-event-id`.
+    pub event_id: String,
+    /// The exact body.
+    pub body: Bytes,
+    /// When it arrived.
+    pub at: Instant,
+    /// The status answered.
+    pub status: u16,
+    /// `Some(true)` when a secret verified the signature, `Some(false)` when
+    /// secrets were set and none did, `None` without secrets.
+    pub verified: Option<bool>,
+}
+
+#[derive(Default)]
+struct EndpointState {
+    behaviour: Option<Behaviour>,
+    secrets: Vec<String>,
+    hits: u32,
+}
+
+#[derive(Default)]
+struct Shared {
+    endpoints: Mutex<HashMap<String, EndpointState>>,
+    received: Mutex<Vec<Received>>,
+    arrived: Notify,
+}
+
+/// A running receiver; stops when dropped.
+pub struct Receiver {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// Verifies a Standard Webhooks signature header; written independently of
+/// walhook's signer.
+pub fn verify_signature(
+    secret: &str,
+    id: &str,
+    timestamp: &str,
+    body: &[u8],
+    header: &str,
+) -> bool {
+    let Some(key) = secret
+        .strip_prefix("whsec_")
+        .and_then(|k| STANDARD.decode(k).ok())
+    else {
+        return false;
+    };
+    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key) else {
+        return false;
+    };
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let expected = mac.finalize().into_bytes();
+    header
+        .split(' ')
+        .filter_map(|part| part.strip_prefix("v1,"))
+        .any(|sig| {
+            STANDARD
+                .decode(sig)
+                .is_ok_and(|given| constant_time_eq(&given, &expected))
+        })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = header(&headers, "webhook-id");
+    let ts = header(&headers, "webhook-timestamp");
+    let sig = header(&headers, "webhook-signature");
+    let (behaviour, hit, verified) = {
+        let mut endpoints = shared.endpoints.lock();
+        let ep = endpoints.entry(path.clone()).or_default();
+        ep.hits += 1;
+        let verified = if ep.secrets.is_empty() {
+            None
+        } else {
+            let fresh = ts.parse::<i64>().is_ok_and(|t| {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                (now - t).abs() <= 300
+            });
+            Some(
+                fresh
+                    && ep
+                        .secrets
+                        .iter()
+                        .any(|s| verify_signature(s, &id, &ts, &body, &sig)),
+            )
+        };
+        (
+            ep.behaviour.clone().unwrap_or(Behaviour::Status(200)),
+            ep.hits,
+            verified,
+        )
+    };
+    let (status, extra): (u16, Option<(&'static str, String)>) = match behaviour {
+        Behaviour::Status(s) => (s, None),
+        Behaviour::FailFirst { n, status } => (if hit <= n { status } else { 200 }, None),
+        Behaviour::FailEvery { n, status } => {
+            (if n > 0 && hit % n == 0 { status } else { 200 }, None)
+        }
+        Behaviour::Delay { wait, status } => {
+            tokio::time::sleep(wait).await;
+            (status, None)
+        }
+        Behaviour::RetryAfter { status, secs } => (status, Some(("retry-after", secs.to_string()))),
+        Behaviour::Redirect { status, location } => (status, Some(("location", location))),
+    };
+    shared.received.lock().push(Received {
+        path,
+        webhook_id: id,
+        webhook_timestamp: ts,
+        signature: sig,
+        event_id: header(&headers, "walhook-event-id"),
+        body,
+        at: Instant::now(),
+        status,
+        verified,
+    });
+    shared.arrived.notify_waiters();
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match extra {
+        Some((name, value)) => (code, [(name, value)], "").into_response(),
+        None => (code, "").into_response(),
+    }
+}
+
+impl Receiver {
+    /// Starts a receiver on a free loopback port.
+    pub async fn start() -> std::io::Result<Receiver> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/{*path}", axum::routing::post(handle))
+            .with_state(shared.clone());
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!(error = %e, "receiver stopped");
+            }
+        });
+        Ok(Receiver {
+            addr,
+            shared,
+            server,
+        })
+    }
+
+    /// The receiver's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL of endpoint `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}/{path}", self.addr)
+    }
+
+    /// Sets how `path` answers from now on.
+    pub fn set_behaviour(&self, path: &str, behaviour: Behaviour) {
+        self.shared
+            .endpoints
+            .lock()
+            .entry(path.to_owned())
+            .or_default()
+            .behaviour = Some(behaviour);
+    }
+
+    /// Sets the secrets `path` verifies signatures with.
+    pub fn set_secrets(&self, path: &str, secrets: Vec<String>) {
+        self.shared
+            .endpoints
+            .lock()
+            .entry(path.to_owned())
+            .or_default()
+            .secrets = secrets;
+    }
+
+    /// Every request so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.shared.received.lock().clone()
+    }
+
+    /// How many requests arrived so far.
+    pub fn count(&self) -> usize {
+        self.shared.received.lock().len()
+    }
+
+    /// Waits until `done` holds for the recorded requests, or `timeout`
+    /// passes; returns whether it held.
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&[Received]) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.shared.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if done(&self.shared.received.lock()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return done(&self.shared.received.lock());
+            }
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifies_the_standard_webhooks_vector() {
+        let secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+        let body = br#"{"email":"test@example.com","username":"test_user"}"#;
+        let good = "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=";
+        assert!(verify_signature(
+            secret,
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            "1649367553",
+            body,
+            good
+        ));
+        assert!(verify_signature(
+            secret,
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            "1649367553",
+            body,
+            &format!("v1,bogus {good}")
+        ));
+        assert!(!verify_signature(
+            secret,
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            "1649367554",
+            body,
+            good
+        ));
+        assert!(!verify_signature(
+            secret,
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            "1649367553",
+            body,
+            "v1,"
+        ));
+        assert!(!verify_signature(
+            secret,
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            "1649367553",
+            body,
+            &good.replace("v1", "v2")
+        ));
+    }
+}

@@ -1,0 +1,164 @@
+//! What capture hands downstream, and the contract of that hand-off.
+//!
+//! Capture reads one committed transaction at a time from the slot and hands
+//! its events to a [`TransactionSink`]. The slot's confirmed LSN moves to a
+//! transaction's `end_lsn` only after the receipt of that transaction, and of
+//! every transaction before it, resolved. A crash anywhere before that point
+//! makes Postgres send the transaction again, and the events come out with
+//! the same ids and bytes.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::event::Event;
+use crate::ids::Lsn;
+use crate::log::{LogError, Producer, Receipt};
+use crate::time::Timestamp;
+
+/// Something capture saw that did not become an event, kept so that nothing
+/// is dropped silently: counted, logged, stored and shown by reconciliation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Incident {
+    /// What happened.
+    pub kind: IncidentKind,
+    /// The commit LSN of the transaction, when there was one.
+    pub commit_lsn: Option<Lsn>,
+    /// The position of the change in its transaction.
+    pub tx_ordinal: Option<u32>,
+    /// The rule involved, if any.
+    pub rule: Option<String>,
+    /// The table involved, if any (`schema.table`).
+    pub table: Option<String>,
+    /// A sentence for the operator.
+    pub detail: String,
+}
+
+/// The kinds of [`Incident`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IncidentKind {
+    /// A captured table was truncated: its rows vanished without row events.
+    Truncate,
+    /// A captured table's columns changed.
+    SchemaChange,
+    /// A row matched a rule but could not become an event (null tenant,
+    /// invalid outbox type or payload, …).
+    InvalidRow,
+    /// A logical message with a rule's prefix was not transactional, or its
+    /// content was not the expected JSON.
+    InvalidMessage,
+    /// A condition could not be decided because a value was not in the WAL.
+    UndecidedCondition,
+}
+
+impl IncidentKind {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IncidentKind::Truncate => "truncate",
+            IncidentKind::SchemaChange => "schema_change",
+            IncidentKind::InvalidRow => "invalid_row",
+            IncidentKind::InvalidMessage => "invalid_message",
+            IncidentKind::UndecidedCondition => "undecided_condition",
+        }
+    }
+}
+
+/// One committed transaction's worth of capture output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedTransaction {
+    /// The source's name.
+    pub source: Arc<str>,
+    /// The commit LSN.
+    pub commit_lsn: Lsn,
+    /// The end of the commit record: what the slot confirms.
+    pub end_lsn: Lsn,
+    /// The commit time.
+    pub commit_time: Timestamp,
+    /// Row changes (and transactional messages) read in the transaction.
+    pub change_count: u32,
+    /// The events made, in change order.
+    pub events: Vec<Event>,
+    /// What did not become an event.
+    pub incidents: Vec<Incident>,
+}
+
+/// Why a sink could not take a transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The log refused or failed.
+    #[error("the log did not accept the events")]
+    Log(#[from] LogError),
+    /// Writing failed.
+    #[error("the sink failed to write")]
+    Io(#[from] std::io::Error),
+    /// The sink is shutting down.
+    #[error("the sink is closed")]
+    Closed,
+}
+
+/// Takes captured transactions downstream.
+///
+/// `hand_off` returns once the sink accepted the transaction (it may wait to
+/// apply back-pressure); the receipt resolves once the transaction's events
+/// are durable downstream. Sinks see transactions in commit order and may
+/// see one again after a restart (same ids, same bytes).
+pub trait TransactionSink: Send {
+    /// Hands over one transaction.
+    fn hand_off(
+        &mut self,
+        tx: CapturedTransaction,
+    ) -> impl Future<Output = Result<Receipt, SinkError>> + Send;
+}
+
+/// The events topic of a log as a [`TransactionSink`]: events are keyed by
+/// tenant, and a transaction without events is durable at once.
+pub struct LogSink<P> {
+    producer: P,
+}
+
+impl<P> LogSink<P> {
+    /// A sink sending to `producer`.
+    pub fn new(producer: P) -> Self {
+        LogSink { producer }
+    }
+}
+
+impl<P: Producer<Event>> TransactionSink for LogSink<P> {
+    async fn hand_off(&mut self, tx: CapturedTransaction) -> Result<Receipt, SinkError> {
+        if tx.events.is_empty() {
+            return Ok(Receipt::ready());
+        }
+        let records = tx
+            .events
+            .into_iter()
+            .map(|e| (e.tenant_id.as_str().as_bytes().to_vec(), e))
+            .collect();
+        Ok(self.producer.send_all(records).await?)
+    }
+}
+
+/// Writes each event's body as one line (canonical JSON) to a writer; used by
+/// `walhook capture --stdout` so users can try rules before going live. A
+/// line is durable once written and flushed.
+pub struct WriterSink<W> {
+    out: W,
+}
+
+impl<W> WriterSink<W> {
+    /// A sink writing to `out`.
+    pub fn new(out: W) -> Self {
+        WriterSink { out }
+    }
+}
+
+impl<W: std::io::Write + Send> TransactionSink for WriterSink<W> {
+    async fn hand_off(&mut self, tx: CapturedTransaction) -> Result<Receipt, SinkError> {
+        for event in &tx.events {
+            self.out.write_all(&event.payload)?;
+            self.out.write_all(b"\n")?;
+        }
+        self.out.flush()?;
+        Ok(Receipt::ready())
+    }
+}

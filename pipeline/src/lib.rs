@@ -1,0 +1,25 @@
+//! walhook's pipeline: the domain and the operators between the connectors.
+//!
+//! ```text
+//!   capture (connectors) ─▶ log:events ─▶ FanoutOperator ─▶ log:deliveries ─▶ Dispatcher ─▶ egress (connectors)
+//!                                              │                                  │
+//!                                              ▼                                  ▼
+//!                                  platform store: events, deliveries, attempts (sql)
+//! ```
+//!
+//! - [`ids`], [`time`], [`event`]: identities, instants and events, with the
+//!   canonical body writer in [`canonical`].
+//! - [`log`]: the log port, its embedded implementation and its contract.
+//! - [`failpoint`]: named crash points for the kill tests.
+//!
+//! This crate has no network dependencies; connectors, the platform store and
+//! the binary depend on it, never the other way.
+
+pub mod canonical;
+pub mod capture;
+pub mod duration;
+pub mod event;
+pub mod failpoint;
+pub mod ids;
+pub mod log;
+pub mod time;

@@ -1,0 +1,113 @@
+//! The platform database: schema `walhook`.
+//!
+//! ```text
+//!  migrations/*.sql ──▶ migrate ──▶ walhook.{capture_checkpoints, tenants, endpoints,
+//!                                           events, deliveries, attempts, audit_log, …}
+//!  capture ─checkpoints, incidents─▶ │ ◀─ events + deliveries ─ fan-out
+//!                                    │ ◀─ attempts, states ──── dispatch
+//! ```
+//!
+//! - [`migrate`]: versioned, idempotent migrations embedded in the binary.
+//! - [`Platform`]: a connection pool and the queries each stage runs; one
+//!   module per stage ([`capture`]).
+
+pub mod capture;
+pub mod migrate;
+
+use std::str::FromStr;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+/// Errors talking to the platform database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL is not a Postgres URL.
+    #[error(
+        "the platform database URL is invalid ({0}); write postgres://user:password@host:port/database"
+    )]
+    Url(String),
+    /// No connection could be made or kept.
+    #[error("cannot reach the platform database")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("platform database error while trying to {what}")]
+    Query {
+        /// What was being done.
+        what: &'static str,
+        /// The database error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The schema is older or newer than this binary.
+    #[error("{0}")]
+    Schema(String),
+}
+
+impl StoreError {
+    /// A mapper for `map_err` on queries.
+    pub fn query(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
+        move |source| StoreError::Query { what, source }
+    }
+
+    /// Whether retrying may help (connection trouble, serialization
+    /// failures) rather than the operator having to act.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Pool(_) => true,
+            StoreError::Query { source, .. } => match source.code() {
+                None => true,
+                Some(code) => {
+                    let c = code.code();
+                    c.starts_with("08") || c == "40001" || c == "40P01" || c == "57P01"
+                }
+            },
+            _ => false,
+        }
+    }
+}
+
+/// The platform database: a pool of connections.
+#[derive(Clone)]
+pub struct Platform {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Platform")
+            .field("status", &self.pool.status())
+            .finish()
+    }
+}
+
+impl Platform {
+    /// A pool of up to `max_connections` connections to `url`. Nothing is
+    /// connected until first use; [`Platform::check`] connects at once.
+    pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
+        let cfg =
+            tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Url(e.to_string()))?;
+        let manager = Manager::from_config(
+            cfg,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(max_connections.max(1))
+            .build()
+            .map_err(|e| StoreError::Url(e.to_string()))?;
+        Ok(Platform { pool })
+    }
+
+    /// Connects once and checks that the schema is migrated.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        migrate::check_current(&**client).await
+    }
+
+    /// A connection from the pool.
+    pub async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+}

@@ -1,0 +1,150 @@
+//! Versioned, idempotent migrations of schema `walhook`.
+//!
+//! Each file in `sql/migrations/` is applied once, in version order, in its
+//! own transaction, and recorded in `walhook.schema_migrations` with its
+//! SHA-256. Running `walhook migrate` again applies only what is new; a file
+//! changed after it was applied is refused (ship a new migration instead).
+//! An advisory lock serialises concurrent migrators.
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::GenericClient;
+
+use crate::StoreError;
+
+/// A migration embedded in the binary.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Its version (the file's number).
+    pub version: i32,
+    /// Its name (the file's name without number and extension).
+    pub name: &'static str,
+    /// Its SQL.
+    pub sql: &'static str,
+}
+
+/// Every migration, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "capture",
+        sql: include_str!("../migrations/0001_capture.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "platform",
+        sql: include_str!("../migrations/0002_platform.sql"),
+    },
+];
+
+/// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).
+const LOCK_KEY: i64 = 0x0077_616c_686f_6f6b;
+
+fn checksum(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What a migration run did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Report {
+    /// Versions applied now.
+    pub applied: Vec<i32>,
+    /// Versions that were already there.
+    pub already: Vec<i32>,
+}
+
+async fn applied<C: GenericClient>(client: &C) -> Result<Vec<(i32, String)>, StoreError> {
+    let exists = client
+        .query_one(
+            "SELECT to_regclass('walhook.schema_migrations') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(StoreError::query("look for walhook.schema_migrations"))?;
+    if !exists.get::<_, bool>(0) {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            "SELECT version, checksum FROM walhook.schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .map_err(StoreError::query("read walhook.schema_migrations"))?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Applies every pending migration.
+pub async fn run(client: &mut tokio_postgres::Client) -> Result<Report, StoreError> {
+    let mut report = Report::default();
+    for m in MIGRATIONS {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin a migration"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+            .await
+            .map_err(StoreError::query("take the migration lock"))?;
+        tx.batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS walhook;
+             CREATE TABLE IF NOT EXISTS walhook.schema_migrations (
+                 version     integer PRIMARY KEY,
+                 name        text NOT NULL,
+                 checksum    text NOT NULL,
+                 applied_at  timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(StoreError::query("create walhook.schema_migrations"))?;
+        let done = applied(&tx).await?;
+        let sum = checksum(m.sql);
+        if let Some((_, recorded)) = done.iter().find(|(v, _)| *v == m.version) {
+            if *recorded != sum {
+                return Err(StoreError::Schema(format!(
+                    "migration {:04}_{} was changed after it was applied (checksum {recorded} in the \
+                     database, {sum} in this binary); put schema changes in a new migration",
+                    m.version, m.name
+                )));
+            }
+            report.already.push(m.version);
+            tx.commit()
+                .await
+                .map_err(StoreError::query("end a migration"))?;
+            continue;
+        }
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(StoreError::query("apply a migration"))?;
+        tx.execute(
+            "INSERT INTO walhook.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            &[&m.version, &m.name, &sum],
+        )
+        .await
+        .map_err(StoreError::query("record a migration"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit a migration"))?;
+        tracing::info!(version = m.version, name = m.name, "applied migration");
+        report.applied.push(m.version);
+    }
+    Ok(report)
+}
+
+/// Fails unless every migration of this binary has been applied.
+pub async fn check_current<C: GenericClient>(client: &C) -> Result<(), StoreError> {
+    let done = applied(client).await?;
+    let latest = MIGRATIONS.last().map_or(0, |m| m.version);
+    let have = done.last().map_or(0, |(v, _)| *v);
+    if have < latest {
+        return Err(StoreError::Schema(format!(
+            "the platform schema is at version {have}, this binary needs {latest}: run `walhook migrate --config FILE`"
+        )));
+    }
+    if have > latest {
+        return Err(StoreError::Schema(format!(
+            "the platform schema is at version {have}, newer than this binary knows ({latest}): upgrade walhook"
+        )));
+    }
+    Ok(())
+}

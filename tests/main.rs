@@ -1,0 +1,6 @@
+//! End-to-end tests: real Postgres, real HTTP receivers, the real `walhook`
+//! binary. One test binary; one module per area.
+
+mod support;
+
+mod capture;
