@@ -4,3 +4,5 @@
 mod support;
 
 mod capture;
+mod cli;
+mod pipeline;

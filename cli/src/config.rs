@@ -8,7 +8,9 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use walhook_connectors::http::EgressSettings;
 use walhook_connectors::postgres::{RuleConfig, SourceConfig};
+use walhook_pipeline::dispatch::policy::RetryPolicy;
 
 /// The whole config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -21,6 +23,96 @@ pub struct Config {
     /// Capture rules.
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    /// The log between the stages.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// Fan-out.
+    #[serde(default)]
+    pub fanout: FanoutConfig,
+    /// Dispatch.
+    #[serde(default)]
+    pub dispatch: DispatchConfig,
+    /// The retry schedule.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// HTTP egress.
+    #[serde(default)]
+    pub egress: EgressSettings,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `embedded` (the default; one process) or `fluvio`.
+    pub kind: String,
+    /// Partitions of the events topic (one fan-out worker each).
+    pub events_partitions: u32,
+    /// Partitions of the deliveries topic.
+    pub deliveries_partitions: u32,
+    /// Records held per partition before senders wait.
+    pub capacity: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            kind: "embedded".into(),
+            events_partitions: 2,
+            deliveries_partitions: 2,
+            capacity: 20_000,
+        }
+    }
+}
+
+/// `[fanout]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FanoutConfig {
+    /// Events per database transaction.
+    pub batch_size: usize,
+}
+
+impl Default for FanoutConfig {
+    fn default() -> Self {
+        FanoutConfig { batch_size: 500 }
+    }
+}
+
+/// `[dispatch]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatchConfig {
+    /// This process's node id: unique among running processes, stable
+    /// across restarts.
+    pub node_id: String,
+    /// Attempts in flight at most.
+    pub max_in_flight: usize,
+    /// Attempts in flight per endpoint (unless the endpoint sets its own).
+    pub endpoint_max_in_flight: u32,
+    /// How long a claim on a delivery lasts; longer than the request timeout.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub lease: std::time::Duration,
+    /// How often to look for due deliveries (retries, recovery).
+    #[serde(with = "walhook_pipeline::duration")]
+    pub sweep_interval: std::time::Duration,
+    /// How long shutdown waits for attempts in flight.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub drain_timeout: std::time::Duration,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        let d = walhook_pipeline::dispatch::DispatchSettings::default();
+        DispatchConfig {
+            node_id: d.node_id,
+            max_in_flight: d.max_in_flight,
+            endpoint_max_in_flight: d.endpoint_max_in_flight,
+            lease: d.lease,
+            sweep_interval: d.sweep_interval,
+            drain_timeout: d.drain_timeout,
+        }
+    }
 }
 
 /// `[platform]`.
@@ -70,6 +162,31 @@ impl Config {
         {
             bail!("[platform].max_connections = 0: give at least 1 (16 is a good start)");
         }
+        cfg.retry
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[retry]: {e}"))?;
+        if cfg.log.kind != "embedded" {
+            bail!(
+                "[log].kind = {:?}: this build runs the embedded log only; remove the line (or write \"embedded\")",
+                cfg.log.kind
+            );
+        }
+        if cfg.log.events_partitions == 0 || cfg.log.deliveries_partitions == 0 {
+            bail!("[log] partitions must be at least 1");
+        }
+        if cfg.dispatch.max_in_flight == 0 || cfg.dispatch.endpoint_max_in_flight == 0 {
+            bail!("[dispatch] max_in_flight and endpoint_max_in_flight must be at least 1");
+        }
+        if cfg.dispatch.lease <= cfg.egress.request_timeout {
+            bail!(
+                "[dispatch].lease ({:?}) must outlast [egress].request_timeout ({:?}), or two workers could send one attempt",
+                cfg.dispatch.lease,
+                cfg.egress.request_timeout
+            );
+        }
+        if cfg.fanout.batch_size == 0 {
+            bail!("[fanout].batch_size must be at least 1");
+        }
         Ok(cfg)
     }
 
@@ -79,5 +196,18 @@ impl Config {
             "this command needs the platform database: add [platform] url = \"postgres://…\" to the \
              config file or set WALHOOK_PLATFORM_URL",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let cfg = Config::parse(include_str!("../../walhook.example.toml")).unwrap();
+        assert_eq!(cfg.rules.len(), 3);
+        assert!(!cfg.egress.allow_http_loopback);
+        assert_eq!(cfg.retry.deadline, std::time::Duration::from_secs(24 * 3600));
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod pipeline;
 
 use std::process::ExitCode;
 
@@ -36,16 +37,21 @@ pub struct Cli {
 pub enum Command {
     /// Create or upgrade the platform schema `walhook` (idempotent).
     Migrate(commands::migrate::Args),
+    /// Watch business writes become verified webhooks on a throwaway
+    /// Postgres with local receivers (needs only the Postgres binaries).
+    Demo(commands::demo::Args),
+    /// Run every stage in one process (capture, fan-out, dispatch).
+    Run(commands::run::Args),
     /// Run the capture stage alone; with --stdout, print events to try rules.
     Capture(commands::capture::Args),
     /// Measure throughput and latency on a throwaway Postgres.
     Bench(commands::bench::Args),
 }
 
-fn init_logging(format: &str) {
+fn init_logging(format: &str, default: &str) {
     let filter = std::env::var("WALHOOK_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| default.into());
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -62,7 +68,9 @@ fn init_logging(format: &str) {
 /// their causes, and the exit status is 1 (2 for usage errors, by clap).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    // The demo and benchmarks talk to a person: keep the logs to warnings.
+    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
+    init_logging(&cli.log_format, if quiet { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -88,6 +96,8 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Demo(args) => commands::demo::run(args).await,
+        Command::Run(args) => commands::run::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
     }

@@ -3,5 +3,7 @@
 //! - [`postgres`]: the capture source: a logical replication slot read with
 //!   `pgwire-replication`, our own `pgoutput` decoder, and the capture rules
 //!   that turn row changes into events.
+//! - [`http`]: the egress that sends signed attempts.
 
+pub mod http;
 pub mod postgres;

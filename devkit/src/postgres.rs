@@ -51,10 +51,13 @@ pub enum PgError {
 pub fn find_bin_dir() -> Result<PathBuf, PgError> {
     let has_server = |dir: &Path| dir.join("initdb").exists() && dir.join("postgres").exists();
     if let Ok(dir) = std::env::var("WALHOOK_PG_BIN") {
+        // An explicit choice is the only one: no silent fallback.
         let dir = PathBuf::from(dir);
-        if has_server(&dir) {
-            return Ok(dir);
-        }
+        return if has_server(&dir) {
+            Ok(dir)
+        } else {
+            Err(PgError::BinariesMissing)
+        };
     }
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {

@@ -107,6 +107,9 @@ struct Shared {
     endpoints: Mutex<HashMap<String, EndpointState>>,
     received: Mutex<Vec<Received>>,
     arrived: Notify,
+    /// Benchmarks count instead of keeping every request.
+    counting_only: bool,
+    count: std::sync::atomic::AtomicU64,
 }
 
 /// A running receiver; stops when dropped.
@@ -219,6 +222,13 @@ async fn handle(
         Behaviour::RetryAfter { status, secs } => (status, Some(("retry-after", secs.to_string()))),
         Behaviour::Redirect { status, location } => (status, Some(("location", location))),
     };
+    shared
+        .count
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if shared.counting_only {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (code, "").into_response();
+    }
     shared.received.lock().push(Received {
         path,
         webhook_id: id,
@@ -241,9 +251,22 @@ async fn handle(
 impl Receiver {
     /// Starts a receiver on a free loopback port.
     pub async fn start() -> std::io::Result<Receiver> {
+        Self::start_with(false).await
+    }
+
+    /// Starts a receiver that only counts requests (for benchmarks: keeping
+    /// every body of a long run would take gigabytes).
+    pub async fn start_counting() -> std::io::Result<Receiver> {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(counting_only: bool) -> std::io::Result<Receiver> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            counting_only,
+            ..Shared::default()
+        });
         let app = Router::new()
             .route("/{*path}", axum::routing::post(handle))
             .with_state(shared.clone());
@@ -296,7 +319,7 @@ impl Receiver {
 
     /// How many requests arrived so far.
     pub fn count(&self) -> usize {
-        self.shared.received.lock().len()
+        self.shared.count.load(std::sync::atomic::Ordering::Relaxed) as usize
     }
 
     /// Waits until `done` holds for the recorded requests, or `timeout`

@@ -90,6 +90,8 @@ pub struct EventKey {
 pub struct Event {
     /// Derived from the source, the key and the rule.
     pub id: EventId,
+    /// The capture source's name.
+    pub source: Arc<str>,
     /// Where the change was read.
     pub key: EventKey,
     /// The tenant whose endpoints may receive it.
@@ -283,6 +285,7 @@ mod codec {
             out.extend_from_slice(&self.schema_version.to_be_bytes());
             out.extend_from_slice(&self.occurred_at.0.to_be_bytes());
             out.extend_from_slice(&self.payload_hash);
+            put_str(out, Some(&self.source));
             put_str(out, Some(self.tenant_id.as_str()));
             put_str(out, Some(self.event_type.as_str()));
             put_str(out, self.object_id.as_deref());
@@ -305,6 +308,7 @@ mod codec {
             let mut payload_hash = [0u8; 32];
             payload_hash.copy_from_slice(c.take(32)?);
             let bad = |e: IdError| LogError::Decode(e.to_string());
+            let source: Arc<str> = c.str()?.into();
             let tenant_id = TenantId::new(c.str()?).map_err(bad)?;
             let event_type = EventType::new(&c.str()?).map_err(bad)?;
             let object_id = c.opt_str()?;
@@ -313,6 +317,7 @@ mod codec {
             let payload = Bytes::copy_from_slice(c.take(n)?);
             Ok(Event {
                 id: EventId(id),
+                source,
                 key: EventKey {
                     commit_lsn,
                     tx_ordinal,
@@ -337,6 +342,7 @@ mod codec {
         fn events_round_trip_through_bytes() {
             let e = Event {
                 id: EventId([3; 16]),
+                source: "main".into(),
                 key: EventKey {
                     commit_lsn: Lsn(99),
                     tx_ordinal: 4,

@@ -17,9 +17,15 @@
 
 pub mod canonical;
 pub mod capture;
+pub mod delivery;
+pub mod dispatch;
 pub mod duration;
+pub mod endpoint;
 pub mod event;
 pub mod failpoint;
+pub mod fanout;
 pub mod ids;
 pub mod log;
+pub mod signing;
+pub mod store;
 pub mod time;

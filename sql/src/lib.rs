@@ -12,6 +12,9 @@
 //!   module per stage ([`capture`]).
 
 pub mod capture;
+pub mod dispatch;
+pub mod endpoints;
+pub mod fanout;
 pub mod migrate;
 
 use std::str::FromStr;
@@ -70,6 +73,8 @@ impl StoreError {
 #[derive(Clone)]
 pub struct Platform {
     pool: Pool,
+    /// Daily partitions known to exist: (table, day since 1970).
+    partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
 }
 
 impl std::fmt::Debug for Platform {
@@ -97,7 +102,10 @@ impl Platform {
             .max_size(max_connections.max(1))
             .build()
             .map_err(|e| StoreError::Url(e.to_string()))?;
-        Ok(Platform { pool })
+        Ok(Platform {
+            pool,
+            partitions: Default::default(),
+        })
     }
 
     /// Connects once and checks that the schema is migrated.
@@ -109,5 +117,16 @@ impl Platform {
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         Ok(self.pool.get().await?)
+    }
+}
+
+impl From<StoreError> for walhook_pipeline::store::StoreError {
+    fn from(e: StoreError) -> Self {
+        let transient = e.is_transient();
+        walhook_pipeline::store::StoreError {
+            message: e.to_string(),
+            transient,
+            source: Some(Box::new(e)),
+        }
     }
 }

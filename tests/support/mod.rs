@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 /// The `walhook` binary built for these tests.
 pub fn walhook() -> Command {
@@ -32,4 +33,251 @@ pub fn stdout(out: &Output) -> String {
 /// Stderr as text.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+use walhook_devkit::postgres::LocalPostgres;
+use walhook_devkit::receiver::Receiver;
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_sql::Platform;
+use walhook_sql::endpoints::NewEndpoint;
+
+/// The business schema the end-to-end tests write to.
+pub const SHOP_SCHEMA: &str = "
+    CREATE TABLE invoices (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL,
+                           amount_cents bigint NOT NULL, currency text NOT NULL DEFAULT 'EUR');
+    ALTER TABLE invoices REPLICA IDENTITY FULL;
+    CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, total numeric(12,2) NOT NULL);
+    CREATE TABLE users (id bigint PRIMARY KEY, tenant_id text NOT NULL, email text NOT NULL,
+                        disabled boolean NOT NULL DEFAULT false);
+    ALTER TABLE users REPLICA IDENTITY FULL;
+";
+
+/// Rules over the shop schema.
+pub const SHOP_RULES: &str = r#"
+[[rules]]
+name = "invoice_paid"
+table = "invoices"
+operations = ["update"]
+when = [{ column = "status", changed_to = "paid" }]
+event_type = "invoice.paid"
+tenant_column = "tenant_id"
+object_id_column = "id"
+object_version = "lsn"
+
+[[rules]]
+name = "order_created"
+table = "orders"
+operations = ["insert"]
+event_type = "order.created"
+tenant_column = "tenant_id"
+object_id_column = "id"
+
+[[rules]]
+name = "user_disabled"
+table = "users"
+operations = ["update"]
+when = [{ column = "disabled", changed_to = true }]
+event_type = "user.disabled"
+tenant_column = "tenant_id"
+object_id_column = "id"
+include = ["id", "email"]
+"#;
+
+/// A shop database, a platform database and a receiver.
+pub struct World {
+    /// The cluster.
+    pub pg: LocalPostgres,
+    /// The business database.
+    pub shop: tokio_postgres::Client,
+    /// The platform.
+    pub platform: Platform,
+    /// A SQL session on the platform database.
+    pub platform_sql: tokio_postgres::Client,
+    /// The receiver.
+    pub receiver: Receiver,
+    /// The config file's directory.
+    pub dir: tempfile::TempDir,
+    shop_url: String,
+    platform_url: String,
+}
+
+impl World {
+    /// Starts Postgres, creates both databases, migrates, starts a receiver.
+    pub async fn new() -> World {
+        let pg = LocalPostgres::start().await.unwrap();
+        let shop_url = pg.create_database("shop").await.unwrap();
+        let platform_url = pg.create_database("platform").await.unwrap();
+        let shop = pg.connect("shop").await.unwrap();
+        shop.batch_execute(SHOP_SCHEMA).await.unwrap();
+        let mut platform_sql = pg.connect("platform").await.unwrap();
+        walhook_sql::migrate::run(&mut platform_sql).await.unwrap();
+        let platform = Platform::new(&platform_url, 4).unwrap();
+        let receiver = Receiver::start().await.unwrap();
+        World {
+            pg,
+            shop,
+            platform,
+            platform_sql,
+            receiver,
+            dir: tempfile::tempdir().unwrap(),
+            shop_url,
+            platform_url,
+        }
+    }
+
+    /// Registers an endpoint on the receiver at `path`; the receiver
+    /// verifies its signatures.
+    pub async fn endpoint(&self, tenant: &str, path: &str, types: &[&str]) -> EndpointId {
+        let tenant_id = TenantId::new(tenant).unwrap();
+        self.platform
+            .create_tenant(&tenant_id, tenant)
+            .await
+            .unwrap();
+        let (id, secret) = self
+            .platform
+            .create_endpoint(
+                &NewEndpoint {
+                    tenant_id,
+                    url: self.receiver.url(path),
+                    event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
+                    description: String::new(),
+                    rate_limit_per_sec: None,
+                    max_in_flight: None,
+                    enabled: true,
+                },
+                "test",
+            )
+            .await
+            .unwrap();
+        self.receiver.set_secrets(path, vec![secret.expose_text()]);
+        id
+    }
+
+    /// Waits until `walhook run` streams from the slot (writes before the
+    /// slot exists are not captured).
+    pub async fn wait_streaming(&self) {
+        for _ in 0..300 {
+            let active: Option<bool> = self
+                .shop
+                .query_opt(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'walhook'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .map(|r| r.get(0));
+            if active == Some(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("walhook did not start streaming within 30 s");
+    }
+
+    /// Counts of the platform's tables and the receiver's requests, for
+    /// failure messages.
+    pub async fn state(&self) -> String {
+        let row = self
+            .platform_sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM walhook.events), (SELECT count(*) FROM walhook.deliveries), \
+                        (SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'), \
+                        (SELECT count(*) FROM walhook.attempts), \
+                        (SELECT count(*) FROM walhook.capture_incidents), \
+                        (SELECT string_agg(DISTINCT coalesce(last_error_class, '-'), ',') FROM walhook.deliveries)",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (e, d, s, a, i): (i64, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let errors: Option<String> = row.get(5);
+        format!(
+            "events {e}, deliveries {d} ({s} succeeded), attempts {a}, incidents {i}, errors {errors:?}, requests received {}",
+            self.receiver.count()
+        )
+    }
+
+    /// The config for `walhook run` against this world.
+    pub fn config(&self, extra: &str) -> PathBuf {
+        write_config(
+            self.dir.path(),
+            &format!(
+                r#"
+[platform]
+url = "{}"
+
+[source]
+url = "{}"
+create_slot = true
+create_publication = true
+heartbeat_interval = "1s"
+status_interval = "200ms"
+
+[retry]
+base_delay = "100ms"
+max_delay = "1s"
+slow_down_floor = "200ms"
+max_attempts = 50
+
+[egress]
+allow_http_loopback = true
+request_timeout = "5s"
+
+[dispatch]
+sweep_interval = "200ms"
+lease = "10s"
+
+{extra}
+{SHOP_RULES}
+"#,
+                self.platform_url, self.shop_url
+            ),
+        )
+    }
+}
+
+/// A running `walhook run` child, killed when dropped.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    /// Starts `walhook run --config cfg`.
+    pub fn run(cfg: &Path) -> Child {
+        let child = walhook()
+            .args(["run", "--config"])
+            .arg(cfg)
+            .env(
+                "WALHOOK_LOG",
+                std::env::var("WALHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .spawn()
+            .expect("cannot start walhook run");
+        Child(child)
+    }
+
+    /// SIGKILL, no clean-up.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY-free: `kill` the command sends SIGTERM.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .status();
+        let status = self.0.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -2,7 +2,9 @@
 
 pub mod bench;
 pub mod capture;
+pub mod demo;
 pub mod migrate;
+pub mod run;
 
 use tokio_util::sync::CancellationToken;
 

@@ -786,6 +786,7 @@ impl CompiledRule {
         };
         Outcome::Event(Box::new(Event {
             id,
+            source: tx.source.into(),
             key: EventKey {
                 commit_lsn: tx.commit_lsn,
                 tx_ordinal: ordinal,
@@ -899,6 +900,7 @@ impl MessageRule {
         let (payload, payload_hash) = envelope.write(|w| w.raw_value(data));
         Outcome::Event(Box::new(Event {
             id,
+            source: tx.source.into(),
             key: EventKey {
                 commit_lsn: tx.commit_lsn,
                 tx_ordinal: ordinal,

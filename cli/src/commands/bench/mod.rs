@@ -2,6 +2,7 @@
 //! Postgres. Benchmarks print figures; tests check behaviour.
 
 pub mod capture;
+pub mod pipeline;
 
 use std::process::ExitCode;
 
@@ -19,12 +20,16 @@ pub enum Scenario {
     /// Capture alone: events/s decoded, canonicalised and handed on, against
     /// pg_recvlogical draining the same changes to /dev/null.
     Capture(capture::Args),
+    /// The whole path: committed orders to webhooks on local receivers,
+    /// with first-attempt latency percentiles.
+    Pipeline(pipeline::Args),
 }
 
 /// Runs a scenario.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.scenario {
         Scenario::Capture(a) => capture::run(a).await,
+        Scenario::Pipeline(a) => pipeline::run(a).await,
     }
 }
 

@@ -1,0 +1,318 @@
+//! Deliveries: one event for one endpoint, and the records about them.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::event::EventType;
+use crate::ids::{AttemptId, DeliveryId, EndpointId, EventId, TenantId};
+use crate::log::{LogError, Message};
+use crate::time::Timestamp;
+
+/// Where a delivery stands. Set by dispatch (and by operators through the
+/// API for `Cancelled`); terminal states never change again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Waiting for an attempt (first, retry, or paused by a circuit).
+    Pending,
+    /// An attempt got a 2xx.
+    Succeeded,
+    /// A permanent failure (4xx other than 408/429, 410, 3xx): no retries.
+    Failed,
+    /// Retries ran out (attempt count or the 24 h deadline).
+    Exhausted,
+    /// Stopped by an operator or because the endpoint was deleted.
+    Cancelled,
+}
+
+impl DeliveryStatus {
+    /// The name stored in Postgres.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Succeeded => "succeeded",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Exhausted => "exhausted",
+            DeliveryStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => DeliveryStatus::Pending,
+            "succeeded" => DeliveryStatus::Succeeded,
+            "failed" => DeliveryStatus::Failed,
+            "exhausted" => DeliveryStatus::Exhausted,
+            "cancelled" => DeliveryStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether nothing more will happen automatically.
+    pub fn is_terminal(self) -> bool {
+        self != DeliveryStatus::Pending
+    }
+}
+
+impl fmt::Display for DeliveryStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A delivery row fan-out makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDelivery {
+    /// `DeliveryId::derive(event_id, endpoint_id)`.
+    pub id: DeliveryId,
+    /// The event.
+    pub event_id: EventId,
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// The tenant.
+    pub tenant_id: TenantId,
+    /// The event's type.
+    pub event_type: EventType,
+    /// The event's time (locates its partition).
+    pub event_occurred_at: Timestamp,
+    /// The endpoint's config version at fan-out.
+    pub endpoint_config_version: i32,
+    /// When it was made.
+    pub created_at: Timestamp,
+    /// When automatic retries stop.
+    pub expires_at: Timestamp,
+    /// The dispatcher node that holds it, when fan-out and dispatch share a
+    /// process.
+    pub lease_owner: Option<String>,
+    /// Until when that node holds it.
+    pub lease_expires_at: Option<Timestamp>,
+}
+
+/// Work for dispatch: a delivery with the bytes it sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryJob {
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// Its event.
+    pub event_id: EventId,
+    /// Its endpoint.
+    pub endpoint_id: EndpointId,
+    /// Its tenant.
+    pub tenant_id: TenantId,
+    /// The event type.
+    pub event_type: EventType,
+    /// The event body, sent unchanged.
+    pub payload: Bytes,
+    /// Automatic attempts already made.
+    pub attempt_count: u32,
+    /// When it was made.
+    pub created_at: Timestamp,
+    /// When the next attempt is due.
+    pub next_attempt_at: Timestamp,
+    /// When automatic retries stop.
+    pub expires_at: Timestamp,
+    /// The lease this holder has; results are recorded only under it.
+    pub lease_version: i64,
+    /// The endpoint config version recorded at fan-out.
+    pub endpoint_config_version: i32,
+    /// The event's commit time (for first-attempt latency).
+    pub event_occurred_at: Timestamp,
+}
+
+/// What started an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// The automatic schedule.
+    Auto,
+    /// A replay asked for through the API.
+    Manual,
+}
+
+impl Trigger {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Auto => "auto",
+            Trigger::Manual => "manual",
+        }
+    }
+}
+
+/// One finished attempt and the delivery's state after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// `AttemptId::derive(delivery, number)` (manual numbers are offset).
+    pub attempt_id: AttemptId,
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// The tenant.
+    pub tenant_id: TenantId,
+    /// The attempt's number (automatic from 1; manual from 1_000_001).
+    pub number: u32,
+    /// What started it.
+    pub trigger: Trigger,
+    /// The endpoint config version used to send it.
+    pub endpoint_config_version: i32,
+    /// When the request started.
+    pub started_at: Timestamp,
+    /// When the outcome was known.
+    pub finished_at: Timestamp,
+    /// The HTTP status, if a response arrived.
+    pub http_status: Option<u16>,
+    /// `succeeded`, `retryable`, `rejected`, `gone`.
+    pub outcome: &'static str,
+    /// Why it failed, when it did.
+    pub error_class: Option<&'static str>,
+    /// SHA-256 of the first 64 KiB of the response body.
+    pub response_sha256: Option<[u8; 32]>,
+    /// The start of the response body, as text, for people.
+    pub response_excerpt: Option<String>,
+    /// The delivery's status after the attempt.
+    pub status: DeliveryStatus,
+    /// Automatic attempts made so far.
+    pub attempt_count: u32,
+    /// The next attempt, when pending.
+    pub next_attempt_at: Timestamp,
+    /// The lease the attempt ran under.
+    pub lease_version: i64,
+    /// Keep holding the delivery until then (a near retry stays in memory);
+    /// `None` releases it to whichever node claims it when due.
+    pub hold_until: Option<Timestamp>,
+}
+
+mod codec {
+    use super::*;
+
+    fn put(out: &mut Vec<u8>, b: &[u8]) {
+        out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        out.extend_from_slice(b);
+    }
+
+    struct Cursor<'a>(&'a [u8]);
+
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> Result<&'a [u8], LogError> {
+            if n > self.0.len() {
+                return Err(LogError::Decode("delivery job truncated".into()));
+            }
+            let (a, b) = self.0.split_at(n);
+            self.0 = b;
+            Ok(a)
+        }
+        fn arr16(&mut self) -> Result<[u8; 16], LogError> {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(self.take(16)?);
+            Ok(a)
+        }
+        fn u64(&mut self) -> Result<u64, LogError> {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(self.take(8)?);
+            Ok(u64::from_be_bytes(a))
+        }
+        fn u32(&mut self) -> Result<u32, LogError> {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(self.take(4)?);
+            Ok(u32::from_be_bytes(a))
+        }
+        fn bytes(&mut self) -> Result<&'a [u8], LogError> {
+            let n = self.u32()? as usize;
+            self.take(n)
+        }
+        fn text(&mut self) -> Result<&'a str, LogError> {
+            std::str::from_utf8(self.bytes()?)
+                .map_err(|_| LogError::Decode("delivery job text".into()))
+        }
+    }
+
+    impl Message for DeliveryJob {
+        fn encode(&self, out: &mut Vec<u8>) {
+            out.push(1);
+            out.extend_from_slice(&self.delivery_id.0);
+            out.extend_from_slice(&self.event_id.0);
+            out.extend_from_slice(&self.endpoint_id.0);
+            for t in [
+                self.created_at,
+                self.next_attempt_at,
+                self.expires_at,
+                self.event_occurred_at,
+            ] {
+                out.extend_from_slice(&t.0.to_be_bytes());
+            }
+            out.extend_from_slice(&self.lease_version.to_be_bytes());
+            out.extend_from_slice(&self.attempt_count.to_be_bytes());
+            out.extend_from_slice(&self.endpoint_config_version.to_be_bytes());
+            put(out, self.tenant_id.as_str().as_bytes());
+            put(out, self.event_type.as_str().as_bytes());
+            put(out, &self.payload);
+        }
+
+        fn decode(bytes: &[u8]) -> Result<Self, LogError> {
+            let mut c = Cursor(bytes);
+            if c.take(1)? != [1] {
+                return Err(LogError::Decode("unknown delivery job version".into()));
+            }
+            let delivery_id = DeliveryId(c.arr16()?);
+            let event_id = EventId(c.arr16()?);
+            let endpoint_id = EndpointId(c.arr16()?);
+            let created_at = Timestamp(c.u64()? as i64);
+            let next_attempt_at = Timestamp(c.u64()? as i64);
+            let expires_at = Timestamp(c.u64()? as i64);
+            let event_occurred_at = Timestamp(c.u64()? as i64);
+            let lease_version = c.u64()? as i64;
+            let attempt_count = c.u32()?;
+            let endpoint_config_version = c.u32()? as i32;
+            let bad = |e: crate::ids::IdError| LogError::Decode(e.to_string());
+            let tenant_id = TenantId::new(c.text()?).map_err(bad)?;
+            let event_type = EventType::new(c.text()?).map_err(bad)?;
+            let payload = Bytes::copy_from_slice(c.bytes()?);
+            Ok(DeliveryJob {
+                delivery_id,
+                event_id,
+                endpoint_id,
+                tenant_id,
+                event_type,
+                payload,
+                attempt_count,
+                created_at,
+                next_attempt_at,
+                expires_at,
+                lease_version,
+                endpoint_config_version,
+                event_occurred_at,
+            })
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn jobs_round_trip() {
+            let job = DeliveryJob {
+                delivery_id: DeliveryId([1; 16]),
+                event_id: EventId([2; 16]),
+                endpoint_id: EndpointId([3; 16]),
+                tenant_id: TenantId::new("acme").unwrap(),
+                event_type: EventType::new("a.b").unwrap(),
+                payload: Bytes::from_static(b"{\"x\":1}"),
+                attempt_count: 2,
+                created_at: Timestamp(5),
+                next_attempt_at: Timestamp(6),
+                expires_at: Timestamp(7),
+                lease_version: 9,
+                endpoint_config_version: 3,
+                event_occurred_at: Timestamp(-1),
+            };
+            let mut b = Vec::new();
+            job.encode(&mut b);
+            assert_eq!(DeliveryJob::decode(&b).unwrap(), job);
+            assert!(DeliveryJob::decode(&b[..b.len() - 1]).is_err());
+        }
+    }
+}

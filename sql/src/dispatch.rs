@@ -1,0 +1,243 @@
+//! Dispatch's reads and writes: attempts, delivery states under leases, and
+//! claims of due deliveries.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use uuid::Uuid;
+use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob};
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::store::{DispatchStore, Transition};
+use walhook_pipeline::time::Timestamp;
+
+use crate::{Platform, StoreError};
+
+const INSERT_ATTEMPTS: &str = "\
+INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
+                              endpoint_config_version, started_at, finished_at, http_status, latency_ms, \
+                              outcome, error_class, response_sha256, response_excerpt) \
+SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
+       greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt \
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
+            $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], $14::text[]) \
+     AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt) \
+ON CONFLICT DO NOTHING";
+
+const UPDATE_DELIVERIES: &str = "\
+UPDATE walhook.deliveries d SET \
+    status = u.status::walhook.delivery_status, \
+    attempt_count = greatest(d.attempt_count, u.attempts), \
+    next_attempt_at = u.next_at, \
+    lease_owner = CASE WHEN u.hold IS NULL THEN NULL ELSE d.lease_owner END, \
+    lease_expires_at = u.hold, \
+    last_http_status = u.http, \
+    last_error_class = u.err, \
+    updated_at = now() \
+FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::timestamptz[], $6::int8[], $7::int4[], $8::text[]) \
+     AS u(id, status, attempts, next_at, hold, lease, http, err) \
+WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
+RETURNING d.id";
+
+const CLAIM: &str = "\
+WITH due AS ( \
+    SELECT id FROM walhook.deliveries \
+    WHERE status = 'pending' AND ( \
+        ($2 AND lease_owner = $1) \
+        OR (next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now()))) \
+    ORDER BY next_attempt_at \
+    LIMIT $3 \
+    FOR UPDATE SKIP LOCKED) \
+UPDATE walhook.deliveries d SET \
+    lease_version = d.lease_version + 1, lease_owner = $1, \
+    lease_expires_at = greatest(now(), d.next_attempt_at) + $4 * interval '1 millisecond' \
+FROM due, walhook.events e \
+WHERE d.id = due.id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
+          d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
+          d.event_occurred_at";
+
+fn uuid16(b: &[u8; 16]) -> Uuid {
+    Uuid::from_bytes(*b)
+}
+
+impl DispatchStore for Platform {
+    async fn record(
+        &self,
+        attempts: &[AttemptRecord],
+    ) -> Result<Vec<DeliveryId>, walhook_pipeline::store::StoreError> {
+        let mut client = self.client().await?;
+        self.ensure_partitions(&client, "attempts", attempts.iter().map(|a| a.started_at))
+            .await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin recording"))?;
+        let a = attempts;
+        let ids: Vec<Uuid> = a.iter().map(|x| uuid16(&x.attempt_id.0)).collect();
+        let deliveries: Vec<Uuid> = a.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
+        let endpoints: Vec<Uuid> = a.iter().map(|x| uuid16(&x.endpoint_id.0)).collect();
+        let tenants: Vec<&str> = a.iter().map(|x| x.tenant_id.as_str()).collect();
+        let numbers: Vec<i32> = a.iter().map(|x| x.number as i32).collect();
+        let triggers: Vec<&str> = a.iter().map(|x| x.trigger.as_str()).collect();
+        let versions: Vec<i32> = a.iter().map(|x| x.endpoint_config_version).collect();
+        let started: Vec<SystemTime> = a.iter().map(|x| x.started_at.to_system_time()).collect();
+        let finished: Vec<SystemTime> = a.iter().map(|x| x.finished_at.to_system_time()).collect();
+        let statuses: Vec<Option<i32>> = a.iter().map(|x| x.http_status.map(i32::from)).collect();
+        let outcomes: Vec<&str> = a.iter().map(|x| x.outcome).collect();
+        let errors: Vec<Option<&str>> = a.iter().map(|x| x.error_class).collect();
+        let shas: Vec<Option<&[u8]>> = a
+            .iter()
+            .map(|x| x.response_sha256.as_ref().map(|h| h.as_slice()))
+            .collect();
+        let excerpts: Vec<Option<&str>> = a.iter().map(|x| x.response_excerpt.as_deref()).collect();
+        let stmt = tx
+            .prepare_cached(INSERT_ATTEMPTS)
+            .await
+            .map_err(StoreError::query("prepare the attempt insert"))?;
+        tx.execute(
+            &stmt,
+            &[
+                &ids,
+                &deliveries,
+                &endpoints,
+                &tenants,
+                &numbers,
+                &triggers,
+                &versions,
+                &started,
+                &finished,
+                &statuses,
+                &outcomes,
+                &errors,
+                &shas,
+                &excerpts,
+            ],
+        )
+        .await
+        .map_err(StoreError::query("insert attempts"))?;
+
+        // One state per delivery: the latest attempt's (an UPDATE … FROM
+        // with two source rows for one target applies either).
+        let mut latest: HashMap<DeliveryId, &AttemptRecord> = HashMap::new();
+        for r in a {
+            match latest.get(&r.delivery_id) {
+                Some(prev) if prev.number > r.number => {}
+                _ => {
+                    latest.insert(r.delivery_id, r);
+                }
+            }
+        }
+        let u: Vec<&AttemptRecord> = latest.into_values().collect();
+        let ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
+        let statuses: Vec<&str> = u.iter().map(|x| x.status.as_str()).collect();
+        let counts: Vec<i32> = u.iter().map(|x| x.attempt_count as i32).collect();
+        let next: Vec<SystemTime> = u
+            .iter()
+            .map(|x| x.next_attempt_at.to_system_time())
+            .collect();
+        let hold: Vec<Option<SystemTime>> = u
+            .iter()
+            .map(|x| x.hold_until.map(|t| t.to_system_time()))
+            .collect();
+        let leases: Vec<i64> = u.iter().map(|x| x.lease_version).collect();
+        let http: Vec<Option<i32>> = u.iter().map(|x| x.http_status.map(i32::from)).collect();
+        let errs: Vec<Option<&str>> = u.iter().map(|x| x.error_class).collect();
+        let stmt = tx
+            .prepare_cached(UPDATE_DELIVERIES)
+            .await
+            .map_err(StoreError::query("prepare the delivery update"))?;
+        let rows = tx
+            .query(
+                &stmt,
+                &[
+                    &ids, &statuses, &counts, &next, &hold, &leases, &http, &errs,
+                ],
+            )
+            .await
+            .map_err(StoreError::query("update deliveries"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit attempts"))?;
+        let applied: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+        Ok(u.iter()
+            .filter(|x| !applied.contains(&uuid16(&x.delivery_id.0)))
+            .map(|x| x.delivery_id)
+            .collect())
+    }
+
+    async fn transition(
+        &self,
+        changes: &[Transition],
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let ids: Vec<Uuid> = changes.iter().map(|c| uuid16(&c.delivery_id.0)).collect();
+        let statuses: Vec<&str> = changes.iter().map(|c| c.status.as_str()).collect();
+        let leases: Vec<i64> = changes.iter().map(|c| c.lease_version).collect();
+        let reasons: Vec<&str> = changes.iter().map(|c| c.reason).collect();
+        client
+            .execute(
+                "UPDATE walhook.deliveries d SET status = u.status::walhook.delivery_status, last_error_class = u.reason, \
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[]) AS u(id, status, lease, reason) \
+                 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                &[&ids, &statuses, &leases, &reasons],
+            )
+            .await
+            .map_err(StoreError::query("end deliveries"))?;
+        Ok(())
+    }
+
+    async fn claim_due(
+        &self,
+        node: &str,
+        limit: usize,
+        lease: Duration,
+        reclaim_own: bool,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(CLAIM)
+            .await
+            .map_err(StoreError::query("prepare the claim"))?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &node,
+                    &reclaim_own,
+                    &(limit as i64),
+                    &(lease.as_millis() as f64),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("claim due deliveries"))?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for r in rows {
+            let tenant: String = r.get(3);
+            let etype: String = r.get(4);
+            let (Ok(tenant_id), Ok(event_type)) = (TenantId::new(tenant), EventType::new(&etype))
+            else {
+                continue;
+            };
+            let payload: Vec<u8> = r.get(5);
+            let ts = |i: usize| Timestamp::from_system_time(r.get::<_, SystemTime>(i));
+            jobs.push(DeliveryJob {
+                delivery_id: DeliveryId(*r.get::<_, Uuid>(0).as_bytes()),
+                event_id: EventId(*r.get::<_, Uuid>(1).as_bytes()),
+                endpoint_id: EndpointId(*r.get::<_, Uuid>(2).as_bytes()),
+                tenant_id,
+                event_type,
+                payload: payload.into(),
+                attempt_count: r.get::<_, i32>(6) as u32,
+                created_at: ts(7),
+                next_attempt_at: ts(8),
+                expires_at: ts(9),
+                lease_version: r.get(10),
+                endpoint_config_version: r.get(11),
+                event_occurred_at: ts(12),
+            });
+        }
+        Ok(jobs)
+    }
+}

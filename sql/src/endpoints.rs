@@ -1,0 +1,253 @@
+//! Tenants and endpoints: the directory dispatch reads, and the changes the
+//! control plane (and the demo) make. Every endpoint change is a new config
+//! version, kept in `endpoint_versions`, and an audit record.
+
+use uuid::Uuid;
+use walhook_pipeline::endpoint::{EndpointConfig, EndpointSource};
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::signing::SigningSecret;
+
+use crate::{Platform, StoreError};
+
+/// A new endpoint's settings.
+#[derive(Debug, Clone)]
+pub struct NewEndpoint {
+    /// Its tenant.
+    pub tenant_id: TenantId,
+    /// Where deliveries go.
+    pub url: String,
+    /// Subscribed types; empty means all.
+    pub event_types: Vec<EventType>,
+    /// A description for people.
+    pub description: String,
+    /// Requests per second, if limited.
+    pub rate_limit_per_sec: Option<u32>,
+    /// Concurrent requests, if limited.
+    pub max_in_flight: Option<u32>,
+    /// Starts enabled.
+    pub enabled: bool,
+}
+
+/// A change to an endpoint; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointChange {
+    /// New URL.
+    pub url: Option<String>,
+    /// New subscriptions.
+    pub event_types: Option<Vec<EventType>>,
+    /// New description.
+    pub description: Option<String>,
+    /// Enable or disable.
+    pub enabled: Option<bool>,
+    /// New rate limit (`Some(None)` removes it).
+    pub rate_limit_per_sec: Option<Option<u32>>,
+    /// New in-flight cap (`Some(None)` removes it).
+    pub max_in_flight: Option<Option<u32>>,
+}
+
+fn types_text(types: &[EventType]) -> Vec<String> {
+    types.iter().map(|t| t.to_string()).collect()
+}
+
+fn opt_i32(v: Option<u32>) -> Option<i32> {
+    v.map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+impl Platform {
+    /// Creates a tenant (or does nothing if it exists).
+    pub async fn create_tenant(&self, id: &TenantId, name: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO walhook.tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[&id.as_str(), &name],
+            )
+            .await
+            .map_err(StoreError::query("create a tenant"))?;
+        Ok(())
+    }
+
+    /// Creates an endpoint with a fresh secret; returns its id and the
+    /// secret (to show once).
+    pub async fn create_endpoint(
+        &self,
+        ep: &NewEndpoint,
+        actor: &str,
+    ) -> Result<(EndpointId, SigningSecret), StoreError> {
+        let id = EndpointId::random();
+        let secret = SigningSecret::generate();
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        let uid = Uuid::from_bytes(id.0);
+        tx.execute(
+            "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
+             rate_limit_per_sec, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &uid,
+                &ep.tenant_id.as_str(),
+                &ep.url,
+                &ep.description,
+                &types_text(&ep.event_types),
+                &ep.enabled,
+                &opt_i32(ep.rate_limit_per_sec),
+                &opt_i32(ep.max_in_flight),
+            ],
+        )
+        .await
+        .map_err(StoreError::query("create an endpoint"))?;
+        tx.execute(
+            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
+             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
+             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
+             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
+            &[&uid, &actor],
+        )
+        .await
+        .map_err(StoreError::query("record an endpoint version"))?;
+        tx.execute(
+            "INSERT INTO walhook.endpoint_secrets (endpoint_id, version, secret) VALUES ($1, 1, $2)",
+            &[&uid, &secret.expose_bytes()],
+        )
+        .await
+        .map_err(StoreError::query("store an endpoint secret"))?;
+        tx.execute(
+            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
+             VALUES ($1, $2, 'endpoint.created', $3, jsonb_build_object('url', $4::text, 'config_version', 1))",
+            &[&ep.tenant_id.as_str(), &actor, &id.to_string(), &ep.url],
+        )
+        .await
+        .map_err(StoreError::query("audit an endpoint creation"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit an endpoint creation"))?;
+        Ok((id, secret))
+    }
+
+    /// Applies `change` as a new config version; returns the new version.
+    pub async fn update_endpoint(
+        &self,
+        id: EndpointId,
+        change: &EndpointChange,
+        actor: &str,
+    ) -> Result<i32, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        let uid = Uuid::from_bytes(id.0);
+        let types = change.event_types.as_deref().map(types_text);
+        let row = tx
+            .query_opt(
+                "UPDATE walhook.endpoints SET \
+                   url = coalesce($2, url), \
+                   event_types = coalesce($3, event_types), \
+                   description = coalesce($4, description), \
+                   enabled = coalesce($5, enabled), \
+                   rate_limit_per_sec = CASE WHEN $6 THEN $7 ELSE rate_limit_per_sec END, \
+                   max_in_flight = CASE WHEN $8 THEN $9 ELSE max_in_flight END, \
+                   disabled_reason = CASE WHEN $5 = false THEN 'disabled by ' || $10 WHEN $5 THEN NULL ELSE disabled_reason END, \
+                   config_version = config_version + 1, updated_at = now() \
+                 WHERE id = $1 AND deleted_at IS NULL RETURNING config_version, tenant_id",
+                &[
+                    &uid,
+                    &change.url,
+                    &types,
+                    &change.description,
+                    &change.enabled,
+                    &change.rate_limit_per_sec.is_some(),
+                    &opt_i32(change.rate_limit_per_sec.flatten()),
+                    &change.max_in_flight.is_some(),
+                    &opt_i32(change.max_in_flight.flatten()),
+                    &actor,
+                ],
+            )
+            .await
+            .map_err(StoreError::query("update an endpoint"))?
+            .ok_or_else(|| StoreError::Schema(format!("endpoint {id} does not exist")))?;
+        let version: i32 = row.get(0);
+        let tenant: String = row.get(1);
+        tx.execute(
+            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
+             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
+             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
+             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
+            &[&uid, &actor],
+        )
+        .await
+        .map_err(StoreError::query("record an endpoint version"))?;
+        tx.execute(
+            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
+             VALUES ($1, $2, 'endpoint.updated', $3, jsonb_build_object('config_version', $4::int4))",
+            &[&tenant, &actor, &id.to_string(), &version],
+        )
+        .await
+        .map_err(StoreError::query("audit an endpoint change"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit an endpoint change"))?;
+        Ok(version)
+    }
+}
+
+impl EndpointSource for Platform {
+    async fn config_epoch(&self) -> Result<i64, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT epoch FROM walhook.config_epoch", &[])
+            .await
+            .map_err(StoreError::query("read the config epoch"))?;
+        Ok(row.get(0))
+    }
+
+    async fn load_endpoints(
+        &self,
+    ) -> Result<Vec<EndpointConfig>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT e.id, e.tenant_id, e.url, e.event_types, e.enabled, e.config_version, \
+                        e.rate_limit_per_sec, e.max_in_flight, \
+                        coalesce((SELECT array_agg(s.secret ORDER BY s.version DESC) FROM walhook.endpoint_secrets s \
+                                  WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())), '{}'), \
+                        e.created_at \
+                 FROM walhook.endpoints e JOIN walhook.tenants t ON t.id = e.tenant_id \
+                 WHERE e.deleted_at IS NULL AND t.disabled_at IS NULL",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("load endpoints"))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: Uuid = r.get(0);
+            let tenant: String = r.get(1);
+            let types: Vec<String> = r.get(3);
+            let rate: Option<i32> = r.get(6);
+            let cap: Option<i32> = r.get(7);
+            let secrets: Vec<Vec<u8>> = r.get(8);
+            let Ok(tenant_id) = TenantId::new(tenant) else {
+                continue;
+            };
+            out.push(EndpointConfig {
+                id: EndpointId(*id.as_bytes()),
+                tenant_id,
+                url: r.get(2),
+                event_types: types
+                    .iter()
+                    .filter_map(|t| EventType::new(t).ok())
+                    .collect(),
+                enabled: r.get(4),
+                config_version: r.get(5),
+                rate_limit_per_sec: rate.map(|n| n.max(1) as u32),
+                max_in_flight: cap.map(|n| n.max(1) as u32),
+                secrets: secrets.into_iter().map(SigningSecret::from_bytes).collect(),
+                created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(9)),
+            });
+        }
+        Ok(out)
+    }
+}

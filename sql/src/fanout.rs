@@ -1,0 +1,170 @@
+//! Fan-out's writes: events and their deliveries in one transaction.
+
+use std::time::SystemTime;
+
+use uuid::Uuid;
+use walhook_pipeline::delivery::NewDelivery;
+use walhook_pipeline::event::Event;
+use walhook_pipeline::ids::DeliveryId;
+use walhook_pipeline::store::FanoutStore;
+
+use crate::{Platform, StoreError};
+
+const INSERT_EVENTS: &str = "\
+INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+                            occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+SELECT id, tenant, etype, sv, oid, over, at, src, lsn::pg_lsn, ord, body, hash \
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], $7::timestamptz[], \
+            $8::text[], $9::text[], $10::int4[], $11::bytea[], $12::bytea[]) \
+     AS t(id, tenant, etype, sv, oid, over, at, src, lsn, ord, body, hash) \
+ON CONFLICT DO NOTHING";
+
+const INSERT_DELIVERIES: &str = "\
+INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                                endpoint_config_version, next_attempt_at, expires_at, lease_version, \
+                                lease_owner, lease_expires_at, created_at, updated_at) \
+SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
+       CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
+            $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
+     AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
+ON CONFLICT DO NOTHING \
+RETURNING id";
+
+impl Platform {
+    /// Creates the daily partitions of `table` that `times` fall in, once
+    /// per process and day.
+    pub(crate) async fn ensure_partitions(
+        &self,
+        client: &tokio_postgres::Client,
+        table: &'static str,
+        times: impl Iterator<Item = walhook_pipeline::time::Timestamp>,
+    ) -> Result<(), StoreError> {
+        let mut missing: Vec<(i64, SystemTime)> = Vec::new();
+        {
+            let known = self.partitions.lock();
+            for t in times {
+                let day = t.unix_seconds().div_euclid(86_400);
+                if !known.contains(&(table, day)) && !missing.iter().any(|(d, _)| *d == day) {
+                    missing.push((day, t.to_system_time()));
+                }
+            }
+        }
+        for (day, at) in missing {
+            client
+                .execute("SELECT walhook.ensure_day_partition($1, ($2::timestamptz AT TIME ZONE 'UTC')::date)", &[&table, &at])
+                .await
+                .map_err(StoreError::query("create a daily partition"))?;
+            self.partitions.lock().insert((table, day));
+        }
+        Ok(())
+    }
+}
+
+impl FanoutStore for Platform {
+    async fn materialize(
+        &self,
+        events: &[Event],
+        deliveries: &[NewDelivery],
+    ) -> Result<Vec<DeliveryId>, walhook_pipeline::store::StoreError> {
+        let mut client = self.client().await?;
+        self.ensure_partitions(&client, "events", events.iter().map(|e| e.occurred_at))
+            .await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin fan-out"))?;
+
+        let ids: Vec<Uuid> = events.iter().map(|e| Uuid::from_bytes(e.id.0)).collect();
+        let tenants: Vec<&str> = events.iter().map(|e| e.tenant_id.as_str()).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let versions: Vec<i32> = events.iter().map(|e| e.schema_version as i32).collect();
+        let object_ids: Vec<Option<&str>> = events.iter().map(|e| e.object_id.as_deref()).collect();
+        let object_versions: Vec<Option<&str>> =
+            events.iter().map(|e| e.object_version.as_deref()).collect();
+        let occurred: Vec<SystemTime> = events
+            .iter()
+            .map(|e| e.occurred_at.to_system_time())
+            .collect();
+        let sources: Vec<&str> = events.iter().map(|e| &*e.source).collect();
+        let lsns: Vec<String> = events
+            .iter()
+            .map(|e| e.key.commit_lsn.to_string())
+            .collect();
+        let ordinals: Vec<i32> = events.iter().map(|e| e.key.tx_ordinal as i32).collect();
+        let bodies: Vec<&[u8]> = events.iter().map(|e| e.payload.as_ref()).collect();
+        let hashes: Vec<&[u8]> = events.iter().map(|e| e.payload_hash.as_slice()).collect();
+        let stmt = tx
+            .prepare_cached(INSERT_EVENTS)
+            .await
+            .map_err(StoreError::query("prepare the event insert"))?;
+        tx.execute(
+            &stmt,
+            &[
+                &ids,
+                &tenants,
+                &types,
+                &versions,
+                &object_ids,
+                &object_versions,
+                &occurred,
+                &sources,
+                &lsns,
+                &ordinals,
+                &bodies,
+                &hashes,
+            ],
+        )
+        .await
+        .map_err(StoreError::query("insert events"))?;
+
+        let mut made = Vec::new();
+        if !deliveries.is_empty() {
+            let d = deliveries;
+            let ids: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.id.0)).collect();
+            let events: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.event_id.0)).collect();
+            let endpoints: Vec<Uuid> = d
+                .iter()
+                .map(|x| Uuid::from_bytes(x.endpoint_id.0))
+                .collect();
+            let tenants: Vec<&str> = d.iter().map(|x| x.tenant_id.as_str()).collect();
+            let types: Vec<&str> = d.iter().map(|x| x.event_type.as_str()).collect();
+            let occurred: Vec<SystemTime> = d
+                .iter()
+                .map(|x| x.event_occurred_at.to_system_time())
+                .collect();
+            let versions: Vec<i32> = d.iter().map(|x| x.endpoint_config_version).collect();
+            let created: Vec<SystemTime> =
+                d.iter().map(|x| x.created_at.to_system_time()).collect();
+            let expires: Vec<SystemTime> =
+                d.iter().map(|x| x.expires_at.to_system_time()).collect();
+            let owners: Vec<Option<&str>> = d.iter().map(|x| x.lease_owner.as_deref()).collect();
+            let lease_exp: Vec<Option<SystemTime>> = d
+                .iter()
+                .map(|x| x.lease_expires_at.map(|t| t.to_system_time()))
+                .collect();
+            let stmt = tx
+                .prepare_cached(INSERT_DELIVERIES)
+                .await
+                .map_err(StoreError::query("prepare the delivery insert"))?;
+            let rows = tx
+                .query(
+                    &stmt,
+                    &[
+                        &ids, &events, &endpoints, &tenants, &types, &occurred, &versions,
+                        &created, &expires, &owners, &lease_exp,
+                    ],
+                )
+                .await
+                .map_err(StoreError::query("insert deliveries"))?;
+            made = rows
+                .iter()
+                .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
+                .collect();
+        }
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit fan-out"))?;
+        Ok(made)
+    }
+}

@@ -1,0 +1,84 @@
+//! The command line: clear errors with the fix, and help that teaches.
+
+use crate::support::{run, stderr, stdout, walhook, write_config};
+
+#[test]
+fn the_demo_without_postgres_binaries_says_how_to_get_them() {
+    let out = run(walhook()
+        .args(["demo", "--duration", "1s"])
+        .env("WALHOOK_PG_BIN", "/nonexistent"));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("apt-get install -y postgresql") && err.contains("WALHOOK_PG_BIN"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_without_a_reachable_platform_database_names_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 9 on loopback: nothing listens there.
+    let cfg = write_config(
+        dir.path(),
+        "[platform]\nurl = \"postgres://postgres@127.0.0.1:9/walhook\"\n\n[source]\nurl = \"postgres://postgres@127.0.0.1:9/shop\"\n\n\
+         [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
+    );
+    let out = run(walhook().args(["run", "--config"]).arg(&cfg));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("[platform].url") && err.contains("walhook migrate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_config_values_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "[platform]\nurl = \"postgres://u@127.0.0.1/p\"\n\n[source]\nurl = \"postgres://u@127.0.0.1/s\"\n\n\
+                [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n";
+    let cases = [
+        ("[retry]\nmax_attempts = 0\n", "retry.max_attempts"),
+        (
+            "[retry]\ndeadline = \"soon\"\n",
+            "\"soon\" is not a duration",
+        ),
+        (
+            "[dispatch]\nlease = \"1s\"\n",
+            "must outlast [egress].request_timeout",
+        ),
+        ("[log]\nkind = \"kafka\"\n", "[log].kind = \"kafka\""),
+        (
+            "[egress]\nallow_http = true\n",
+            "unknown field `allow_http`",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let cfg = write_config(dir.path(), &format!("{base}\n{extra}"));
+        let out = run(walhook().args(["run", "--config"]).arg(&cfg));
+        assert!(!out.status.success(), "accepted {extra}");
+        assert!(
+            stderr(&out).contains(expected),
+            "expected {expected:?} in {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn help_teaches_the_commands() {
+    let out = run(walhook().arg("--help"));
+    let help = stdout(&out);
+    for command in ["demo", "run", "migrate", "capture", "bench"] {
+        assert!(
+            help.contains(command),
+            "{command} missing from --help:\n{help}"
+        );
+    }
+    let capture = stdout(&run(walhook().args(["capture", "--help"])));
+    assert!(
+        capture.contains("--stdout") && capture.contains("--confirm"),
+        "{capture}"
+    );
+}
