@@ -208,6 +208,9 @@ mod tests {
         let cfg = Config::parse(include_str!("../../walhook.example.toml")).unwrap();
         assert_eq!(cfg.rules.len(), 3);
         assert!(!cfg.egress.allow_http_loopback);
-        assert_eq!(cfg.retry.deadline, std::time::Duration::from_secs(24 * 3600));
+        assert_eq!(
+            cfg.retry.deadline,
+            std::time::Duration::from_secs(24 * 3600)
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod endpoints;
 pub mod fanout;
 pub mod migrate;
+pub mod replay;
 
 use std::str::FromStr;
 

@@ -1,0 +1,28 @@
+-- Dispatch engine: manual replays, circuit breakers and endpoint health,
+-- operational events.
+
+-- A replay asked for through the API: the dispatcher makes one manual
+-- attempt on the delivery (same id, same bytes, current secret) and marks
+-- the request done. The automatic schedule is not touched.
+CREATE TABLE walhook.replay_requests (
+    id            bigserial PRIMARY KEY,
+    delivery_id   uuid NOT NULL REFERENCES walhook.deliveries (id),
+    requested_by  text NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    claimed_by    text,
+    claimed_until timestamptz,
+    done_at       timestamptz,
+    attempt_id    uuid
+);
+CREATE INDEX replay_requests_open ON walhook.replay_requests (requested_at) WHERE done_at IS NULL;
+
+-- Per endpoint: when it started failing without a success since, and its
+-- circuit. Kept so that a restart does not forget a long outage.
+CREATE TABLE walhook.endpoint_health (
+    endpoint_id        uuid PRIMARY KEY REFERENCES walhook.endpoints (id),
+    failing_since      timestamptz,
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    circuit            text NOT NULL DEFAULT 'closed',
+    opened_at          timestamptz,
+    updated_at         timestamptz NOT NULL DEFAULT now()
+);
