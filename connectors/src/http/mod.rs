@@ -7,6 +7,8 @@
 //! development setting `allow_http_loopback` is on, and then only for
 //! loopback hosts (tests and the demo).
 
+pub mod policy;
+
 use std::time::Duration;
 
 use futures::StreamExt;
