@@ -35,6 +35,9 @@ pub struct Config {
     /// The retry schedule.
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// The per-endpoint circuit breaker.
+    #[serde(default)]
+    pub breaker: walhook_pipeline::dispatch::breaker::BreakerConfig,
     /// HTTP egress.
     #[serde(default)]
     pub egress: EgressSettings,
@@ -90,6 +93,15 @@ pub struct DispatchConfig {
     pub max_in_flight: usize,
     /// Attempts in flight per endpoint (unless the endpoint sets its own).
     pub endpoint_max_in_flight: u32,
+    /// Attempts in flight per tenant: one tenant with many bad endpoints
+    /// cannot take every worker.
+    pub tenant_max_in_flight: u32,
+    /// Jobs queued in memory per endpoint before new ones wait in Postgres.
+    pub endpoint_max_queued: usize,
+    /// An endpoint failing without a success for this long is disabled
+    /// (with an audit record and an `endpoint.disabled` event).
+    #[serde(with = "walhook_pipeline::duration")]
+    pub disable_after: std::time::Duration,
     /// How long a claim on a delivery lasts; longer than the request timeout.
     #[serde(with = "walhook_pipeline::duration")]
     pub lease: std::time::Duration,
@@ -108,6 +120,9 @@ impl Default for DispatchConfig {
             node_id: d.node_id,
             max_in_flight: d.max_in_flight,
             endpoint_max_in_flight: d.endpoint_max_in_flight,
+            tenant_max_in_flight: d.tenant_max_in_flight,
+            endpoint_max_queued: d.endpoint_max_queued,
+            disable_after: d.disable_after,
             lease: d.lease,
             sweep_interval: d.sweep_interval,
             drain_timeout: d.drain_timeout,
@@ -174,8 +189,16 @@ impl Config {
         if cfg.log.events_partitions == 0 || cfg.log.deliveries_partitions == 0 {
             bail!("[log] partitions must be at least 1");
         }
-        if cfg.dispatch.max_in_flight == 0 || cfg.dispatch.endpoint_max_in_flight == 0 {
-            bail!("[dispatch] max_in_flight and endpoint_max_in_flight must be at least 1");
+        if cfg.dispatch.max_in_flight == 0
+            || cfg.dispatch.endpoint_max_in_flight == 0
+            || cfg.dispatch.tenant_max_in_flight == 0
+        {
+            bail!(
+                "[dispatch] max_in_flight, endpoint_max_in_flight and tenant_max_in_flight must be at least 1"
+            );
+        }
+        if cfg.breaker.failure_threshold == 0 {
+            bail!("[breaker].failure_threshold must be at least 1 (5 is usual)");
         }
         if cfg.dispatch.lease <= cfg.egress.request_timeout {
             bail!(

@@ -119,6 +119,17 @@ pub struct DeliveryJob {
     pub endpoint_config_version: i32,
     /// The event's commit time (for first-attempt latency).
     pub event_occurred_at: Timestamp,
+    /// Set when this is a manual attempt asked for through the API.
+    pub replay: Option<Replay>,
+}
+
+/// A manual attempt's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    /// The replay request's id.
+    pub request_id: i64,
+    /// The manual attempt's number (from 1, separate from automatic ones).
+    pub number: u32,
 }
 
 /// What started an attempt.
@@ -183,6 +194,8 @@ pub struct AttemptRecord {
     /// Keep holding the delivery until then (a near retry stays in memory);
     /// `None` releases it to whichever node claims it when due.
     pub hold_until: Option<Timestamp>,
+    /// For a manual attempt: the replay request it answers.
+    pub replay_request: Option<i64>,
 }
 
 mod codec {
@@ -249,6 +262,14 @@ mod codec {
             put(out, self.tenant_id.as_str().as_bytes());
             put(out, self.event_type.as_str().as_bytes());
             put(out, &self.payload);
+            match self.replay {
+                None => out.push(0),
+                Some(r) => {
+                    out.push(1);
+                    out.extend_from_slice(&r.request_id.to_be_bytes());
+                    out.extend_from_slice(&r.number.to_be_bytes());
+                }
+            }
         }
 
         fn decode(bytes: &[u8]) -> Result<Self, LogError> {
@@ -270,6 +291,13 @@ mod codec {
             let tenant_id = TenantId::new(c.text()?).map_err(bad)?;
             let event_type = EventType::new(c.text()?).map_err(bad)?;
             let payload = Bytes::copy_from_slice(c.bytes()?);
+            let replay = match c.take(1)? {
+                [0] => None,
+                _ => Some(Replay {
+                    request_id: c.u64()? as i64,
+                    number: c.u32()?,
+                }),
+            };
             Ok(DeliveryJob {
                 delivery_id,
                 event_id,
@@ -284,6 +312,7 @@ mod codec {
                 lease_version,
                 endpoint_config_version,
                 event_occurred_at,
+                replay,
             })
         }
     }
@@ -308,6 +337,10 @@ mod codec {
                 lease_version: 9,
                 endpoint_config_version: 3,
                 event_occurred_at: Timestamp(-1),
+                replay: Some(Replay {
+                    request_id: 7,
+                    number: 2,
+                }),
             };
             let mut b = Vec::new();
             job.encode(&mut b);

@@ -183,6 +183,7 @@ where
                     lease_version: 1,
                     endpoint_config_version: endpoint.config_version,
                     event_occurred_at: event.occurred_at,
+                    replay: None,
                 });
             }
         }

@@ -213,6 +213,19 @@ impl EventId {
     }
 }
 
+impl EventId {
+    /// The id of an operational event walhook itself emits (such as
+    /// `endpoint.disabled`) about `subject` at `version`.
+    pub fn derive_operational(event_type: &str, subject: &[u8], version: u32) -> Self {
+        EventId(derive16(&[
+            b"walhook.operational.v1",
+            event_type.as_bytes(),
+            subject,
+            &version.to_be_bytes(),
+        ]))
+    }
+}
+
 impl DeliveryId {
     /// The id of `event`'s delivery to `endpoint`.
     pub fn derive(event: EventId, endpoint: EndpointId) -> Self {
@@ -225,6 +238,17 @@ impl AttemptId {
     pub fn derive(delivery: DeliveryId, number: u32) -> Self {
         AttemptId(derive16(&[
             b"walhook.attempt.v1",
+            &delivery.0,
+            &number.to_be_bytes(),
+        ]))
+    }
+}
+
+impl AttemptId {
+    /// The id of manual attempt `number` (from 1) of `delivery`.
+    pub fn derive_manual(delivery: DeliveryId, number: u32) -> Self {
+        AttemptId(derive16(&[
+            b"walhook.attempt.manual.v1",
             &delivery.0,
             &number.to_be_bytes(),
         ]))

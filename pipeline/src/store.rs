@@ -77,14 +77,54 @@ pub trait DispatchStore: Send + Sync + 'static {
 
     /// Claims up to `limit` due pending deliveries whose lease expired (and,
     /// with `reclaim_own`, those `node` held before a restart), bumping each
-    /// lease version.
+    /// lease version; deliveries of `exclude` (open circuits) are left alone.
     fn claim_due(
         &self,
         node: &str,
         limit: usize,
         lease: std::time::Duration,
         reclaim_own: bool,
+        exclude: &[crate::ids::EndpointId],
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
+
+    /// Hands held deliveries back (no attempt): they stay pending, become
+    /// due no earlier than the given time, and any node may claim them then.
+    fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims up to `limit` open replay requests (one per delivery),
+    /// numbering their manual attempts.
+    fn claim_replays(
+        &self,
+        node: &str,
+        limit: usize,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
+
+    /// Closes a replay request that cannot be carried out (endpoint gone or
+    /// disabled), with the reason.
+    fn reject_replay(
+        &self,
+        request_id: i64,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Disables an endpoint (410 Gone, or failing too long): a new config
+    /// version, an audit record, and an `endpoint.disabled` event for the
+    /// tenant's endpoints subscribed to it.
+    fn disable_endpoint(
+        &self,
+        endpoint: crate::ids::EndpointId,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Saves an endpoint's health (failing since, circuit) across restarts.
+    fn save_health(
+        &self,
+        health: &EndpointHealth,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Every endpoint's saved health.
+    fn load_health(&self) -> impl Future<Output = Result<Vec<EndpointHealth>, StoreError>> + Send;
 }
 
 /// A delivery ending without an attempt.
@@ -98,4 +138,32 @@ pub struct Transition {
     pub status: DeliveryStatus,
     /// Why, stored as the last error class.
     pub reason: &'static str,
+}
+
+/// A held delivery handed back without an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// The lease it is held under.
+    pub lease_version: i64,
+    /// Not due before this.
+    pub not_before: crate::time::Timestamp,
+}
+
+/// An endpoint's health, kept across restarts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointHealth {
+    /// The endpoint.
+    pub endpoint_id: crate::ids::EndpointId,
+    /// Its tenant.
+    pub tenant_id: crate::ids::TenantId,
+    /// Failing without a success since then.
+    pub failing_since: Option<crate::time::Timestamp>,
+    /// Consecutive failures.
+    pub consecutive_failures: u32,
+    /// `closed`, `open` or `half_open`.
+    pub circuit: &'static str,
+    /// When an open circuit may probe.
+    pub open_until: Option<crate::time::Timestamp>,
 }

@@ -12,7 +12,9 @@ CREATE TABLE walhook.replay_requests (
     claimed_by    text,
     claimed_until timestamptz,
     done_at       timestamptz,
-    attempt_id    uuid
+    attempt_id    uuid,
+    -- Why the request could not be carried out (endpoint disabled, deleted).
+    error         text
 );
 CREATE INDEX replay_requests_open ON walhook.replay_requests (requested_at) WHERE done_at IS NULL;
 
@@ -24,5 +26,6 @@ CREATE TABLE walhook.endpoint_health (
     consecutive_failures integer NOT NULL DEFAULT 0,
     circuit            text NOT NULL DEFAULT 'closed',
     opened_at          timestamptz,
+    open_until         timestamptz,
     updated_at         timestamptz NOT NULL DEFAULT now()
 );

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob};
+use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, Replay, Trigger};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
-use walhook_pipeline::store::{DispatchStore, Transition};
+use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, Transition};
 use walhook_pipeline::time::Timestamp;
 
 use crate::{Platform, StoreError};
@@ -39,12 +39,30 @@ FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::timestamp
 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
 RETURNING d.id";
 
+const CLAIM_REPLAYS: &str = "\
+WITH open AS ( \
+    SELECT DISTINCT ON (delivery_id) id, delivery_id FROM walhook.replay_requests \
+    WHERE done_at IS NULL AND (claimed_until IS NULL OR claimed_until < now()) \
+    ORDER BY delivery_id, id \
+    LIMIT $2), \
+claimed AS ( \
+    UPDATE walhook.replay_requests q SET claimed_by = $1, \
+        claimed_until = now() + $3 * interval '1 millisecond' \
+    FROM open WHERE q.id = open.id AND q.done_at IS NULL RETURNING q.id, q.delivery_id) \
+UPDATE walhook.deliveries d SET manual_attempt_count = d.manual_attempt_count + 1, updated_at = now() \
+FROM claimed, walhook.events e \
+WHERE d.id = claimed.delivery_id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
+          d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
+          d.event_occurred_at, claimed.id, d.manual_attempt_count";
+
 const CLAIM: &str = "\
 WITH due AS ( \
     SELECT id FROM walhook.deliveries \
     WHERE status = 'pending' AND ( \
         ($2 AND lease_owner = $1) \
         OR (next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now()))) \
+      AND endpoint_id <> ALL($5::uuid[]) \
     ORDER BY next_attempt_at \
     LIMIT $3 \
     FOR UPDATE SKIP LOCKED) \
@@ -117,10 +135,45 @@ impl DispatchStore for Platform {
         .await
         .map_err(StoreError::query("insert attempts"))?;
 
+        // Manual attempts: the replay request is done; a success ends a
+        // failed or exhausted delivery as succeeded; the schedule is not
+        // touched.
+        let manual: Vec<&AttemptRecord> =
+            a.iter().filter(|x| x.trigger == Trigger::Manual).collect();
+        if !manual.is_empty() {
+            let req: Vec<i64> = manual
+                .iter()
+                .map(|x| x.replay_request.unwrap_or(0))
+                .collect();
+            let att: Vec<Uuid> = manual.iter().map(|x| uuid16(&x.attempt_id.0)).collect();
+            let del: Vec<Uuid> = manual.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
+            let ok: Vec<bool> = manual.iter().map(|x| x.outcome == "succeeded").collect();
+            let http: Vec<Option<i32>> = manual
+                .iter()
+                .map(|x| x.http_status.map(i32::from))
+                .collect();
+            tx.execute(
+                "UPDATE walhook.replay_requests q SET done_at = now(), attempt_id = u.att \
+                 FROM unnest($1::int8[], $2::uuid[]) AS u(id, att) WHERE q.id = u.id",
+                &[&req, &att],
+            )
+            .await
+            .map_err(StoreError::query("close replay requests"))?;
+            tx.execute(
+                "UPDATE walhook.deliveries d SET \
+                   status = CASE WHEN u.ok AND d.status IN ('failed', 'exhausted') THEN 'succeeded'::walhook.delivery_status ELSE d.status END, \
+                   last_http_status = u.http, updated_at = now() \
+                 FROM unnest($1::uuid[], $2::bool[], $3::int4[]) AS u(id, ok, http) WHERE d.id = u.id",
+                &[&del, &ok, &http],
+            )
+            .await
+            .map_err(StoreError::query("record manual attempts"))?;
+        }
+
         // One state per delivery: the latest attempt's (an UPDATE … FROM
         // with two source rows for one target applies either).
         let mut latest: HashMap<DeliveryId, &AttemptRecord> = HashMap::new();
-        for r in a {
+        for r in a.iter().filter(|x| x.trigger == Trigger::Auto) {
             match latest.get(&r.delivery_id) {
                 Some(prev) if prev.number > r.number => {}
                 _ => {
@@ -194,12 +247,14 @@ impl DispatchStore for Platform {
         limit: usize,
         lease: Duration,
         reclaim_own: bool,
+        exclude: &[EndpointId],
     ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(CLAIM)
             .await
             .map_err(StoreError::query("prepare the claim"))?;
+        let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
         let rows = client
             .query(
                 &stmt,
@@ -208,10 +263,156 @@ impl DispatchStore for Platform {
                     &reclaim_own,
                     &(limit as i64),
                     &(lease.as_millis() as f64),
+                    &excluded,
                 ],
             )
             .await
             .map_err(StoreError::query("claim due deliveries"))?;
+        Ok(jobs_from_rows(rows, false))
+    }
+
+    async fn release(
+        &self,
+        releases: &[Release],
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let ids: Vec<Uuid> = releases.iter().map(|r| uuid16(&r.delivery_id.0)).collect();
+        let leases: Vec<i64> = releases.iter().map(|r| r.lease_version).collect();
+        let times: Vec<SystemTime> = releases
+            .iter()
+            .map(|r| r.not_before.to_system_time())
+            .collect();
+        client
+            .execute(
+                "UPDATE walhook.deliveries d SET lease_owner = NULL, lease_expires_at = NULL, \
+                   next_attempt_at = greatest(d.next_attempt_at, u.t), updated_at = now() \
+                 FROM unnest($1::uuid[], $2::int8[], $3::timestamptz[]) AS u(id, lease, t) \
+                 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                &[&ids, &leases, &times],
+            )
+            .await
+            .map_err(StoreError::query("hand deliveries back"))?;
+        Ok(())
+    }
+
+    async fn claim_replays(
+        &self,
+        node: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(CLAIM_REPLAYS)
+            .await
+            .map_err(StoreError::query("prepare the replay claim"))?;
+        let rows = client
+            .query(
+                &stmt,
+                &[&node, &(limit as i64), &(lease.as_millis() as f64)],
+            )
+            .await
+            .map_err(StoreError::query("claim replay requests"))?;
+        Ok(jobs_from_rows(rows, true))
+    }
+
+    async fn reject_replay(
+        &self,
+        request_id: i64,
+        reason: &str,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE walhook.replay_requests SET done_at = now(), error = $2 WHERE id = $1 AND done_at IS NULL",
+                &[&request_id, &reason],
+            )
+            .await
+            .map_err(StoreError::query("close a replay request"))?;
+        Ok(())
+    }
+
+    async fn disable_endpoint(
+        &self,
+        endpoint: EndpointId,
+        reason: &str,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        Ok(self
+            .disable_endpoint_for(endpoint, reason, "walhook")
+            .await?)
+    }
+
+    async fn save_health(
+        &self,
+        h: &EndpointHealth,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO walhook.endpoint_health (endpoint_id, failing_since, consecutive_failures, circuit, opened_at, open_until, updated_at) \
+                 SELECT $1, $2, $3, $4, CASE WHEN $4 = 'open' THEN now() END, $5, now() \
+                 WHERE EXISTS (SELECT 1 FROM walhook.endpoints WHERE id = $1) \
+                 ON CONFLICT (endpoint_id) DO UPDATE SET failing_since = EXCLUDED.failing_since, \
+                   consecutive_failures = EXCLUDED.consecutive_failures, circuit = EXCLUDED.circuit, \
+                   opened_at = CASE WHEN EXCLUDED.circuit = 'open' THEN coalesce(walhook.endpoint_health.opened_at, now()) END, \
+                   open_until = EXCLUDED.open_until, updated_at = now()",
+                &[
+                    &uuid16(&h.endpoint_id.0),
+                    &h.failing_since.map(|t| t.to_system_time()),
+                    &(h.consecutive_failures as i32),
+                    &h.circuit,
+                    &h.open_until.map(|t| t.to_system_time()),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("save endpoint health"))?;
+        Ok(())
+    }
+
+    async fn load_health(
+        &self,
+    ) -> Result<Vec<EndpointHealth>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT h.endpoint_id, e.tenant_id, h.failing_since, h.consecutive_failures, h.circuit, h.open_until \
+                 FROM walhook.endpoint_health h JOIN walhook.endpoints e ON e.id = h.endpoint_id \
+                 WHERE e.deleted_at IS NULL",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("load endpoint health"))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let Ok(tenant_id) = TenantId::new(r.get::<_, String>(1)) else {
+                continue;
+            };
+            let circuit: String = r.get(4);
+            out.push(EndpointHealth {
+                endpoint_id: EndpointId(*r.get::<_, Uuid>(0).as_bytes()),
+                tenant_id,
+                failing_since: r
+                    .get::<_, Option<SystemTime>>(2)
+                    .map(Timestamp::from_system_time),
+                consecutive_failures: r.get::<_, i32>(3).max(0) as u32,
+                circuit: match circuit.as_str() {
+                    "open" => "open",
+                    "half_open" => "half_open",
+                    _ => "closed",
+                },
+                open_until: r
+                    .get::<_, Option<SystemTime>>(5)
+                    .map(Timestamp::from_system_time),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Jobs from rows of `CLAIM` or `CLAIM_REPLAYS` (the latter with the
+/// request id and manual number in columns 13 and 14).
+fn jobs_from_rows(rows: Vec<tokio_postgres::Row>, replays: bool) -> Vec<DeliveryJob> {
+    {
         let mut jobs = Vec::with_capacity(rows.len());
         for r in rows {
             let tenant: String = r.get(3);
@@ -236,8 +437,12 @@ impl DispatchStore for Platform {
                 lease_version: r.get(10),
                 endpoint_config_version: r.get(11),
                 event_occurred_at: ts(12),
+                replay: replays.then(|| Replay {
+                    request_id: r.get(13),
+                    number: r.get::<_, i32>(14).max(1) as u32,
+                }),
             });
         }
-        Ok(jobs)
+        jobs
     }
 }

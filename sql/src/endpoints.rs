@@ -252,6 +252,150 @@ impl Platform {
     }
 }
 
+/// The type of the operational event emitted when walhook disables an
+/// endpoint.
+pub const ENDPOINT_DISABLED: &str = "endpoint.disabled";
+
+impl Platform {
+    /// Disables `id` because of `reason` (a 410, or failing too long): a new
+    /// config version, an audit record, and an `endpoint.disabled` event
+    /// delivered to the tenant's other endpoints that subscribe to it.
+    pub async fn disable_endpoint_for(
+        &self,
+        id: EndpointId,
+        reason: &str,
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        let uid = Uuid::from_bytes(id.0);
+        let Some(row) = tx
+            .query_opt(
+                "UPDATE walhook.endpoints SET enabled = false, disabled_reason = $2, \
+                   config_version = config_version + 1, updated_at = now() \
+                 WHERE id = $1 AND enabled AND deleted_at IS NULL RETURNING config_version, tenant_id, url",
+                &[&uid, &reason],
+            )
+            .await
+            .map_err(StoreError::query("disable an endpoint"))?
+        else {
+            // Already disabled or deleted: nothing to do.
+            return Ok(());
+        };
+        let version: i32 = row.get(0);
+        let tenant: String = row.get(1);
+        let url: String = row.get(2);
+        tx.execute(
+            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
+             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
+             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
+             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
+            &[&uid, &actor],
+        )
+        .await
+        .map_err(StoreError::query("record an endpoint version"))?;
+        tx.execute(
+            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
+             VALUES ($1, $2, 'endpoint.disabled', $3, jsonb_build_object('reason', $4::text, 'config_version', $5::int4))",
+            &[&tenant, &actor, &id.to_string(), &reason, &version],
+        )
+        .await
+        .map_err(StoreError::query("audit an endpoint disable"))?;
+
+        // The operational event, for endpoints that subscribe to it.
+        let Ok(tenant_id) = TenantId::new(tenant.clone()) else {
+            tx.commit()
+                .await
+                .map_err(StoreError::query("commit an endpoint disable"))?;
+            return Ok(());
+        };
+        let event_type = EventType::new(ENDPOINT_DISABLED).expect("a valid type");
+        let event_id = walhook_pipeline::ids::EventId::derive_operational(
+            ENDPOINT_DISABLED,
+            &id.0,
+            version as u32,
+        );
+        let now = walhook_pipeline::time::Timestamp::now();
+        let version_text = version.to_string();
+        let id_text = id.to_string();
+        let (payload, hash) = walhook_pipeline::event::Envelope {
+            id: event_id,
+            event_type: &event_type,
+            tenant_id: &tenant_id,
+            object_id: Some(&id_text),
+            object_version_json: Some(&version_text),
+            occurred_at: now,
+            schema_version: 1,
+            unavailable: &[],
+        }
+        .write(|w| {
+            w.begin_object();
+            w.key("endpoint_id");
+            w.string(&id_text);
+            w.key("reason");
+            w.string(reason);
+            w.key("url");
+            w.string(&url);
+            w.end_object();
+        });
+        self.ensure_partitions(&tx, "events", std::iter::once(now))
+            .await?;
+        tx.execute(
+            "INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+               occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+             VALUES ($1, $2, $3, 1, $4, $5, $6, 'walhook', '0/0', 0, $7, $8) ON CONFLICT DO NOTHING",
+            &[
+                &Uuid::from_bytes(event_id.0),
+                &tenant,
+                &ENDPOINT_DISABLED,
+                &id_text,
+                &version_text,
+                &now.to_system_time(),
+                &payload.as_ref(),
+                &hash.as_slice(),
+            ],
+        )
+        .await
+        .map_err(StoreError::query("store the endpoint.disabled event"))?;
+        let subscribers = tx
+            .query(
+                "SELECT id, config_version FROM walhook.endpoints WHERE tenant_id = $1 AND enabled \
+                 AND deleted_at IS NULL AND id <> $2 AND created_at <= $3 \
+                 AND (event_types = '{}' OR $4 = ANY(event_types))",
+                &[&tenant, &uid, &now.to_system_time(), &ENDPOINT_DISABLED],
+            )
+            .await
+            .map_err(StoreError::query("find endpoint.disabled subscribers"))?;
+        for s in subscribers {
+            let ep = EndpointId(*s.get::<_, Uuid>(0).as_bytes());
+            let delivery = walhook_pipeline::ids::DeliveryId::derive(event_id, ep);
+            tx.execute(
+                "INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                   endpoint_config_version, next_attempt_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now() + interval '24 hours') ON CONFLICT DO NOTHING",
+                &[
+                    &Uuid::from_bytes(delivery.0),
+                    &Uuid::from_bytes(event_id.0),
+                    &Uuid::from_bytes(ep.0),
+                    &tenant,
+                    &ENDPOINT_DISABLED,
+                    &now.to_system_time(),
+                    &s.get::<_, i32>(1),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("make an endpoint.disabled delivery"))?;
+        }
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit an endpoint disable"))?;
+        Ok(())
+    }
+}
+
 impl EndpointSource for Platform {
     async fn config_epoch(&self) -> Result<i64, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;

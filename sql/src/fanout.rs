@@ -36,7 +36,7 @@ impl Platform {
     /// per process and day.
     pub(crate) async fn ensure_partitions(
         &self,
-        client: &tokio_postgres::Client,
+        client: &impl deadpool_postgres::GenericClient,
         table: &'static str,
         times: impl Iterator<Item = walhook_pipeline::time::Timestamp>,
     ) -> Result<(), StoreError> {

@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "platform",
         sql: include_str!("../migrations/0002_platform.sql"),
     },
+    Migration {
+        version: 3,
+        name: "dispatch",
+        sql: include_str!("../migrations/0003_dispatch.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -14,27 +14,38 @@
 //! overwrite a newer state. Everything needed to resume lives in Postgres: a
 //! restarted dispatcher reclaims what its node held and what is due.
 
+pub mod breaker;
+pub mod bucket;
+pub mod clock;
 pub mod egress;
 pub mod outcome;
 pub mod policy;
+pub mod recorder;
 pub mod scheduler;
+pub mod sweeper;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use self::breaker::{BreakerConfig, Circuit, Health, Transition as CircuitChange};
+use self::clock::Clock;
 use self::egress::{Egress, EgressResult, build_request};
 use self::outcome::{AttemptOutcome, ErrorClass};
 use self::policy::{DeliveryState, RetryPolicy};
-use self::scheduler::Scheduler;
+use self::recorder::Record;
+use self::scheduler::{Limits, Scheduler, SchedulerConfig};
+use self::sweeper::Claimed;
 use crate::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
 use crate::endpoint::SubscriptionCache;
-use crate::ids::{AttemptId, DeliveryId};
-use crate::store::{DispatchStore, StoreError, Transition};
+use crate::ids::{AttemptId, EndpointId};
+use crate::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
 use crate::time::Timestamp;
 
 /// Dispatch settings.
@@ -47,14 +58,24 @@ pub struct DispatchSettings {
     pub max_in_flight: usize,
     /// Attempts in flight per endpoint unless the endpoint sets its own.
     pub endpoint_max_in_flight: u32,
+    /// Attempts in flight per tenant at most.
+    pub tenant_max_in_flight: u32,
+    /// Jobs queued in memory per endpoint; beyond, new ones are handed back
+    /// to Postgres until the queue drains (a stuck endpoint cannot fill
+    /// memory).
+    pub endpoint_max_queued: usize,
     /// The retry schedule.
     pub retry: RetryPolicy,
+    /// The circuit breaker.
+    pub breaker: BreakerConfig,
+    /// An endpoint failing without a success for this long is disabled.
+    pub disable_after: Duration,
     /// How long a claim lasts (longer than the request timeout).
     pub lease: Duration,
     /// Retries due sooner than this stay in memory; later ones are released
     /// to be claimed when due.
     pub hold_horizon: Duration,
-    /// How often to claim due deliveries.
+    /// How often to claim due deliveries and replays.
     pub sweep_interval: Duration,
     /// Deliveries claimed per sweep.
     pub sweep_batch: usize,
@@ -64,6 +85,8 @@ pub struct DispatchSettings {
     pub drain_timeout: Duration,
     /// How often a paused delivery (endpoint disabled) is looked at again.
     pub pause_recheck: Duration,
+    /// Where time comes from.
+    pub clock: Clock,
 }
 
 impl Default for DispatchSettings {
@@ -72,7 +95,11 @@ impl Default for DispatchSettings {
             node_id: "local".into(),
             max_in_flight: 512,
             endpoint_max_in_flight: 16,
+            tenant_max_in_flight: 128,
+            endpoint_max_queued: 2000,
             retry: RetryPolicy::default(),
+            breaker: BreakerConfig::default(),
+            disable_after: Duration::from_secs(5 * 24 * 3600),
             lease: Duration::from_secs(120),
             hold_horizon: Duration::from_secs(60),
             sweep_interval: Duration::from_secs(1),
@@ -80,6 +107,7 @@ impl Default for DispatchSettings {
             max_held: 200_000,
             drain_timeout: Duration::from_secs(10),
             pause_recheck: Duration::from_secs(5),
+            clock: Clock::System,
         }
     }
 }
@@ -89,14 +117,24 @@ impl Default for DispatchSettings {
 pub struct DispatchCounters {
     /// Attempts made.
     pub attempts: AtomicU64,
-    /// Attempts that were retries.
+    /// Attempts that were automatic retries.
     pub retries: AtomicU64,
+    /// Manual attempts (replays).
+    pub manual: AtomicU64,
     /// Deliveries that succeeded.
     pub succeeded: AtomicU64,
     /// Deliveries that failed permanently or ran out of retries.
     pub failed: AtomicU64,
     /// Results not recorded because the lease had moved on.
     pub stale: AtomicU64,
+    /// Circuits opened.
+    pub circuits_opened: AtomicU64,
+    /// Endpoints disabled by dispatch (410, failing too long).
+    pub endpoints_disabled: AtomicU64,
+    /// Attempts by outcome class (`succeeded`, `retryable`, …).
+    pub outcomes: Mutex<HashMap<&'static str, u64>>,
+    /// Circuits that are not closed now, by state.
+    pub circuits: Mutex<HashMap<EndpointId, &'static str>>,
 }
 
 /// Why dispatch stopped.
@@ -125,6 +163,25 @@ pub struct Dispatcher<E, S> {
     counters: Arc<DispatchCounters>,
 }
 
+/// Mutable state of a run, beside the schedule.
+struct RunState {
+    sched: Scheduler,
+    /// Endpoints failing without a success since then.
+    failing_since: HashMap<EndpointId, Timestamp>,
+    /// Endpoints we asked to disable (so that we ask once).
+    disabling: std::collections::HashSet<EndpointId>,
+    /// Shared with the sweeper: endpoints whose deliveries it leaves alone.
+    exclude: Arc<Mutex<Vec<EndpointId>>>,
+}
+
+fn health_of(outcome: &AttemptOutcome) -> Health {
+    match outcome {
+        AttemptOutcome::Delivered { .. } => Health::Success,
+        AttemptOutcome::Retryable { .. } => Health::Failure,
+        AttemptOutcome::Rejected { .. } | AttemptOutcome::Gone => Health::Neutral,
+    }
+}
+
 impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
     /// A dispatcher.
     pub fn new(
@@ -143,6 +200,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         }
     }
 
+    fn now(&self) -> Timestamp {
+        self.settings.clock.now()
+    }
+
     /// Runs until `shutdown`: stops taking work, waits for attempts in
     /// flight (up to the drain timeout) and records their results.
     pub async fn run(
@@ -151,30 +212,42 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         shutdown: CancellationToken,
     ) -> Result<(), DispatchError> {
         let (record_tx, record_rx) = mpsc::channel::<Record>(8192);
-        let recorder = tokio::spawn(recorder(
+        let recorder = tokio::spawn(recorder::run(
             self.store.clone(),
             record_rx,
             self.counters.clone(),
         ));
-        let (claimed_tx, mut claimed_rx) = mpsc::channel::<Vec<DeliveryJob>>(4);
+        let mut state = RunState {
+            sched: Scheduler::new(SchedulerConfig {
+                max_in_flight: self.settings.max_in_flight,
+                tenant_max_in_flight: self.settings.tenant_max_in_flight,
+                retry_share: 4,
+                breaker: self.settings.breaker.clone(),
+            }),
+            failing_since: HashMap::new(),
+            disabling: Default::default(),
+            exclude: Arc::default(),
+        };
+        self.restore_health(&mut state).await;
+        let (claimed_tx, mut claimed_rx) = mpsc::channel::<Claimed>(4);
         let sweep_stop = CancellationToken::new();
-        let sweeper = tokio::spawn(sweeper(
+        let sweeper = tokio::spawn(sweeper::run(
             self.store.clone(),
             self.settings.clone(),
             claimed_tx,
+            state.exclude.clone(),
             sweep_stop.clone(),
         ));
 
-        let mut sched = Scheduler::default();
         let mut attempts: JoinSet<Finished> = JoinSet::new();
         let mut draining: Option<Instant> = None;
-        let far = Duration::from_secs(3600);
+        let idle = Duration::from_secs(3600);
 
         loop {
-            let now = Timestamp::now();
-            sched.release_due(now);
+            let now = self.now();
+            state.sched.release_due(now);
             if draining.is_none() {
-                self.start_attempts(&mut sched, &mut attempts, &record_tx)
+                self.start_attempts(&mut state, &mut attempts, &record_tx)
                     .await;
             }
             if let Some(since) = draining
@@ -182,12 +255,8 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             {
                 break;
             }
-            let wait = sched
-                .next_due()
-                .map(|t| t.since(Timestamp::now()))
-                .unwrap_or(far)
-                .min(far);
-            let room = sched.held() < self.settings.max_held && draining.is_none();
+            let next_due = state.sched.next_due().unwrap_or(now.plus(idle));
+            let room = state.sched.held() < self.settings.max_held && draining.is_none();
             tokio::select! {
                 _ = shutdown.cancelled(), if draining.is_none() => {
                     tracing::info!(in_flight = attempts.len(), "dispatch draining");
@@ -196,24 +265,30 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 }
                 Some(done) = attempts.join_next(), if !attempts.is_empty() => {
                     match done {
-                        Ok(f) => self.on_finished(&mut sched, f, &record_tx).await,
+                        Ok(f) => self.on_finished(&mut state, f, &record_tx).await,
                         Err(e) => tracing::error!(error = %e, "an attempt task failed"),
                     }
                 }
                 job = jobs.recv(), if room => match job {
-                    Some(job) => sched.add(job, Timestamp::now()),
+                    Some(job) => self.accept(&mut state, job, &record_tx).await,
                     None => {
                         draining.get_or_insert_with(Instant::now);
                         sweep_stop.cancel();
                     }
                 },
-                Some(batch) = claimed_rx.recv(), if room => {
-                    let now = Timestamp::now();
-                    for job in batch {
-                        sched.add(job, now);
+                Some(claimed) = claimed_rx.recv(), if room => match claimed {
+                    Claimed::Due(batch) => {
+                        for job in batch {
+                            self.accept(&mut state, job, &record_tx).await;
+                        }
                     }
-                }
-                _ = tokio::time::sleep(wait), if draining.is_none() => {}
+                    Claimed::Replays(batch) => {
+                        for job in batch {
+                            state.sched.add_manual(job);
+                        }
+                    }
+                },
+                _ = self.settings.clock.wait_until(next_due), if draining.is_none() => {}
                 _ = tokio::time::sleep(Duration::from_millis(50)), if draining.is_some() => {}
             }
         }
@@ -236,46 +311,112 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         }
     }
 
+    async fn restore_health(&self, state: &mut RunState) {
+        match self.store.load_health().await {
+            Ok(all) => {
+                for h in all {
+                    if let Some(since) = h.failing_since {
+                        state.failing_since.insert(h.endpoint_id, since);
+                    }
+                    if let (Some(until), "open") = (h.open_until, h.circuit) {
+                        let cool_down =
+                            until.since(self.now()).max(self.settings.breaker.cool_down);
+                        state.sched.restore_circuit(
+                            h.endpoint_id,
+                            h.tenant_id,
+                            Circuit::Open { until, cool_down },
+                        );
+                        state.exclude.lock().push(h.endpoint_id);
+                        self.counters.circuits.lock().insert(h.endpoint_id, "open");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not load endpoint health; circuits start closed")
+            }
+        }
+    }
+
+    /// Takes an automatic job into the schedule, or hands it back when its
+    /// endpoint's queue is full (its circuit is open, or it is slow).
+    async fn accept(
+        &self,
+        state: &mut RunState,
+        job: DeliveryJob,
+        record_tx: &mpsc::Sender<Record>,
+    ) {
+        if !state.sched.holds(&job.delivery_id)
+            && state.sched.queued_at(&job.endpoint_id) >= self.settings.endpoint_max_queued
+        {
+            let not_before = match state.sched.circuit(&job.endpoint_id) {
+                Circuit::Open { until, .. } => until,
+                _ => self.now().plus(self.settings.sweep_interval),
+            };
+            let _ = record_tx
+                .send(Record::Release(Release {
+                    delivery_id: job.delivery_id,
+                    lease_version: job.lease_version,
+                    not_before,
+                }))
+                .await;
+            return;
+        }
+        state.sched.add(job, self.now());
+    }
+
     async fn start_attempts(
         &self,
-        sched: &mut Scheduler,
+        state: &mut RunState,
         attempts: &mut JoinSet<Finished>,
         record_tx: &mpsc::Sender<Record>,
     ) {
         let directory = self.directory.snapshot();
         let default_cap = self.settings.endpoint_max_in_flight;
         loop {
-            let job = sched.next_job(self.settings.max_in_flight, |id| {
-                directory
-                    .endpoint(id)
-                    .and_then(|e| e.max_in_flight)
-                    .unwrap_or(default_cap)
-                    .max(1)
+            let now = self.now();
+            let job = state.sched.next_job(now, |id| {
+                let ep = directory.endpoint(id);
+                Limits {
+                    max_in_flight: ep
+                        .and_then(|e| e.max_in_flight)
+                        .unwrap_or(default_cap)
+                        .max(1),
+                    rate_per_sec: ep.and_then(|e| e.rate_limit_per_sec),
+                }
             });
             let Some(mut job) = job else {
                 return;
             };
-            if let Some(lease) = sched.lease(&job.delivery_id) {
+            let manual = job.replay;
+            if manual.is_none()
+                && let Some(lease) = state.sched.lease(&job.delivery_id)
+            {
                 job.lease_version = lease;
             }
-            let now = Timestamp::now();
             let endpoint = directory.endpoint(&job.endpoint_id).cloned();
             let usable = endpoint
                 .as_ref()
                 .filter(|e| e.enabled && !e.secrets.is_empty());
             let Some(endpoint) = usable else {
-                sched.finished(job.endpoint_id, job.delivery_id);
-                if endpoint.is_none() || now >= job.expires_at {
+                let held = manual.is_none().then_some(job.delivery_id);
+                state
+                    .sched
+                    .finished(job.endpoint_id, held, Health::Neutral, now);
+                let why = match &endpoint {
+                    None => "the endpoint was deleted",
+                    Some(e) if !e.enabled => "the endpoint is disabled",
+                    Some(_) => "the endpoint has no active secret",
+                };
+                if let Some(replay) = manual {
+                    let _ = record_tx
+                        .send(Record::RejectReplay(replay.request_id, why.into()))
+                        .await;
+                } else if endpoint.is_none() || now >= job.expires_at {
                     // Deleted, or paused past its deadline: it ends here.
-                    let status = if endpoint.is_none() {
-                        DeliveryStatus::Cancelled
+                    let (status, reason) = if endpoint.is_none() {
+                        (DeliveryStatus::Cancelled, "endpoint_deleted")
                     } else {
-                        DeliveryStatus::Exhausted
-                    };
-                    let reason = if endpoint.is_none() {
-                        "endpoint_deleted"
-                    } else {
-                        "deadline_while_paused"
+                        (DeliveryStatus::Exhausted, "deadline_while_paused")
                     };
                     let _ = record_tx
                         .send(Record::Transition(Transition {
@@ -287,18 +428,23 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                         .await;
                 } else {
                     // Disabled: the delivery stays pending and visible.
-                    let at = now.plus(self.settings.pause_recheck);
-                    sched.reschedule(job, at);
+                    state
+                        .sched
+                        .reschedule(job, now.plus(self.settings.pause_recheck));
                 }
                 continue;
             };
-            let number = job.attempt_count + 1;
+            let number = match manual {
+                Some(r) => r.number,
+                None => job.attempt_count + 1,
+            };
             let url = endpoint.url.clone();
             let secrets = endpoint.secrets.clone();
             let config_version = endpoint.config_version;
             let egress = self.egress.clone();
+            let clock = self.settings.clock.clone();
             attempts.spawn(async move {
-                let started_at = Timestamp::now();
+                let started_at = clock.now();
                 let request =
                     build_request(&job, &url, &secrets, number, started_at.unix_seconds());
                 let result = egress.send(request).await;
@@ -307,7 +453,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     number,
                     config_version,
                     started_at,
-                    finished_at: Timestamp::now(),
+                    finished_at: clock.now(),
                     result,
                 }
             });
@@ -316,30 +462,81 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
 
     async fn on_finished(
         &self,
-        sched: &mut Scheduler,
+        state: &mut RunState,
         f: Finished,
         record_tx: &mpsc::Sender<Record>,
     ) {
-        let job = f.job;
-        sched.finished(job.endpoint_id, job.delivery_id);
+        let job = &f.job;
+        let outcome = f.result.outcome;
+        let health = health_of(&outcome);
+        let manual = job.replay;
+        let report = state.sched.finished(
+            job.endpoint_id,
+            manual.is_none().then_some(job.delivery_id),
+            health,
+            f.finished_at,
+        );
+        self.counters.attempts.fetch_add(1, Ordering::Relaxed);
+        *self
+            .counters
+            .outcomes
+            .lock()
+            .entry(outcome.name())
+            .or_default() += 1;
+        self.track_health(state, job, health, &report, f.finished_at, record_tx)
+            .await;
+        if outcome == AttemptOutcome::Gone {
+            self.disable(state, job, "the endpoint answered 410 Gone", record_tx)
+                .await;
+        }
+
+        let base = AttemptRecord {
+            attempt_id: match manual {
+                Some(r) => AttemptId::derive_manual(job.delivery_id, r.number),
+                None => AttemptId::derive(job.delivery_id, f.number),
+            },
+            delivery_id: job.delivery_id,
+            endpoint_id: job.endpoint_id,
+            tenant_id: job.tenant_id.clone(),
+            number: f.number,
+            trigger: if manual.is_some() {
+                Trigger::Manual
+            } else {
+                Trigger::Auto
+            },
+            endpoint_config_version: f.config_version,
+            started_at: f.started_at,
+            finished_at: f.finished_at,
+            http_status: outcome.status(),
+            outcome: outcome.name(),
+            error_class: outcome.error_class().map(ErrorClass::as_str),
+            response_sha256: f.result.response_sha256,
+            response_excerpt: f.result.response_excerpt.clone(),
+            status: DeliveryStatus::Pending,
+            attempt_count: job.attempt_count,
+            next_attempt_at: job.next_attempt_at,
+            lease_version: job.lease_version,
+            hold_until: None,
+            replay_request: manual.map(|r| r.request_id),
+        };
+        if manual.is_some() {
+            // A replay leaves the automatic schedule as it is.
+            self.counters.manual.fetch_add(1, Ordering::Relaxed);
+            let _ = record_tx.send(Record::Attempt(base)).await;
+            return;
+        }
+        if f.number > 1 {
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+        }
         let policy = &self.settings.retry;
-        let state = DeliveryState {
+        let before = DeliveryState {
             status: DeliveryStatus::Pending,
             attempts: job.attempt_count,
             created_at: job.created_at,
             expires_at: job.expires_at,
             next_attempt_at: job.next_attempt_at,
         };
-        let next = state.next(
-            &f.result.outcome,
-            policy,
-            f.finished_at,
-            rand::random::<f64>(),
-        );
-        self.counters.attempts.fetch_add(1, Ordering::Relaxed);
-        if f.number > 1 {
-            self.counters.retries.fetch_add(1, Ordering::Relaxed);
-        }
+        let next = before.next(&outcome, policy, f.finished_at, rand::random::<f64>());
         match next.status {
             DeliveryStatus::Succeeded => {
                 self.counters.succeeded.fetch_add(1, Ordering::Relaxed);
@@ -349,154 +546,106 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             }
             _ => {}
         }
-        if let AttemptOutcome::Retryable { class, .. } = f.result.outcome {
-            tracing::debug!(delivery_id = %job.delivery_id, attempt = f.number, class = class.as_str(), "attempt failed; retrying");
-        }
         let hold = next.status == DeliveryStatus::Pending
-            && next.next_attempt_at.since(Timestamp::now()) <= self.settings.hold_horizon;
+            && next.next_attempt_at.since(f.finished_at) <= self.settings.hold_horizon;
         let record = AttemptRecord {
-            attempt_id: AttemptId::derive(job.delivery_id, f.number),
-            delivery_id: job.delivery_id,
-            endpoint_id: job.endpoint_id,
-            tenant_id: job.tenant_id.clone(),
-            number: f.number,
-            trigger: Trigger::Auto,
-            endpoint_config_version: f.config_version,
-            started_at: f.started_at,
-            finished_at: f.finished_at,
-            http_status: f.result.outcome.status(),
-            outcome: f.result.outcome.name(),
-            error_class: f.result.outcome.error_class().map(ErrorClass::as_str),
-            response_sha256: f.result.response_sha256,
-            response_excerpt: f.result.response_excerpt.clone(),
             status: next.status,
             attempt_count: next.attempts,
             next_attempt_at: next.next_attempt_at,
-            lease_version: job.lease_version,
             hold_until: hold.then(|| next.next_attempt_at.plus(self.settings.lease)),
+            ..base
         };
         let _ = record_tx.send(Record::Attempt(record)).await;
         if hold {
-            let mut job = job;
+            let mut job = f.job;
             job.attempt_count = next.attempts;
-            sched.reschedule(job, next.next_attempt_at);
+            state.sched.reschedule(job, next.next_attempt_at);
         }
     }
-}
 
-enum Record {
-    Attempt(AttemptRecord),
-    Transition(Transition),
-}
-
-/// Writes results in batches; retries transient errors (never drops one).
-async fn recorder<S: DispatchStore>(
-    store: Arc<S>,
-    mut rx: mpsc::Receiver<Record>,
-    counters: Arc<DispatchCounters>,
-) -> Result<(), DispatchError> {
-    const BATCH: usize = 1000;
-    let mut attempts: Vec<AttemptRecord> = Vec::with_capacity(BATCH);
-    let mut transitions: Vec<Transition> = Vec::new();
-    loop {
-        let Some(first) = rx.recv().await else {
-            return Ok(());
-        };
-        let push = |r: Record,
-                    attempts: &mut Vec<AttemptRecord>,
-                    transitions: &mut Vec<Transition>| match r {
-            Record::Attempt(a) => attempts.push(a),
-            Record::Transition(t) => transitions.push(t),
-        };
-        push(first, &mut attempts, &mut transitions);
-        while attempts.len() + transitions.len() < BATCH {
-            match rx.try_recv() {
-                Ok(r) => push(r, &mut attempts, &mut transitions),
-                Err(_) => break,
+    /// Follows how long an endpoint has failed, circuit changes, and
+    /// disables an endpoint that failed for `disable_after`.
+    async fn track_health(
+        &self,
+        state: &mut RunState,
+        job: &DeliveryJob,
+        health: Health,
+        report: &scheduler::EndpointReport,
+        now: Timestamp,
+        record_tx: &mpsc::Sender<Record>,
+    ) {
+        let id = job.endpoint_id;
+        let mut changed = report.transition.is_some();
+        match health {
+            Health::Success => changed |= state.failing_since.remove(&id).is_some(),
+            Health::Failure => {
+                if let std::collections::hash_map::Entry::Vacant(v) = state.failing_since.entry(id)
+                {
+                    v.insert(now);
+                    changed = true;
+                }
             }
+            Health::Neutral => {}
         }
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let result = async {
-                let stale = if attempts.is_empty() {
-                    Vec::new()
-                } else {
-                    store.record(&attempts).await?
-                };
-                if !transitions.is_empty() {
-                    store.transition(&transitions).await?;
+        match report.transition {
+            Some(CircuitChange::Opened(until)) => {
+                self.counters
+                    .circuits_opened
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.circuits.lock().insert(id, "open");
+                let mut ex = state.exclude.lock();
+                if !ex.contains(&id) {
+                    ex.push(id);
                 }
-                Ok::<Vec<DeliveryId>, StoreError>(stale)
+                tracing::warn!(endpoint_id = %id, until = %until, "circuit opened: the endpoint keeps failing; its deliveries wait");
             }
-            .await;
-            match result {
-                Ok(stale) => {
-                    if !stale.is_empty() {
-                        counters
-                            .stale
-                            .fetch_add(stale.len() as u64, Ordering::Relaxed);
-                        tracing::warn!(
-                            count = stale.len(),
-                            "results of deliveries whose lease moved on were not applied"
-                        );
-                    }
-                    break;
-                }
-                Err(e) if e.transient => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "could not record attempts; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e.into()),
+            Some(CircuitChange::Closed) => {
+                self.counters.circuits.lock().remove(&id);
+                state.exclude.lock().retain(|e| *e != id);
+                tracing::info!(endpoint_id = %id, "circuit closed: the endpoint answers again");
             }
+            None => {}
         }
-        attempts.clear();
-        transitions.clear();
+        if changed {
+            let (circuit, open_until, failures) = match report.circuit {
+                Circuit::Open { until, .. } => ("open", Some(until), 0),
+                Circuit::HalfOpen { .. } => ("half_open", None, 0),
+                Circuit::Closed { failures } => ("closed", None, failures),
+            };
+            let _ = record_tx
+                .send(Record::Health(EndpointHealth {
+                    endpoint_id: id,
+                    tenant_id: job.tenant_id.clone(),
+                    failing_since: state.failing_since.get(&id).copied(),
+                    consecutive_failures: failures,
+                    circuit,
+                    open_until,
+                }))
+                .await;
+        }
+        if let Some(since) = state.failing_since.get(&id).copied()
+            && now.since(since) >= self.settings.disable_after
+        {
+            let why = format!("the endpoint failed without a success since {since}");
+            self.disable(state, job, &why, record_tx).await;
+        }
     }
-}
 
-/// Claims due deliveries: first everything this node held before a restart,
-/// then, every interval, whatever is due with an expired lease.
-async fn sweeper<S: DispatchStore>(
-    store: Arc<S>,
-    settings: DispatchSettings,
-    out: mpsc::Sender<Vec<DeliveryJob>>,
-    stop: CancellationToken,
-) {
-    let mut reclaim_own = true;
-    loop {
-        loop {
-            match store
-                .claim_due(
-                    &settings.node_id,
-                    settings.sweep_batch,
-                    settings.lease,
-                    reclaim_own,
-                )
-                .await
-            {
-                Ok(jobs) => {
-                    let full = jobs.len() >= settings.sweep_batch;
-                    if !jobs.is_empty() {
-                        tracing::debug!(count = jobs.len(), reclaim_own, "claimed due deliveries");
-                        if out.send(jobs).await.is_err() {
-                            return;
-                        }
-                    }
-                    if !full {
-                        reclaim_own = false;
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not claim due deliveries");
-                    break;
-                }
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(settings.sweep_interval) => {}
+    async fn disable(
+        &self,
+        state: &mut RunState,
+        job: &DeliveryJob,
+        why: &str,
+        record_tx: &mpsc::Sender<Record>,
+    ) {
+        if state.disabling.insert(job.endpoint_id) {
+            self.counters
+                .endpoints_disabled
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(endpoint_id = %job.endpoint_id, tenant_id = %job.tenant_id, reason = why, "disabling endpoint");
+            let _ = record_tx
+                .send(Record::Disable(job.endpoint_id, why.to_owned()))
+                .await;
         }
     }
 }

@@ -1,40 +1,144 @@
 //! The in-memory schedule of one dispatcher: who is due, who may go next.
 //!
-//! Jobs wait in a timer heap until due, then in their endpoint's FIFO. An
-//! endpoint with queued work and a free in-flight slot sits in the ready
-//! ring; the dispatcher takes endpoints from the ring in turn, so one busy
-//! endpoint cannot take every slot while others wait. Nothing here does I/O;
-//! the dispatcher drives it.
+//! ```text
+//!  timers (due jobs, parked endpoints)
+//!        │ due
+//!        ▼
+//!  endpoint: fresh FIFO + retry FIFO ── eligible? (jobs, in-flight < cap, circuit admits, token)
+//!        │                                   │ no: park until the circuit or bucket allows
+//!        ▼                                   ▼
+//!  tenant: ring of eligible endpoints ── tenant in-flight < tenant budget?
+//!        │
+//!        ▼
+//!  ring of tenants, one job per turn (equal shares)
+//! ```
+//!
+//! One slow or broken endpoint can hold at most its in-flight cap; one tenant
+//! with thousands of bad endpoints at most its tenant budget; an open circuit
+//! holds nothing. Within an endpoint, new deliveries go first and retries get
+//! one turn in `retry_share`, so new work never waits behind a retry storm
+//! beyond that bound, and retries are never starved. Nothing here does I/O
+//! or reads a clock: every call takes `now`.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
+use super::breaker::{BreakerConfig, Circuit, Health, Transition};
+use super::bucket::TokenBucket;
 use crate::delivery::DeliveryJob;
-use crate::ids::{DeliveryId, EndpointId};
+use crate::ids::{DeliveryId, EndpointId, TenantId};
 use crate::time::Timestamp;
 
-#[derive(Debug, Default)]
-struct EndpointQueue {
-    jobs: VecDeque<DeliveryJob>,
+/// Scheduler settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Attempts in flight at most.
+    pub max_in_flight: usize,
+    /// Attempts in flight per tenant at most.
+    pub tenant_max_in_flight: u32,
+    /// Of consecutive picks at an endpoint with both kinds waiting, one in
+    /// this many goes to a retry.
+    pub retry_share: u32,
+    /// The circuit breaker.
+    pub breaker: BreakerConfig,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_in_flight: 512,
+            tenant_max_in_flight: 128,
+            retry_share: 4,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// An endpoint's limits, from its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Attempts in flight at most.
+    pub max_in_flight: u32,
+    /// Requests per second, if limited.
+    pub rate_per_sec: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Timer {
+    Job(DeliveryId),
+    Wake(EndpointId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Not in its tenant's ring (no jobs, at its cap, or probe out).
+    Idle,
+    /// In its tenant's ring.
+    Ready,
+    /// Waiting for its circuit or bucket until a wake timer.
+    Parked,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    tenant: TenantId,
+    fresh: VecDeque<DeliveryJob>,
+    retries: VecDeque<DeliveryJob>,
+    picks: u32,
     in_flight: u32,
-    in_ready: bool,
+    bucket: Option<TokenBucket>,
+    circuit: Circuit,
+    place: Place,
+}
+
+impl Endpoint {
+    fn queued(&self) -> usize {
+        self.fresh.len() + self.retries.len()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tenant {
+    ready: VecDeque<EndpointId>,
+    in_flight: u32,
+    in_ring: bool,
+}
+
+/// What the scheduler reports about an endpoint after a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointReport {
+    /// A circuit change, if any.
+    pub transition: Option<Transition>,
+    /// The circuit now.
+    pub circuit: Circuit,
 }
 
 /// The schedule.
 #[derive(Debug, Default)]
 pub struct Scheduler {
-    queues: HashMap<EndpointId, EndpointQueue>,
-    ready: VecDeque<EndpointId>,
-    timers: BinaryHeap<Reverse<(Timestamp, u64, DeliveryId)>>,
+    cfg: SchedulerConfig,
+    endpoints: HashMap<EndpointId, Endpoint>,
+    tenants: HashMap<TenantId, Tenant>,
+    ring: VecDeque<TenantId>,
+    timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
-    /// Every delivery held (waiting, queued or in flight) and its lease.
+    /// Automatic deliveries held (waiting, queued or in flight) and their
+    /// lease.
     held: HashMap<DeliveryId, i64>,
     seq: u64,
     in_flight: usize,
 }
 
 impl Scheduler {
-    /// Deliveries held.
+    /// An empty schedule.
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        Scheduler {
+            cfg,
+            ..Scheduler::default()
+        }
+    }
+
+    /// Automatic deliveries held.
     pub fn held(&self) -> usize {
         self.held.len()
     }
@@ -44,7 +148,7 @@ impl Scheduler {
         self.in_flight
     }
 
-    /// Whether `id` is held.
+    /// Whether automatic delivery `id` is held.
     pub fn holds(&self, id: &DeliveryId) -> bool {
         self.held.contains_key(id)
     }
@@ -54,7 +158,53 @@ impl Scheduler {
         self.held.get(id).copied()
     }
 
-    /// Adds a job; a delivery already held only takes the newer lease.
+    /// Jobs queued (not waiting, not in flight) at `endpoint`.
+    pub fn queued_at(&self, endpoint: &EndpointId) -> usize {
+        self.endpoints.get(endpoint).map_or(0, Endpoint::queued)
+    }
+
+    /// The circuit of `endpoint`.
+    pub fn circuit(&self, endpoint: &EndpointId) -> Circuit {
+        self.endpoints
+            .get(endpoint)
+            .map(|e| e.circuit)
+            .unwrap_or_default()
+    }
+
+    /// Every endpoint whose circuit is not closed.
+    pub fn open_circuits(&self) -> Vec<(EndpointId, Circuit)> {
+        self.endpoints
+            .iter()
+            .filter(|(_, e)| !matches!(e.circuit, Circuit::Closed { .. }))
+            .map(|(id, e)| (*id, e.circuit))
+            .collect()
+    }
+
+    /// Restores a circuit after a restart.
+    pub fn restore_circuit(&mut self, endpoint: EndpointId, tenant: TenantId, circuit: Circuit) {
+        self.endpoint_mut(endpoint, &tenant).circuit = circuit;
+    }
+
+    fn endpoint_mut(&mut self, id: EndpointId, tenant: &TenantId) -> &mut Endpoint {
+        self.endpoints.entry(id).or_insert_with(|| Endpoint {
+            tenant: tenant.clone(),
+            fresh: VecDeque::new(),
+            retries: VecDeque::new(),
+            picks: 0,
+            in_flight: 0,
+            bucket: None,
+            circuit: Circuit::default(),
+            place: Place::Idle,
+        })
+    }
+
+    fn timer(&mut self, at: Timestamp, t: Timer) {
+        self.seq += 1;
+        self.timers.push(Reverse((at, self.seq, t)));
+    }
+
+    /// Adds an automatic job; a delivery already held only takes the newer
+    /// lease.
     pub fn add(&mut self, job: DeliveryJob, now: Timestamp) {
         if let Some(lease) = self.held.get_mut(&job.delivery_id) {
             *lease = (*lease).max(job.lease_version);
@@ -62,104 +212,279 @@ impl Scheduler {
         }
         self.held.insert(job.delivery_id, job.lease_version);
         if job.next_attempt_at > now {
-            self.wait(job);
+            self.timer(job.next_attempt_at, Timer::Job(job.delivery_id));
+            self.waiting.insert(job.delivery_id, job);
         } else {
             self.enqueue(job);
         }
     }
 
-    fn wait(&mut self, job: DeliveryJob) {
-        self.seq += 1;
-        self.timers
-            .push(Reverse((job.next_attempt_at, self.seq, job.delivery_id)));
-        self.waiting.insert(job.delivery_id, job);
+    /// Adds a manual job (a replay): queued at once with new work, not held
+    /// (the automatic schedule of the delivery is not touched).
+    pub fn add_manual(&mut self, job: DeliveryJob) {
+        self.enqueue(job);
     }
 
-    /// Puts a held job back to wait until `at` (a retry, or a pause).
+    /// Puts a held automatic job back to wait until `at`.
     pub fn reschedule(&mut self, mut job: DeliveryJob, at: Timestamp) {
         job.next_attempt_at = at;
         self.held
             .entry(job.delivery_id)
             .or_insert(job.lease_version);
-        self.wait(job);
+        self.timer(at, Timer::Job(job.delivery_id));
+        self.waiting.insert(job.delivery_id, job);
+    }
+
+    /// Forgets a held delivery that was handed back (released or ended
+    /// without an attempt).
+    pub fn release(&mut self, id: &DeliveryId) {
+        self.held.remove(id);
     }
 
     fn enqueue(&mut self, job: DeliveryJob) {
         let endpoint = job.endpoint_id;
-        let q = self.queues.entry(endpoint).or_default();
-        q.jobs.push_back(job);
-        if !q.in_ready {
-            q.in_ready = true;
-            self.ready.push_back(endpoint);
+        let tenant = job.tenant_id.clone();
+        let ep = self.endpoint_mut(endpoint, &tenant);
+        if job.attempt_count == 0 {
+            ep.fresh.push_back(job);
+        } else {
+            ep.retries.push_back(job);
+        }
+        self.activate(endpoint);
+    }
+
+    /// Puts an idle endpoint with work into its tenant's ring, and the
+    /// tenant into the ring of tenants.
+    fn activate(&mut self, id: EndpointId) {
+        let Some(ep) = self.endpoints.get_mut(&id) else {
+            return;
+        };
+        if ep.place != Place::Idle || ep.queued() == 0 {
+            return;
+        }
+        ep.place = Place::Ready;
+        let tenant_id = ep.tenant.clone();
+        let tenant = self.tenants.entry(tenant_id.clone()).or_default();
+        tenant.ready.push_back(id);
+        if !tenant.in_ring {
+            tenant.in_ring = true;
+            self.ring.push_back(tenant_id);
         }
     }
 
-    /// The next time a waiting job becomes due.
+    fn activate_tenant(&mut self, id: &TenantId) {
+        if let Some(t) = self.tenants.get_mut(id)
+            && !t.in_ring
+            && !t.ready.is_empty()
+        {
+            t.in_ring = true;
+            self.ring.push_back(id.clone());
+        }
+    }
+
+    /// The next time a timer fires.
     pub fn next_due(&self) -> Option<Timestamp> {
         self.timers.peek().map(|Reverse((t, _, _))| *t)
     }
 
-    /// Moves every job due at `now` to its endpoint's queue.
+    /// Fires every timer due at `now`.
     pub fn release_due(&mut self, now: Timestamp) {
-        while let Some(Reverse((t, _, id))) = self.timers.peek().copied() {
+        while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            if let Some(job) = self.waiting.remove(&id) {
-                self.enqueue(job);
+            match timer {
+                Timer::Job(id) => {
+                    if let Some(job) = self.waiting.remove(&id) {
+                        self.enqueue(job);
+                    }
+                }
+                Timer::Wake(id) => {
+                    if let Some(ep) = self.endpoints.get_mut(&id)
+                        && ep.place == Place::Parked
+                    {
+                        ep.place = Place::Idle;
+                        self.activate(id);
+                    }
+                }
             }
         }
     }
 
-    /// The next job to start, taking endpoints in turn; `cap` gives each
-    /// endpoint's in-flight limit. `None` when nothing may start.
+    /// The next job to start at `now`, or `None` when nothing may start.
+    /// `limits` gives each endpoint's cap and rate.
     pub fn next_job(
         &mut self,
-        max_in_flight: usize,
-        cap: impl Fn(&EndpointId) -> u32,
+        now: Timestamp,
+        limits: impl Fn(&EndpointId) -> Limits,
     ) -> Option<DeliveryJob> {
-        if self.in_flight >= max_in_flight {
+        if self.in_flight >= self.cfg.max_in_flight {
             return None;
         }
-        while let Some(endpoint) = self.ready.pop_front() {
-            let Some(q) = self.queues.get_mut(&endpoint) else {
+        let mut tenants_left = self.ring.len();
+        while tenants_left > 0 {
+            tenants_left -= 1;
+            let tenant_id = self.ring.pop_front()?;
+            let Some(tenant) = self.tenants.get_mut(&tenant_id) else {
                 continue;
             };
-            if q.jobs.is_empty() || q.in_flight >= cap(&endpoint) {
-                q.in_ready = false;
-                if q.jobs.is_empty() && q.in_flight == 0 {
-                    self.queues.remove(&endpoint);
+            tenant.in_ring = false;
+            if tenant.in_flight >= self.cfg.tenant_max_in_flight {
+                // Back in the ring when one of its attempts finishes.
+                continue;
+            }
+            if let Some(job) = self.pick_in_tenant(&tenant_id, now, &limits) {
+                let tenant = self.tenants.get_mut(&tenant_id).expect("present");
+                tenant.in_flight += 1;
+                self.in_flight += 1;
+                if !tenant.ready.is_empty() && !tenant.in_ring {
+                    tenant.in_ring = true;
+                    self.ring.push_back(tenant_id);
+                }
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    fn pick_in_tenant(
+        &mut self,
+        tenant_id: &TenantId,
+        now: Timestamp,
+        limits: &impl Fn(&EndpointId) -> Limits,
+    ) -> Option<DeliveryJob> {
+        let mut endpoints_left = self.tenants.get(tenant_id)?.ready.len();
+        while endpoints_left > 0 {
+            endpoints_left -= 1;
+            let id = self.tenants.get_mut(tenant_id)?.ready.pop_front()?;
+            let lim = limits(&id);
+            let retry_share = self.cfg.retry_share.max(1);
+            let Some(ep) = self.endpoints.get_mut(&id) else {
+                continue;
+            };
+            ep.place = Place::Idle;
+            if ep.queued() == 0 || ep.in_flight >= lim.max_in_flight.max(1) {
+                continue;
+            }
+            if let Err(until) = ep.circuit.admits(now) {
+                if let Some(until) = until {
+                    ep.place = Place::Parked;
+                    self.timer(until, Timer::Wake(id));
                 }
                 continue;
             }
-            let job = q.jobs.pop_front()?;
-            q.in_flight += 1;
-            if !q.jobs.is_empty() && q.in_flight < cap(&endpoint) {
-                self.ready.push_back(endpoint);
-            } else {
-                q.in_ready = false;
+            match (lim.rate_per_sec, &mut ep.bucket) {
+                (None, bucket) => *bucket = None,
+                (Some(rate), Some(b)) if b.rate() == rate => {}
+                (Some(rate), bucket) => *bucket = Some(TokenBucket::new(rate, now)),
             }
-            self.in_flight += 1;
+            if let Some(bucket) = ep.bucket.as_mut()
+                && let Err(at) = bucket.take(now)
+            {
+                ep.place = Place::Parked;
+                self.timer(at, Timer::Wake(id));
+                continue;
+            }
+            ep.picks = ep.picks.wrapping_add(1);
+            let retry_turn = ep.picks % retry_share == 0;
+            let job = if (retry_turn && !ep.retries.is_empty()) || ep.fresh.is_empty() {
+                ep.retries.pop_front()
+            } else {
+                ep.fresh.pop_front()
+            }?;
+            ep.in_flight += 1;
+            ep.circuit.started();
+            let more = ep.queued() > 0
+                && ep.in_flight < lim.max_in_flight.max(1)
+                && !matches!(ep.circuit, Circuit::HalfOpen { probing: true, .. });
+            if more {
+                ep.place = Place::Ready;
+                self.tenants.get_mut(tenant_id)?.ready.push_back(id);
+            }
             return Some(job);
         }
         None
     }
 
-    /// An attempt of `endpoint` finished; its delivery is released unless the
-    /// caller reschedules it.
-    pub fn finished(&mut self, endpoint: EndpointId, delivery: DeliveryId) {
+    /// An attempt at `endpoint` finished with `health`; `delivery` is
+    /// released from the held set unless the caller reschedules it (manual
+    /// jobs pass `None`).
+    pub fn finished(
+        &mut self,
+        endpoint: EndpointId,
+        delivery: Option<DeliveryId>,
+        health: Health,
+        now: Timestamp,
+    ) -> EndpointReport {
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.held.remove(&delivery);
-        if let Some(q) = self.queues.get_mut(&endpoint) {
-            q.in_flight = q.in_flight.saturating_sub(1);
-            if !q.jobs.is_empty() && !q.in_ready {
-                q.in_ready = true;
-                self.ready.push_back(endpoint);
-            } else if q.jobs.is_empty() && q.in_flight == 0 && !q.in_ready {
-                self.queues.remove(&endpoint);
+        if let Some(d) = delivery {
+            self.held.remove(&d);
+        }
+        let cfg = self.cfg.breaker.clone();
+        let Some(ep) = self.endpoints.get_mut(&endpoint) else {
+            return EndpointReport {
+                transition: None,
+                circuit: Circuit::default(),
+            };
+        };
+        ep.in_flight = ep.in_flight.saturating_sub(1);
+        let transition = ep.circuit.record(health, now, &cfg);
+        let circuit = ep.circuit;
+        let tenant_id = ep.tenant.clone();
+        if let Some(t) = self.tenants.get_mut(&tenant_id) {
+            t.in_flight = t.in_flight.saturating_sub(1);
+        }
+        if let Some(Transition::Opened(until)) = transition {
+            // Whatever is queued waits for the probe.
+            if let Some(ep) = self.endpoints.get_mut(&endpoint)
+                && ep.place == Place::Idle
+            {
+                ep.place = Place::Parked;
+                self.timer(until, Timer::Wake(endpoint));
+            }
+        } else {
+            self.activate(endpoint);
+        }
+        self.activate_tenant(&tenant_id);
+        // Drop empty state so memory follows the work.
+        if let Some(ep) = self.endpoints.get(&endpoint)
+            && ep.queued() == 0
+            && ep.in_flight == 0
+            && ep.place == Place::Idle
+            && matches!(ep.circuit, Circuit::Closed { failures: 0 })
+        {
+            self.endpoints.remove(&endpoint);
+        }
+        EndpointReport {
+            transition,
+            circuit,
+        }
+    }
+
+    /// Removes and returns every queued or waiting job of `endpoint` (it was
+    /// disabled or deleted).
+    pub fn drain_endpoint(&mut self, endpoint: &EndpointId) -> Vec<DeliveryJob> {
+        let mut out = Vec::new();
+        if let Some(ep) = self.endpoints.get_mut(endpoint) {
+            out.extend(ep.fresh.drain(..));
+            out.extend(ep.retries.drain(..));
+        }
+        let waiting: Vec<DeliveryId> = self
+            .waiting
+            .iter()
+            .filter(|(_, j)| j.endpoint_id == *endpoint)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            if let Some(job) = self.waiting.remove(&id) {
+                out.push(job);
             }
         }
+        for job in &out {
+            self.held.remove(&job.delivery_id);
+        }
+        out
     }
 }
 
@@ -167,14 +492,16 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::event::EventType;
-    use crate::ids::{EventId, TenantId};
+    use crate::ids::EventId;
 
-    fn job(n: u8, endpoint: u8, at: i64) -> DeliveryJob {
+    pub(crate) fn job(n: u32, endpoint: u8, tenant: &str, at: i64) -> DeliveryJob {
+        let mut id = [0u8; 16];
+        id[..4].copy_from_slice(&n.to_be_bytes());
         DeliveryJob {
-            delivery_id: DeliveryId([n; 16]),
-            event_id: EventId([n; 16]),
+            delivery_id: DeliveryId(id),
+            event_id: EventId(id),
             endpoint_id: EndpointId([endpoint; 16]),
-            tenant_id: TenantId::new("t").unwrap(),
+            tenant_id: TenantId::new(tenant).unwrap(),
             event_type: EventType::new("a").unwrap(),
             payload: bytes::Bytes::new(),
             attempt_count: 0,
@@ -184,49 +511,195 @@ mod tests {
             lease_version: 1,
             endpoint_config_version: 1,
             event_occurred_at: Timestamp(0),
+            replay: None,
+        }
+    }
+
+    fn lim(cap: u32) -> impl Fn(&EndpointId) -> Limits {
+        move |_| Limits {
+            max_in_flight: cap,
+            rate_per_sec: None,
         }
     }
 
     #[test]
     fn endpoints_take_turns_and_respect_their_cap() {
-        let mut s = Scheduler::default();
+        let mut s = Scheduler::new(SchedulerConfig::default());
         for n in 0..4 {
-            s.add(job(n, 1, 0), Timestamp(0));
+            s.add(job(n, 1, "t", 0), Timestamp(0));
         }
-        s.add(job(10, 2, 0), Timestamp(0));
-        let a = s.next_job(10, |_| 1).unwrap();
-        let b = s.next_job(10, |_| 1).unwrap();
+        s.add(job(10, 2, "t", 0), Timestamp(0));
+        let a = s.next_job(Timestamp(0), lim(1)).unwrap();
+        let b = s.next_job(Timestamp(0), lim(1)).unwrap();
         assert_eq!((a.endpoint_id.0[0], b.endpoint_id.0[0]), (1, 2));
-        assert!(s.next_job(10, |_| 1).is_none(), "endpoint 1 is at its cap");
-        s.finished(a.endpoint_id, a.delivery_id);
-        assert_eq!(
-            s.next_job(10, |_| 1).unwrap().delivery_id,
-            DeliveryId([1; 16])
+        assert!(
+            s.next_job(Timestamp(0), lim(1)).is_none(),
+            "endpoint 1 is at its cap"
         );
+        s.finished(
+            a.endpoint_id,
+            Some(a.delivery_id),
+            Health::Success,
+            Timestamp(0),
+        );
+        assert_eq!(
+            s.next_job(Timestamp(0), lim(1)).unwrap().delivery_id,
+            job(1, 1, "t", 0).delivery_id
+        );
+    }
+
+    #[test]
+    fn tenants_take_turns() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        for n in 0..100 {
+            s.add(job(n, (n % 50) as u8, "noisy", 0), Timestamp(0));
+        }
+        for n in 100..103 {
+            s.add(job(n, 200, "quiet", 0), Timestamp(0));
+        }
+        let first: Vec<String> = (0..6)
+            .map(|_| {
+                s.next_job(Timestamp(0), lim(10))
+                    .unwrap()
+                    .tenant_id
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            first.iter().filter(|t| *t == "quiet").count(),
+            3,
+            "{first:?}"
+        );
+    }
+
+    #[test]
+    fn the_tenant_budget_caps_a_tenant() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            tenant_max_in_flight: 3,
+            ..SchedulerConfig::default()
+        });
+        for n in 0..10 {
+            s.add(job(n, n as u8, "noisy", 0), Timestamp(0));
+        }
+        let mut started = 0;
+        while s.next_job(Timestamp(0), lim(10)).is_some() {
+            started += 1;
+        }
+        assert_eq!(started, 3);
     }
 
     #[test]
     fn waiting_jobs_become_due() {
-        let mut s = Scheduler::default();
-        s.add(job(1, 1, 100), Timestamp(0));
-        assert!(s.next_job(10, |_| 4).is_none());
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.add(job(1, 1, "t", 100), Timestamp(0));
+        assert!(s.next_job(Timestamp(0), lim(4)).is_none());
         assert_eq!(s.next_due(), Some(Timestamp(100)));
         s.release_due(Timestamp(100));
-        assert!(s.next_job(10, |_| 4).is_some());
+        assert!(s.next_job(Timestamp(100), lim(4)).is_some());
     }
 
     #[test]
     fn a_held_delivery_only_takes_the_newer_lease() {
-        let mut s = Scheduler::default();
-        s.add(job(1, 1, 0), Timestamp(0));
-        let mut again = job(1, 1, 0);
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.add(job(1, 1, "t", 0), Timestamp(0));
+        let mut again = job(1, 1, "t", 0);
         again.lease_version = 5;
         s.add(again, Timestamp(0));
-        assert_eq!(s.lease(&DeliveryId([1; 16])), Some(5));
-        assert!(s.next_job(10, |_| 4).is_some());
+        assert_eq!(s.lease(&job(1, 1, "t", 0).delivery_id), Some(5));
+        assert!(s.next_job(Timestamp(0), lim(4)).is_some());
         assert!(
-            s.next_job(10, |_| 4).is_none(),
+            s.next_job(Timestamp(0), lim(4)).is_none(),
             "the delivery was queued twice"
         );
+    }
+
+    #[test]
+    fn an_open_circuit_holds_work_until_one_probe() {
+        let cfg = SchedulerConfig {
+            breaker: BreakerConfig {
+                failure_threshold: 2,
+                cool_down: std::time::Duration::from_secs(1),
+                ..BreakerConfig::default()
+            },
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(cfg);
+        for n in 0..10 {
+            s.add(job(n, 1, "t", 0), Timestamp(0));
+        }
+        for _ in 0..2 {
+            let j = s.next_job(Timestamp(0), lim(1)).unwrap();
+            s.finished(
+                j.endpoint_id,
+                Some(j.delivery_id),
+                Health::Failure,
+                Timestamp(0),
+            );
+        }
+        assert!(matches!(
+            s.circuit(&EndpointId([1; 16])),
+            Circuit::Open { .. }
+        ));
+        assert!(
+            s.next_job(Timestamp(500_000), lim(4)).is_none(),
+            "sent while open"
+        );
+        s.release_due(Timestamp(1_000_000));
+        let probe = s.next_job(Timestamp(1_000_000), lim(4)).unwrap();
+        assert!(
+            s.next_job(Timestamp(1_000_000), lim(4)).is_none(),
+            "a second attempt during the probe"
+        );
+        s.finished(
+            probe.endpoint_id,
+            Some(probe.delivery_id),
+            Health::Success,
+            Timestamp(1_000_001),
+        );
+        assert_eq!(
+            s.circuit(&EndpointId([1; 16])),
+            Circuit::Closed { failures: 0 }
+        );
+        assert!(s.next_job(Timestamp(1_000_001), lim(4)).is_some());
+    }
+
+    #[test]
+    fn new_work_goes_first_but_retries_get_their_share() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            retry_share: 4,
+            ..SchedulerConfig::default()
+        });
+        for n in 0..20 {
+            let mut j = job(n, 1, "t", 0);
+            j.attempt_count = 3;
+            s.add(j, Timestamp(0));
+        }
+        for n in 100..120 {
+            s.add(job(n, 1, "t", 0), Timestamp(0));
+        }
+        let mut kinds = Vec::new();
+        for _ in 0..8 {
+            let j = s.next_job(Timestamp(0), lim(100)).unwrap();
+            kinds.push(j.attempt_count);
+        }
+        assert_eq!(kinds.iter().filter(|&&a| a == 0).count(), 6, "{kinds:?}");
+    }
+
+    #[test]
+    fn rate_limits_park_the_endpoint() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        for n in 0..5 {
+            s.add(job(n, 1, "t", 0), Timestamp(0));
+        }
+        let limited = |_: &EndpointId| Limits {
+            max_in_flight: 10,
+            rate_per_sec: Some(2),
+        };
+        assert!(s.next_job(Timestamp(0), limited).is_some());
+        assert!(s.next_job(Timestamp(0), limited).is_some());
+        assert!(s.next_job(Timestamp(0), limited).is_none());
+        assert_eq!(s.next_due(), Some(Timestamp(500_000)));
+        s.release_due(Timestamp(500_000));
+        assert!(s.next_job(Timestamp(500_000), limited).is_some());
     }
 }
