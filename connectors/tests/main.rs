@@ -2,3 +2,4 @@
 //! Postgres per test (devkit), never a fake.
 
 mod capture;
+mod dispatch;

@@ -158,7 +158,7 @@ const BASE_SETTINGS: &[(&str, &str)] = &[
     // Throwaway clusters: durability of the server itself is not under
     // test (walhook's processes are what the tests kill).
     ("fsync", "off"),
-    ("synchronous_commit", "off"),
+    ("synchronous_commit", "on"),
     ("full_page_writes", "off"),
     ("log_min_messages", "warning"),
     ("log_line_prefix", "'%m [%p] %d '"),

@@ -77,7 +77,8 @@ pub trait DispatchStore: Send + Sync + 'static {
 
     /// Claims up to `limit` due pending deliveries whose lease expired (and,
     /// with `reclaim_own`, those `node` held before a restart), bumping each
-    /// lease version; deliveries of `exclude` (open circuits) are left alone.
+    /// lease version. Due deliveries of `exclude` (open circuits) are left
+    /// alone; a node's own deliveries are always reclaimed.
     fn claim_due(
         &self,
         node: &str,

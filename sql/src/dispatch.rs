@@ -61,8 +61,8 @@ WITH due AS ( \
     SELECT id FROM walhook.deliveries \
     WHERE status = 'pending' AND ( \
         ($2 AND lease_owner = $1) \
-        OR (next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now()))) \
-      AND endpoint_id <> ALL($5::uuid[]) \
+        OR (next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now()) \
+            AND endpoint_id <> ALL($5::uuid[]))) \
     ORDER BY next_attempt_at \
     LIMIT $3 \
     FOR UPDATE SKIP LOCKED) \

@@ -18,6 +18,10 @@ pub mod breaker;
 pub mod bucket;
 pub mod clock;
 pub mod egress;
+#[cfg(test)]
+mod isolation_tests;
+#[cfg(test)]
+mod model_tests;
 pub mod outcome;
 pub mod policy;
 pub mod recorder;
@@ -170,8 +174,9 @@ struct RunState {
     failing_since: HashMap<EndpointId, Timestamp>,
     /// Endpoints we asked to disable (so that we ask once).
     disabling: std::collections::HashSet<EndpointId>,
-    /// Shared with the sweeper: endpoints whose deliveries it leaves alone.
-    exclude: Arc<Mutex<Vec<EndpointId>>>,
+    /// Shared with the sweeper: endpoints whose deliveries it leaves alone
+    /// until their circuit may probe.
+    exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
 }
 
 fn health_of(outcome: &AttemptOutcome) -> Health {
@@ -326,7 +331,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                             h.tenant_id,
                             Circuit::Open { until, cool_down },
                         );
-                        state.exclude.lock().push(h.endpoint_id);
+                        state.exclude.lock().insert(h.endpoint_id, until);
                         self.counters.circuits.lock().insert(h.endpoint_id, "open");
                     }
                 }
@@ -593,15 +598,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     .circuits_opened
                     .fetch_add(1, Ordering::Relaxed);
                 self.counters.circuits.lock().insert(id, "open");
-                let mut ex = state.exclude.lock();
-                if !ex.contains(&id) {
-                    ex.push(id);
-                }
+                state.exclude.lock().insert(id, until);
                 tracing::warn!(endpoint_id = %id, until = %until, "circuit opened: the endpoint keeps failing; its deliveries wait");
             }
             Some(CircuitChange::Closed) => {
                 self.counters.circuits.lock().remove(&id);
-                state.exclude.lock().retain(|e| *e != id);
+                state.exclude.lock().remove(&id);
                 tracing::info!(endpoint_id = %id, "circuit closed: the endpoint answers again");
             }
             None => {}

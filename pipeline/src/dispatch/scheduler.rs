@@ -10,18 +10,23 @@
 //!  tenant: ring of eligible endpoints ── tenant in-flight < tenant budget?
 //!        │
 //!        ▼
-//!  ring of tenants, one job per turn (equal shares)
+//!  tenants with work, ordered by attempts in flight: the next free slot
+//!  goes to the tenant that holds the fewest (max-min fairness)
 //! ```
 //!
-//! One slow or broken endpoint can hold at most its in-flight cap; one tenant
-//! with thousands of bad endpoints at most its tenant budget; an open circuit
-//! holds nothing. Within an endpoint, new deliveries go first and retries get
+//! Tenants share by concurrency, not by turns: a tenant whose attempts are
+//! slow (timeouts, 5xx after long waits) would win a turn-based share of
+//! slot-time, so each freed slot goes to the tenant with the fewest attempts
+//! in flight, and a healthy tenant that needs two slots gets them while a
+//! noisy one holds ten. One slow or broken endpoint can hold at most its
+//! in-flight cap; one tenant with thousands of bad endpoints at most its
+//! tenant budget; an open circuit holds nothing. Within an endpoint, new deliveries go first and retries get
 //! one turn in `retry_share`, so new work never waits behind a retry storm
 //! beyond that bound, and retries are never starved. Nothing here does I/O
 //! or reads a clock: every call takes `now`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use super::breaker::{BreakerConfig, Circuit, Health, Transition};
 use super::bucket::TokenBucket;
@@ -101,7 +106,8 @@ impl Endpoint {
 struct Tenant {
     ready: VecDeque<EndpointId>,
     in_flight: u32,
-    in_ring: bool,
+    /// Its key in the set of tenants with work, when it is there.
+    queued_as: Option<(u32, u64)>,
 }
 
 /// What the scheduler reports about an endpoint after a result.
@@ -119,7 +125,8 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     endpoints: HashMap<EndpointId, Endpoint>,
     tenants: HashMap<TenantId, Tenant>,
-    ring: VecDeque<TenantId>,
+    /// Tenants with ready endpoints: (in flight, arrival order, tenant).
+    ready_tenants: BTreeSet<(u32, u64, TenantId)>,
     timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
     /// Automatic deliveries held (waiting, queued or in flight) and their
@@ -264,21 +271,36 @@ impl Scheduler {
         }
         ep.place = Place::Ready;
         let tenant_id = ep.tenant.clone();
-        let tenant = self.tenants.entry(tenant_id.clone()).or_default();
-        tenant.ready.push_back(id);
-        if !tenant.in_ring {
-            tenant.in_ring = true;
-            self.ring.push_back(tenant_id);
-        }
+        self.tenants
+            .entry(tenant_id.clone())
+            .or_default()
+            .ready
+            .push_back(id);
+        self.queue_tenant(&tenant_id);
     }
 
-    fn activate_tenant(&mut self, id: &TenantId) {
-        if let Some(t) = self.tenants.get_mut(id)
-            && !t.in_ring
-            && !t.ready.is_empty()
-        {
-            t.in_ring = true;
-            self.ring.push_back(id.clone());
+    /// Puts a tenant with ready endpoints, under its budget, into the set of
+    /// tenants with work (or moves it to match its in-flight count).
+    fn queue_tenant(&mut self, id: &TenantId) {
+        let budget = self.cfg.tenant_max_in_flight;
+        let Some(t) = self.tenants.get_mut(id) else {
+            return;
+        };
+        let want = !t.ready.is_empty() && t.in_flight < budget;
+        match (t.queued_as, want) {
+            (Some((n, _)), true) if n == t.in_flight => {}
+            (old, want) => {
+                if let Some((n, seq)) = old {
+                    self.ready_tenants.remove(&(n, seq, id.clone()));
+                    t.queued_as = None;
+                }
+                if want {
+                    self.seq += 1;
+                    t.queued_as = Some((t.in_flight, self.seq));
+                    self.ready_tenants
+                        .insert((t.in_flight, self.seq, id.clone()));
+                }
+            }
         }
     }
 
@@ -322,30 +344,34 @@ impl Scheduler {
         if self.in_flight >= self.cfg.max_in_flight {
             return None;
         }
-        let mut tenants_left = self.ring.len();
-        while tenants_left > 0 {
-            tenants_left -= 1;
-            let tenant_id = self.ring.pop_front()?;
-            let Some(tenant) = self.tenants.get_mut(&tenant_id) else {
-                continue;
-            };
-            tenant.in_ring = false;
-            if tenant.in_flight >= self.cfg.tenant_max_in_flight {
-                // Back in the ring when one of its attempts finishes.
-                continue;
-            }
+        // Tenants in order of attempts in flight; one that has nothing it
+        // may start now leaves the set until something changes for it.
+        let mut skipped: Vec<TenantId> = Vec::new();
+        let mut found = None;
+        while let Some((_, _, tenant_id)) = self.ready_tenants.first().cloned() {
+            let t = self
+                .tenants
+                .get_mut(&tenant_id)
+                .expect("queued tenants exist");
+            let key = t.queued_as.take().expect("queued tenants have a key");
+            self.ready_tenants
+                .remove(&(key.0, key.1, tenant_id.clone()));
             if let Some(job) = self.pick_in_tenant(&tenant_id, now, &limits) {
                 let tenant = self.tenants.get_mut(&tenant_id).expect("present");
                 tenant.in_flight += 1;
                 self.in_flight += 1;
-                if !tenant.ready.is_empty() && !tenant.in_ring {
-                    tenant.in_ring = true;
-                    self.ring.push_back(tenant_id);
-                }
-                return Some(job);
+                self.queue_tenant(&tenant_id);
+                found = Some(job);
+                break;
             }
+            skipped.push(tenant_id);
         }
-        None
+        // Tenants whose endpoints were all parked or capped: their endpoints
+        // come back through `activate` (timers, finished attempts).
+        for t in skipped {
+            self.queue_tenant(&t);
+        }
+        found
     }
 
     fn pick_in_tenant(
@@ -435,6 +461,7 @@ impl Scheduler {
         if let Some(t) = self.tenants.get_mut(&tenant_id) {
             t.in_flight = t.in_flight.saturating_sub(1);
         }
+        self.queue_tenant(&tenant_id);
         if let Some(Transition::Opened(until)) = transition {
             // Whatever is queued waits for the probe.
             if let Some(ep) = self.endpoints.get_mut(&endpoint)
@@ -446,7 +473,7 @@ impl Scheduler {
         } else {
             self.activate(endpoint);
         }
-        self.activate_tenant(&tenant_id);
+        self.queue_tenant(&tenant_id);
         // Drop empty state so memory follows the work.
         if let Some(ep) = self.endpoints.get(&endpoint)
             && ep.queued() == 0

@@ -2,6 +2,7 @@
 //! (retries released earlier, orphans of a crashed node), everything this
 //! node held before a restart, and replay requests.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -12,6 +13,7 @@ use super::DispatchSettings;
 use crate::delivery::DeliveryJob;
 use crate::ids::EndpointId;
 use crate::store::DispatchStore;
+use crate::time::Timestamp;
 
 /// Work the sweeper found.
 #[derive(Debug)]
@@ -23,18 +25,25 @@ pub enum Claimed {
 }
 
 /// Runs until `stop`; `exclude` lists endpoints whose deliveries it must
-/// leave alone (open circuits, full queues).
+/// leave alone until the given time (open circuits: their deliveries wait
+/// for the probe; after it, claims resume so that a probe can go at all).
 pub async fn run<S: DispatchStore>(
     store: Arc<S>,
     settings: DispatchSettings,
     out: mpsc::Sender<Claimed>,
-    exclude: Arc<Mutex<Vec<EndpointId>>>,
+    exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
     stop: CancellationToken,
 ) {
     let mut reclaim_own = true;
     loop {
         loop {
-            let excluded = exclude.lock().clone();
+            let now = settings.clock.now();
+            let excluded: Vec<EndpointId> = exclude
+                .lock()
+                .iter()
+                .filter(|(_, until)| **until > now)
+                .map(|(id, _)| *id)
+                .collect();
             match store
                 .claim_due(
                     &settings.node_id,

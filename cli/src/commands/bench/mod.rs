@@ -2,7 +2,9 @@
 //! Postgres. Benchmarks print figures; tests check behaviour.
 
 pub mod capture;
+pub mod noisy;
 pub mod pipeline;
+pub mod world;
 
 use std::process::ExitCode;
 
@@ -23,6 +25,10 @@ pub enum Scenario {
     /// The whole path: committed orders to webhooks on local receivers,
     /// with first-attempt latency percentiles.
     Pipeline(pipeline::Args),
+    /// A healthy tenant's first-attempt latency alone and next to a tenant
+    /// with 1,000 failing endpoints and a hanging endpoint.
+    #[command(name = "noisy-neighbour")]
+    NoisyNeighbour(noisy::Args),
 }
 
 /// Runs a scenario.
@@ -30,6 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.scenario {
         Scenario::Capture(a) => capture::run(a).await,
         Scenario::Pipeline(a) => pipeline::run(a).await,
+        Scenario::NoisyNeighbour(a) => noisy::run(a).await,
     }
 }
 

@@ -1,0 +1,194 @@
+//! What the whole-path benchmarks share: a throwaway Postgres with an
+//! `orders` table and the platform schema, a counting receiver, tenants and
+//! endpoints, walhook running in-process, and the latency query.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use walhook_devkit::postgres::LocalPostgres;
+use walhook_devkit::receiver::Receiver;
+use walhook_pipeline::ids::TenantId;
+use walhook_sql::Platform;
+use walhook_sql::endpoints::NewEndpoint;
+
+use crate::config::Config;
+use crate::pipeline::Running;
+
+const SCHEMA: &str =
+    "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL,
+                       total numeric(12,2) NOT NULL, placed_at timestamptz NOT NULL DEFAULT now())";
+
+const RULES: &str = r#"
+[[rules]]
+name = "order_created"
+table = "orders"
+operations = ["insert"]
+event_type = "order.created"
+tenant_column = "tenant_id"
+object_id_column = "id"
+object_version = "lsn"
+"#;
+
+/// A benchmark's world.
+pub struct World {
+    /// The cluster (kept alive).
+    pub pg: LocalPostgres,
+    /// The platform.
+    pub platform: Platform,
+    /// A SQL session on the platform database.
+    pub platform_sql: tokio_postgres::Client,
+    /// The receiver (counting only).
+    pub receiver: Receiver,
+    shop_url: String,
+    platform_url: String,
+}
+
+impl World {
+    /// Starts Postgres and the receiver, creates the schemas.
+    pub async fn start() -> anyhow::Result<World> {
+        let pg = LocalPostgres::start().await?;
+        let shop_url = pg.create_database("shop").await?;
+        let platform_url = pg.create_database("walhook").await?;
+        pg.connect("shop").await?.batch_execute(SCHEMA).await?;
+        let mut platform_sql = pg.connect("walhook").await?;
+        walhook_sql::migrate::run(&mut platform_sql).await?;
+        let platform = Platform::new(&platform_url, 16)?;
+        let receiver = Receiver::start_counting().await?;
+        Ok(World {
+            pg,
+            platform,
+            platform_sql,
+            receiver,
+            shop_url,
+            platform_url,
+        })
+    }
+
+    /// Creates `tenant` with `count` endpoints at receiver paths
+    /// `{tenant}-{i}`, each allowed `max_in_flight` attempts.
+    pub async fn endpoints(
+        &self,
+        tenant: &str,
+        count: u32,
+        max_in_flight: u32,
+    ) -> anyhow::Result<Vec<String>> {
+        let id = TenantId::new(tenant)?;
+        self.platform.create_tenant(&id, tenant).await?;
+        let mut paths = Vec::new();
+        for i in 0..count {
+            let path = format!("{tenant}-{i}");
+            self.platform
+                .create_endpoint(
+                    &NewEndpoint {
+                        tenant_id: id.clone(),
+                        url: self.receiver.url(&path),
+                        event_types: vec![],
+                        description: String::new(),
+                        rate_limit_per_sec: None,
+                        max_in_flight: Some(max_in_flight),
+                        enabled: true,
+                    },
+                    "bench",
+                )
+                .await?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+
+    /// Starts walhook in this process; `egress` adds lines to `[egress]`,
+    /// `extra` adds sections.
+    pub async fn run(
+        &self,
+        egress: &str,
+        extra: &str,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Running> {
+        let cfg = Config::parse(&format!(
+            "[platform]\nurl = \"{}\"\nmax_connections = 16\n\n[source]\nurl = \"{}\"\n\
+             create_slot = true\ncreate_publication = true\nstatus_interval = \"200ms\"\n\n\
+             [egress]\nallow_http_loopback = true\n{egress}\n\n{extra}\n{RULES}",
+            self.platform_url, self.shop_url
+        ))?;
+        crate::pipeline::start(&cfg, self.platform.clone(), shutdown).await
+    }
+
+    /// Starts `writers` connections committing `batch` orders per
+    /// transaction for `tenant`, ids from `first_id`, at `rate` orders per
+    /// second in all; returns the count written so far and a stop token.
+    pub async fn writers(
+        &self,
+        tenant: &str,
+        first_id: i64,
+        rate: f64,
+        batch: i64,
+        writers: u64,
+    ) -> anyhow::Result<(
+        Arc<AtomicU64>,
+        CancellationToken,
+        Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    )> {
+        let written = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let per_writer = (rate / batch as f64 / writers as f64).max(0.01);
+        for w in 0..writers {
+            let client = self.pg.connect("shop").await?;
+            let (stop, written, tenant) = (stop.clone(), written.clone(), tenant.to_owned());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_writer));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let mut next = first_id + ((w as i64) << 36);
+                let insert = client
+                    .prepare("INSERT INTO orders (id, tenant_id, status, total) SELECT g, $3, 'placed', (g % 1000) + 0.5 FROM generate_series($1::int8, $2::int8) g")
+                    .await?;
+                while !stop.is_cancelled() {
+                    tick.tick().await;
+                    client.execute(&insert, &[&next, &(next + batch - 1), &tenant]).await?;
+                    next += batch;
+                    written.fetch_add(batch as u64, Ordering::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+        Ok((written, stop, tasks))
+    }
+
+    /// Commit→first-attempt latency percentiles (p50, p99, p99.9) in ms for
+    /// `tenant`'s orders with ids in `[from, to)`.
+    pub async fn first_attempt_latency(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+    ) -> anyhow::Result<[f64; 3]> {
+        let row = self
+            .platform_sql
+            .query_one(
+                "SELECT percentile_disc(ARRAY[0.5, 0.99, 0.999]) WITHIN GROUP \
+                   (ORDER BY (extract(epoch FROM a.started_at - e.occurred_at) * 1000)::float8) \
+                 FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
+                 JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+                 WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
+                   AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3",
+                &[&tenant, &from, &to],
+            )
+            .await?;
+        let v: Vec<f64> = row.get::<_, Option<Vec<f64>>>(0).unwrap_or_default();
+        Ok([0, 1, 2].map(|i| v.get(i).copied().unwrap_or(f64::NAN)))
+    }
+}
+
+/// Peak resident memory of this process, in KiB.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}

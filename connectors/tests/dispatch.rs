@@ -1,0 +1,411 @@
+//! Dispatch scenarios against real HTTP receivers on loopback, with the real
+//! egress and a manual clock: backoffs, Retry-After and the 24 h deadline
+//! pass in milliseconds while the requests are real. The store is an
+//! in-memory implementation of the dispatch store trait (the Postgres store
+//! is proven by the end-to-end tests).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use walhook_connectors::http::{EgressSettings, HttpEgress};
+use walhook_devkit::receiver::{Behaviour, Receiver};
+use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus};
+use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
+use walhook_pipeline::dispatch::policy::RetryPolicy;
+use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
+use walhook_pipeline::endpoint::{Directory, EndpointConfig, SubscriptionCache};
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::signing::SigningSecret;
+use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
+use walhook_pipeline::time::Timestamp;
+
+#[derive(Default)]
+struct Memory {
+    attempts: Mutex<Vec<AttemptRecord>>,
+    states: Mutex<HashMap<DeliveryId, (DeliveryStatus, u32, Timestamp)>>,
+    disabled: Mutex<Vec<(EndpointId, String)>>,
+}
+
+impl DispatchStore for Memory {
+    async fn record(&self, attempts: &[AttemptRecord]) -> Result<Vec<DeliveryId>, StoreError> {
+        self.attempts.lock().extend(attempts.iter().cloned());
+        let mut states = self.states.lock();
+        for a in attempts {
+            states.insert(
+                a.delivery_id,
+                (a.status, a.attempt_count, a.next_attempt_at),
+            );
+        }
+        Ok(Vec::new())
+    }
+    async fn transition(&self, changes: &[Transition]) -> Result<(), StoreError> {
+        let mut states = self.states.lock();
+        for c in changes {
+            states
+                .entry(c.delivery_id)
+                .or_insert((c.status, 0, Timestamp(0)))
+                .0 = c.status;
+        }
+        Ok(())
+    }
+    async fn claim_due(
+        &self,
+        _: &str,
+        _: usize,
+        _: Duration,
+        _: bool,
+        _: &[EndpointId],
+    ) -> Result<Vec<DeliveryJob>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn release(&self, _: &[Release]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn claim_replays(
+        &self,
+        _: &str,
+        _: usize,
+        _: Duration,
+    ) -> Result<Vec<DeliveryJob>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn reject_replay(&self, _: i64, _: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn disable_endpoint(&self, endpoint: EndpointId, reason: &str) -> Result<(), StoreError> {
+        self.disabled.lock().push((endpoint, reason.to_owned()));
+        Ok(())
+    }
+    async fn save_health(&self, _: &EndpointHealth) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn load_health(&self) -> Result<Vec<EndpointHealth>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+struct Harness {
+    receiver: Receiver,
+    clock: Arc<ManualClock>,
+    store: Arc<Memory>,
+    jobs: mpsc::Sender<DeliveryJob>,
+    stop: CancellationToken,
+    endpoint: EndpointId,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Harness {
+    async fn new(path: &str, request_timeout: Duration) -> Harness {
+        let receiver = Receiver::start().await.unwrap();
+        let secret = SigningSecret::generate();
+        receiver.set_secrets(path, vec![secret.expose_text()]);
+        let endpoint = EndpointId([9; 16]);
+        let directory = Arc::new(SubscriptionCache::default());
+        directory.replace(Directory::new(
+            1,
+            vec![EndpointConfig {
+                id: endpoint,
+                tenant_id: TenantId::new("acme").unwrap(),
+                url: receiver.url(path),
+                event_types: vec![],
+                enabled: true,
+                config_version: 1,
+                rate_limit_per_sec: None,
+                max_in_flight: None,
+                secrets: vec![secret],
+                created_at: Timestamp(0),
+            }],
+        ));
+        let clock = ManualClock::new(Timestamp::now());
+        let store = Arc::new(Memory::default());
+        let egress = HttpEgress::new(EgressSettings {
+            request_timeout,
+            connect_timeout: Duration::from_secs(2),
+            allow_http_loopback: true,
+            ..EgressSettings::default()
+        })
+        .unwrap();
+        let settings = DispatchSettings {
+            retry: RetryPolicy {
+                base_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(3600),
+                max_attempts: 1000,
+                deadline: Duration::from_secs(24 * 3600),
+                retry_after_cap: Duration::from_secs(300),
+                slow_down_floor: Duration::from_secs(2),
+            },
+            hold_horizon: Duration::from_secs(48 * 3600),
+            clock: Clock::Manual(clock.clone()),
+            breaker: walhook_pipeline::dispatch::breaker::BreakerConfig {
+                failure_threshold: 1000,
+                ..Default::default()
+            },
+            ..DispatchSettings::default()
+        };
+        let (jobs, rx) = mpsc::channel(16);
+        let stop = CancellationToken::new();
+        let dispatcher = Dispatcher::new(
+            Arc::new(egress),
+            store.clone(),
+            directory,
+            settings,
+            Arc::new(DispatchCounters::default()),
+        );
+        let s = stop.clone();
+        let task = tokio::spawn(async move { dispatcher.run(rx, s).await.unwrap() });
+        Harness {
+            receiver,
+            clock,
+            store,
+            jobs,
+            stop,
+            endpoint,
+            task,
+        }
+    }
+
+    async fn send(&self, n: u8) -> DeliveryId {
+        let id = DeliveryId([n; 16]);
+        let now = self.clock.now();
+        self.jobs
+            .send(DeliveryJob {
+                delivery_id: id,
+                event_id: EventId([n; 16]),
+                endpoint_id: self.endpoint,
+                tenant_id: TenantId::new("acme").unwrap(),
+                event_type: EventType::new("invoice.paid").unwrap(),
+                payload: bytes::Bytes::from(format!("{{\"n\":{n}}}")),
+                attempt_count: 0,
+                created_at: now,
+                next_attempt_at: now,
+                expires_at: now.plus(Duration::from_secs(24 * 3600)),
+                lease_version: 1,
+                endpoint_config_version: 1,
+                event_occurred_at: now,
+                replay: None,
+            })
+            .await
+            .unwrap();
+        id
+    }
+
+    async fn requests(&self, n: usize) {
+        assert!(
+            self.receiver
+                .wait_until(Duration::from_secs(10), |r| r.len() >= n)
+                .await,
+            "expected {n} requests, got {}",
+            self.receiver.count()
+        );
+    }
+
+    /// Waits for the dispatcher to record `n` attempts.
+    async fn recorded(&self, n: usize) -> Vec<AttemptRecord> {
+        for _ in 0..500 {
+            if self.store.attempts.lock().len() >= n {
+                return self.store.attempts.lock().clone();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "expected {n} recorded attempts, got {}",
+            self.store.attempts.lock().len()
+        );
+    }
+
+    async fn quiet_for(&self, d: Duration) -> usize {
+        let before = self.receiver.count();
+        tokio::time::sleep(d).await;
+        assert_eq!(self.receiver.count(), before, "an attempt went out early");
+        before
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_500_then_a_200_retries_with_the_same_webhook_id() {
+    let h = Harness::new("a", Duration::from_secs(5)).await;
+    h.receiver
+        .set_behaviour("a", Behaviour::FailFirst { n: 1, status: 500 });
+    let id = h.send(1).await;
+    h.requests(1).await;
+    let first = h.recorded(1).await;
+    assert_eq!(
+        (first[0].outcome, first[0].http_status, first[0].error_class),
+        ("retryable", Some(500), Some("http_5xx"))
+    );
+    assert_eq!(first[0].status, DeliveryStatus::Pending);
+    // Full jitter: the first retry is within [0, base] = [0, 1 s].
+    assert!(first[0].next_attempt_at.since(first[0].finished_at) <= Duration::from_secs(1));
+    h.clock.advance(Duration::from_secs(1));
+    h.requests(2).await;
+    let all = h.recorded(2).await;
+    assert_eq!(all[1].status, DeliveryStatus::Succeeded);
+    assert_eq!(all[1].number, 2);
+    let got = h.receiver.received();
+    assert_eq!(got[0].webhook_id, got[1].webhook_id);
+    assert_eq!(got[0].webhook_id, id.to_string());
+    assert!(got.iter().all(|r| r.verified == Some(true)));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_honoured() {
+    let h = Harness::new("b", Duration::from_secs(5)).await;
+    h.receiver.set_behaviour(
+        "b",
+        Behaviour::RetryAfter {
+            status: 429,
+            secs: 120,
+        },
+    );
+    h.send(2).await;
+    h.requests(1).await;
+    let first = h.recorded(1).await;
+    assert_eq!(first[0].error_class, Some("http_429"));
+    assert_eq!(
+        first[0].next_attempt_at.since(first[0].finished_at),
+        Duration::from_secs(120)
+    );
+    h.receiver.set_behaviour("b", Behaviour::Status(200));
+    h.clock.advance(Duration::from_secs(119));
+    h.quiet_for(Duration::from_millis(300)).await;
+    h.clock.advance(Duration::from_secs(2));
+    h.requests(2).await;
+    assert_eq!(h.recorded(2).await[1].status, DeliveryStatus::Succeeded);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_410_fails_the_delivery_and_disables_the_endpoint() {
+    let h = Harness::new("c", Duration::from_secs(5)).await;
+    h.receiver.set_behaviour("c", Behaviour::Status(410));
+    h.send(3).await;
+    let rec = h.recorded(1).await;
+    assert_eq!(
+        (rec[0].status, rec[0].outcome),
+        (DeliveryStatus::Failed, "gone")
+    );
+    for _ in 0..100 {
+        if !h.store.disabled.lock().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let disabled = h.store.disabled.lock().clone();
+    assert_eq!(disabled.len(), 1);
+    assert!(disabled[0].1.contains("410"));
+    h.clock.advance(Duration::from_secs(3600));
+    h.quiet_for(Duration::from_millis(200)).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let h = Harness::new("d", Duration::from_secs(5)).await;
+    let target = h.receiver.url("internal-target");
+    h.receiver.set_behaviour(
+        "d",
+        Behaviour::Redirect {
+            status: 307,
+            location: target,
+        },
+    );
+    h.send(4).await;
+    let rec = h.recorded(1).await;
+    assert_eq!(
+        (rec[0].status, rec[0].error_class, rec[0].http_status),
+        (DeliveryStatus::Failed, Some("http_3xx"), Some(307))
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        h.receiver.received().iter().all(|r| r.path == "d"),
+        "the redirect was followed"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_receiver_that_stalls_past_the_timeout_is_retried_as_unknown() {
+    let h = Harness::new("e", Duration::from_millis(500)).await;
+    h.receiver.set_behaviour(
+        "e",
+        Behaviour::Delay {
+            wait: Duration::from_secs(3),
+            status: 200,
+        },
+    );
+    h.send(5).await;
+    let rec = h.recorded(1).await;
+    assert_eq!(
+        (rec[0].status, rec[0].error_class, rec[0].http_status),
+        (DeliveryStatus::Pending, Some("timeout"), None)
+    );
+    // The floor after a timeout: not before 2 s.
+    assert!(rec[0].next_attempt_at.since(rec[0].finished_at) >= Duration::from_secs(2));
+    h.receiver.set_behaviour("e", Behaviour::Status(204));
+    h.clock.advance(Duration::from_secs(1));
+    h.quiet_for(Duration::from_millis(200)).await;
+    h.clock.advance(Duration::from_secs(600));
+    let rec = h.recorded(2).await;
+    assert_eq!(rec[1].status, DeliveryStatus::Succeeded);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_24_hour_deadline_ends_retries() {
+    let h = Harness::new("f", Duration::from_secs(5)).await;
+    h.receiver.set_behaviour("f", Behaviour::Status(503));
+    let start = h.clock.now();
+    let id = h.send(6).await;
+    // Let virtual hours pass; attempts follow the backoff until the deadline.
+    let mut last = 0;
+    for _ in 0..400 {
+        h.clock.advance(Duration::from_secs(600));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let done = h.store.states.lock().get(&id).map(|s| s.0);
+        if done == Some(DeliveryStatus::Exhausted) {
+            break;
+        }
+        last = h.store.attempts.lock().len();
+    }
+    let attempts = h.store.attempts.lock().clone();
+    let end = attempts.last().unwrap();
+    assert_eq!(
+        end.status,
+        DeliveryStatus::Exhausted,
+        "after {last} attempts"
+    );
+    let deadline = start.plus(Duration::from_secs(24 * 3600));
+    assert!(
+        attempts.iter().all(|a| a.started_at <= deadline),
+        "an attempt after the deadline"
+    );
+    assert!(
+        attempts.len() < 1000,
+        "the attempt cap, not the deadline, ended it"
+    );
+    assert!(
+        attempts.len() > 10,
+        "too few attempts in 24 h: {}",
+        attempts.len()
+    );
+    let count = h.receiver.count();
+    h.clock.advance(Duration::from_secs(48 * 3600));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        h.receiver.count(),
+        count,
+        "attempts continued after exhaustion"
+    );
+    h.stop().await;
+}
