@@ -1,0 +1,1 @@
+//! Integration tests of the API against a real Postgres.
