@@ -9,9 +9,11 @@
 //! ```
 //!
 //! The request is identified by method, path and body bytes; keys are
-//! scoped per caller (operator, or one tenant). Refusals (4xx) are stored
-//! like successes, so a retry gets the same answer; server errors release
-//! the key so a retry can do the work. Records are kept
+//! scoped per caller (operator, or one tenant). Refusals of the work (a
+//! 409, a 404) are stored like successes, so a retry gets the same answer;
+//! validation refusals come before the key is claimed (they do not depend
+//! on state, so a retry gets them again anyway); server errors release the
+//! key so a retry can do the work. Records are kept
 //! [`RETENTION_SECS`].
 //!
 //! A response that shows a secret once (a new API key) is stored without
