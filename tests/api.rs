@@ -208,6 +208,36 @@ async fn a_customer_manages_webhooks_over_the_api() {
     // The directory notices new endpoints within its 200 ms poll.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // A test event goes through the dispatcher, signed like any webhook.
+    let (s, test) = api
+        .post(&key, &format!("/v1/webhook-endpoints/{ep}/test"), json!({}))
+        .await;
+    assert_eq!(s, 202, "{test}");
+    let test_id = test["delivery_id"].as_str().unwrap().to_owned();
+    let tested = w
+        .receiver
+        .wait_until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.webhook_id == test_id)
+        })
+        .await;
+    assert!(tested, "the test event did not arrive: {}", w.state().await);
+    let r = w
+        .receiver
+        .received()
+        .into_iter()
+        .find(|r| r.webhook_id == test_id)
+        .unwrap();
+    assert_eq!(r.verified, Some(true));
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["type"], "webhook.test");
+    api.wait_for(
+        &key,
+        &format!("/v1/webhook-deliveries/{test_id}"),
+        "the test delivery's success",
+        |b| b["delivery"]["status"] == "succeeded",
+    )
+    .await;
+
     // Business writes become deliveries, listed and read over the API.
     for id in 1..=3 {
         insert_order(&w, id, "acme").await;
@@ -215,7 +245,9 @@ async fn a_customer_manages_webhooks_over_the_api() {
     let listed = api
         .wait_for(
             &key,
-            &format!("/v1/webhook-deliveries?endpoint_id={ep}&status=succeeded"),
+            &format!(
+                "/v1/webhook-deliveries?endpoint_id={ep}&status=succeeded&event_type=order.created"
+            ),
             "three deliveries",
             |b| b["data"].as_array().is_some_and(|d| d.len() == 3),
         )
@@ -430,6 +462,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
         vec![
             "endpoint.disabled",
             "endpoint.secret_rotated",
+            "endpoint.test_sent",
             "endpoint.created"
         ]
     );

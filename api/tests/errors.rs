@@ -256,6 +256,14 @@ async fn invalid_input_names_the_field_and_changes_nothing() {
         .await;
     recover.problem(422);
     assert_eq!(recover.field(), "until");
+    let far = api
+        .post(
+            &key,
+            &format!("{path}/recover"),
+            json!({"since": "+200000-01-01T00:00:00Z"}),
+        )
+        .await;
+    far.problem(422);
     api.post(
         &key,
         &format!("{path}/recover"),

@@ -350,6 +350,19 @@ pub async fn recover_endpoint(
     body: JsonBody<RecoverEndpoint>,
 ) -> Result<Response, ApiError> {
     let b = body.value.clone();
+    // Postgres keeps times from 4713 BC on; chrono parses far wider. Delivery
+    // history starts in 1970 anyway.
+    use chrono::Datelike;
+    for (field, t) in [("since", Some(b.since)), ("until", b.until)] {
+        if let Some(t) = t
+            && !(1970..=9999).contains(&t.year())
+        {
+            return Err(ApiError::field(
+                field,
+                "must be a time between the years 1970 and 9999",
+            ));
+        }
+    }
     if let Some(until) = b.until
         && until <= b.since
     {
