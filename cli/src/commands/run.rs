@@ -41,7 +41,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let api = match &metrics {
         Some(metrics) => {
             metrics.register_collector(Box::new(PipelineCollector::new(running.counters.clone())));
-            Some(super::api::spawn(&cfg, platform, metrics.clone(), shutdown.clone()).await?)
+            match super::api::spawn(&cfg, platform, metrics.clone(), shutdown.clone()).await {
+                Ok(task) => Some(task),
+                Err(e) => {
+                    // Stop the stages cleanly before reporting.
+                    shutdown.cancel();
+                    let _ = running.wait().await;
+                    return Err(e);
+                }
+            }
         }
         None => None,
     };
