@@ -3,6 +3,7 @@
 
 mod support;
 
+mod api;
 mod capture;
 mod cli;
 mod engine;

@@ -6,6 +6,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod metrics;
 pub mod pipeline;
 
 use std::process::ExitCode;
@@ -40,8 +41,12 @@ pub enum Command {
     /// Watch business writes become verified webhooks on a throwaway
     /// Postgres with local receivers (needs only the Postgres binaries).
     Demo(commands::demo::Args),
-    /// Run every stage in one process (capture, fan-out, dispatch).
+    /// Run every stage in one process (capture, fan-out, dispatch), and the
+    /// REST API when the config has [api].
     Run(commands::run::Args),
+    /// Serve the control-plane REST API alone (tenants, endpoints,
+    /// deliveries, replays, audit; OpenAPI at /openapi.json).
+    Api(commands::api::Args),
     /// Run the capture stage alone; with --stdout, print events to try rules.
     Capture(commands::capture::Args),
     /// Measure throughput and latency on a throwaway Postgres.
@@ -98,6 +103,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Demo(args) => commands::demo::run(args).await,
         Command::Run(args) => commands::run::run(args).await,
+        Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
     }

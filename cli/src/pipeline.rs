@@ -6,6 +6,10 @@
 //!     └──────── receipt: fan-out committed to Postgres ◀───────┘
 //! ```
 //!
+//! With metrics ([`start_observed`]), capture reports its lag, and the
+//! dispatcher's egress is wrapped to count attempts by outcome and time
+//! first attempts (see `crate::metrics`).
+//!
 //! Shutdown goes upstream first: capture stops reading and waits for its
 //! receipts, fan-out then finishes its batch, and dispatch drains the
 //! attempts in flight. What is left is pending in Postgres and is claimed
@@ -18,6 +22,7 @@ use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use walhook_api::metrics::PipelineMetrics;
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
 use walhook_pipeline::capture::{Incident, LogSink};
@@ -29,9 +34,11 @@ use walhook_pipeline::fanout::{FanoutCounters, FanoutOperator, FanoutSettings};
 use walhook_pipeline::ids::{Lsn, Offset};
 use walhook_pipeline::log::embedded::EmbeddedLog;
 use walhook_pipeline::log::{Consumer, Log, LogError, TopicSpec};
+use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
 
 use crate::config::Config;
+use crate::metrics::MeteredEgress;
 
 /// Capture's counters.
 #[derive(Debug, Default)]
@@ -79,6 +86,7 @@ struct PlatformObserver {
     confirmed: tokio::sync::watch::Sender<Lsn>,
     incidents: mpsc::UnboundedSender<Incident>,
     counters: Arc<CaptureCounters>,
+    metrics: Option<Arc<PipelineMetrics>>,
 }
 
 impl CaptureObserver for PlatformObserver {
@@ -94,6 +102,15 @@ impl CaptureObserver for PlatformObserver {
         self.counters
             .events
             .fetch_add(tx.events.len() as u64, Relaxed);
+        if let Some(m) = &self.metrics {
+            let lag = Timestamp::now().since(tx.commit_time);
+            m.capture_lag.set(lag.as_secs_f64());
+        }
+    }
+    fn slot_lag(&self, lag_bytes: i64) {
+        if let Some(m) = &self.metrics {
+            m.slot_lag_bytes.set(lag_bytes);
+        }
     }
     fn incident(&self, incident: &Incident) {
         self.counters
@@ -110,6 +127,7 @@ fn observer(
     source: String,
     slot: String,
     counters: Arc<CaptureCounters>,
+    metrics: Option<Arc<PipelineMetrics>>,
 ) -> (Arc<PlatformObserver>, Vec<JoinHandle<()>>) {
     let (confirmed, mut confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
     let (incidents, mut incidents_rx) = mpsc::unbounded_channel::<Incident>();
@@ -139,6 +157,7 @@ fn observer(
             confirmed,
             incidents,
             counters,
+            metrics,
         }),
         vec![saver, recorder],
     )
@@ -149,6 +168,17 @@ pub async fn start(
     cfg: &Config,
     platform: Platform,
     shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
+    start_observed(cfg, platform, shutdown, None).await
+}
+
+/// [`start`], feeding `metrics` (capture lag, attempts, first-attempt
+/// latency) when given.
+pub async fn start_observed(
+    cfg: &Config,
+    platform: Platform,
+    shutdown: CancellationToken,
+    metrics: Option<Arc<PipelineMetrics>>,
 ) -> anyhow::Result<Running> {
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
@@ -219,7 +249,10 @@ pub async fn start(
         drain_timeout: cfg.dispatch.drain_timeout,
         ..DispatchSettings::default()
     };
-    let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
+    let egress = Arc::new(MeteredEgress::new(
+        HttpEgress::new(cfg.egress.clone())?,
+        metrics.clone(),
+    ));
     let (jobs_tx, jobs_rx) = mpsc::channel::<DeliveryJob>(4096);
     let dispatch_stop = CancellationToken::new();
     let dispatcher = Dispatcher::new(
@@ -278,6 +311,7 @@ pub async fn start(
         cfg.source.name.clone(),
         cfg.source.slot.clone(),
         counters.capture.clone(),
+        metrics,
     );
     let events = log.producer::<Event>("events")?;
     let capture_stop = stop_all.clone();

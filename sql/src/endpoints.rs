@@ -46,6 +46,27 @@ pub struct EndpointChange {
     pub max_in_flight: Option<Option<u32>>,
 }
 
+impl EndpointChange {
+    /// The names of the fields this change sets, for the audit log.
+    pub fn changed_fields(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let fields = [
+            ("url", self.url.is_some()),
+            ("event_types", self.event_types.is_some()),
+            ("description", self.description.is_some()),
+            ("enabled", self.enabled.is_some()),
+            ("rate_limit_per_sec", self.rate_limit_per_sec.is_some()),
+            ("max_in_flight", self.max_in_flight.is_some()),
+        ];
+        for (name, set) in fields {
+            if set {
+                out.push(name);
+            }
+        }
+        out
+    }
+}
+
 fn types_text(types: &[EventType]) -> Vec<String> {
     types.iter().map(|t| t.to_string()).collect()
 }
@@ -180,10 +201,17 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("record an endpoint version"))?;
+        // Disabling and enabling are named actions: the audit log answers
+        // "who turned this endpoint off" without reading details.
+        let action = match change.enabled {
+            Some(false) => "endpoint.disabled",
+            Some(true) => "endpoint.enabled",
+            None => "endpoint.updated",
+        };
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
-             VALUES ($1, $2, 'endpoint.updated', $3, jsonb_build_object('config_version', $4::int4))",
-            &[&tenant, &actor, &id.to_string(), &version],
+             VALUES ($1, $2, $5, $3, jsonb_build_object('config_version', $4::int4, 'changed', $6::text[]))",
+            &[&tenant, &actor, &id.to_string(), &version, &action, &change.changed_fields()],
         )
         .await
         .map_err(StoreError::query("audit an endpoint change"))?;

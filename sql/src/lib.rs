@@ -9,14 +9,22 @@
 //!
 //! - [`migrate`]: versioned, idempotent migrations embedded in the binary.
 //! - [`Platform`]: a connection pool and the queries each stage runs; one
-//!   module per stage ([`capture`]).
+//!   module per stage ([`capture`], [`fanout`], [`dispatch`]) and for the
+//!   control plane ([`tenants`], [`endpoint_admin`], [`deliveries`],
+//!   [`audit`], [`idempotency`], [`gauges`]).
 
+pub mod audit;
 pub mod capture;
+pub mod deliveries;
 pub mod dispatch;
+pub mod endpoint_admin;
 pub mod endpoints;
 pub mod fanout;
+pub mod gauges;
+pub mod idempotency;
 pub mod migrate;
 pub mod replay;
+pub mod tenants;
 
 use std::str::FromStr;
 

@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "dispatch",
         sql: include_str!("../migrations/0003_dispatch.sql"),
     },
+    Migration {
+        version: 5,
+        name: "api",
+        sql: include_str!("../migrations/0005_api.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

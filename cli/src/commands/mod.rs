@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod api;
 pub mod bench;
 pub mod capture;
 pub mod demo;

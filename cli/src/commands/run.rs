@@ -1,12 +1,16 @@
-//! `walhook run`: every stage in one process.
+//! `walhook run`: every stage in one process, and the API when the config
+//! has `[api]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
+use walhook_api::Metrics;
 use walhook_sql::Platform;
 
 use crate::config::Config;
+use crate::metrics::PipelineCollector;
 
 /// Arguments of `walhook run`.
 #[derive(Debug, clap::Args)]
@@ -23,11 +27,40 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let p = cfg.platform()?;
     let platform = Platform::new(&p.url, p.max_connections)?;
     let shutdown = super::shutdown_on_signals();
-    let running = crate::pipeline::start(&cfg, platform, shutdown.clone())
-        .await
-        .context("walhook could not start")?;
+    let metrics = cfg.api.as_ref().map(|_| Arc::new(Metrics::new()));
+    let running = crate::pipeline::start_observed(
+        &cfg,
+        platform.clone(),
+        shutdown.clone(),
+        metrics.as_ref().map(|m| m.pipeline.clone()),
+    )
+    .await
+    .context("walhook could not start")?;
+    // The API starts after the pipeline, so the event-type catalog holds
+    // this config's types before the first request.
+    let api = match &metrics {
+        Some(metrics) => {
+            metrics.register_collector(Box::new(PipelineCollector::new(running.counters.clone())));
+            match super::api::spawn(&cfg, platform, metrics.clone(), shutdown.clone()).await {
+                Ok(task) => Some(task),
+                Err(e) => {
+                    // Stop the stages cleanly before reporting.
+                    shutdown.cancel();
+                    let _ = running.wait().await;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
     tracing::info!(source = %cfg.source.name, slot = %cfg.source.slot, "walhook is running");
-    running.wait().await?;
+    let result = running.wait().await;
+    // A stage that failed for good stops the process, API included.
+    shutdown.cancel();
+    if let Some(api) = api {
+        let _ = api.await;
+    }
+    result?;
     tracing::info!("walhook stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,214 @@
+//! Who is calling: the operator (one token from the config) or a tenant (an
+//! API key).
+//!
+//! Tenant keys are `whk_` and 43 characters of URL-safe base64 (256 random
+//! bits), shown once when issued; the database keeps their SHA-256 and
+//! their first characters. A revoked key, or a key of a disabled tenant,
+//! no longer authenticates. Every handler of a tenant route gets the
+//! caller's [`TenantId`] from here and passes it to every query, so another
+//! tenant's object is never found (404).
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+use walhook_pipeline::ids::TenantId;
+
+use crate::ApiState;
+use crate::error::ApiError;
+
+/// The prefix of tenant API keys.
+pub const KEY_PREFIX: &str = "whk_";
+
+/// Characters of a key kept to tell keys apart (`whk_` and 8 more).
+pub const SHOWN_PREFIX_LEN: usize = 12;
+
+/// The authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The operator token.
+    Operator,
+    /// A tenant's API key.
+    Tenant {
+        /// The tenant.
+        tenant: TenantId,
+        /// The key's id.
+        key_id: Uuid,
+    },
+}
+
+impl Principal {
+    /// The actor recorded in audit records and endpoint versions.
+    pub fn actor(&self) -> String {
+        match self {
+            Principal::Operator => "operator".into(),
+            Principal::Tenant { key_id, .. } => format!("api_key:{}", key_text_id(*key_id)),
+        }
+    }
+
+    /// The namespace of idempotency keys (one per caller).
+    pub fn idempotency_scope(&self) -> String {
+        match self {
+            Principal::Operator => "operator".into(),
+            Principal::Tenant { tenant, .. } => format!("tenant:{tenant}"),
+        }
+    }
+}
+
+/// The text form of an API key id: `key_` and the UUID's hex digits.
+pub fn key_text_id(id: Uuid) -> String {
+    format!("key_{}", id.simple())
+}
+
+/// Parses [`key_text_id`]'s form.
+pub fn parse_key_id(text: &str) -> Option<Uuid> {
+    let hex = text.strip_prefix("key_")?;
+    (hex.len() == 32)
+        .then(|| Uuid::try_parse(hex).ok())
+        .flatten()
+}
+
+/// A fresh key, its shown prefix and its SHA-256.
+pub fn generate_key() -> (String, String, [u8; 32]) {
+    let key = format!(
+        "{KEY_PREFIX}{}",
+        URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+    );
+    let prefix = key[..SHOWN_PREFIX_LEN].to_owned();
+    let hash = hash_key(&key);
+    (key, prefix, hash)
+}
+
+/// SHA-256 of a key's text.
+pub fn hash_key(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Compares without an early exit, so timing does not reveal the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let (ha, hb) = (Sha256::digest(a), Sha256::digest(b));
+    ha.iter()
+        .zip(hb.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let value = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| {
+            ApiError::Unauthorized(
+                "no Authorization header; send `Authorization: Bearer <API key>`".into(),
+            )
+        })?
+        .to_str()
+        .map_err(|_| ApiError::Unauthorized("the Authorization header is not ASCII".into()))?;
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(ApiError::Unauthorized(
+            "the Authorization header must be `Bearer <API key>`".into(),
+        ));
+    }
+    Ok(token.trim())
+}
+
+/// Authenticates the request.
+pub async fn authenticate(parts: &Parts, state: &ApiState) -> Result<Principal, ApiError> {
+    let token = bearer(parts)?;
+    if constant_time_eq(token.as_bytes(), state.settings.operator_token.as_bytes()) {
+        return Ok(Principal::Operator);
+    }
+    let invalid = || ApiError::Unauthorized("the API key is unknown or revoked".into());
+    if !token.starts_with(KEY_PREFIX) || token.len() > 128 {
+        return Err(invalid());
+    }
+    match state.platform.tenant_for_key(&hash_key(token)).await? {
+        Some((tenant, key_id)) => Ok(Principal::Tenant { tenant, key_id }),
+        None => Err(invalid()),
+    }
+}
+
+impl FromRequestParts<ApiState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        authenticate(parts, state).await
+    }
+}
+
+/// The operator, or a 403.
+#[derive(Debug, Clone, Copy)]
+pub struct Operator;
+
+impl FromRequestParts<ApiState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        match authenticate(parts, state).await? {
+            Principal::Operator => Ok(Operator),
+            Principal::Tenant { .. } => Err(ApiError::Forbidden(
+                "this route needs the operator token, not a tenant API key".into(),
+            )),
+        }
+    }
+}
+
+/// A tenant caller, or a 403.
+#[derive(Debug, Clone)]
+pub struct TenantCaller {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The principal (for audit and idempotency).
+    pub principal: Principal,
+}
+
+impl FromRequestParts<ApiState> for TenantCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        match authenticate(parts, state).await? {
+            Principal::Operator => Err(ApiError::Forbidden(
+                "this route acts for a tenant: use one of the tenant's API keys (POST /v1/tenants/{id}/api-keys issues one)".into(),
+            )),
+            Principal::Tenant { tenant, key_id } => Ok(TenantCaller {
+                tenant: tenant.clone(),
+                principal: Principal::Tenant { tenant, key_id },
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_hashed() {
+        let (a, pa, ha) = generate_key();
+        let (b, _, hb) = generate_key();
+        assert_ne!(a, b);
+        assert_ne!(ha, hb);
+        assert!(a.starts_with(KEY_PREFIX) && a.len() == 4 + 43, "{a}");
+        assert!(a.starts_with(&pa));
+        assert_eq!(hash_key(&a), ha);
+    }
+
+    #[test]
+    fn key_ids_round_trip() {
+        let id = Uuid::new_v4();
+        assert_eq!(parse_key_id(&key_text_id(id)), Some(id));
+        assert_eq!(parse_key_id("key_xyz"), None);
+        assert_eq!(parse_key_id(&id.to_string()), None);
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,343 @@
+//! The Prometheus registry served at `/metrics`: the API's own metrics, and
+//! those of the pipeline stages running in the same process.
+//!
+//! ```text
+//!  API middleware ──▶ requests, durations
+//!  pipeline (walhook run) ──▶ PipelineMetrics: attempt outcomes by class,
+//!                              first-attempt latency, capture lag (fed as they happen)
+//!                         └─▶ collectors registered by the binary (its atomic counters,
+//!                              read at scrape time)
+//!  /metrics scrape ──SQL──▶ gauges no one process can count: pending deliveries, the
+//!                              oldest one's age, circuits, capture checkpoints
+//! ```
+//!
+//! Names are the constants of [`names`]; counters get `_total` when encoded.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use walhook_sql::Platform;
+
+use crate::ApiState;
+
+/// Metric names.
+pub mod names {
+    /// API requests by method, route and status (counter).
+    pub const API_REQUESTS: &str = "walhook_api_requests";
+    /// API request durations by route (histogram, seconds).
+    pub const API_REQUEST_DURATION: &str = "walhook_api_request_duration_seconds";
+    /// Transactions capture read (counter).
+    pub const CAPTURE_TRANSACTIONS: &str = "walhook_capture_transactions";
+    /// Row changes capture read (counter).
+    pub const CAPTURE_CHANGES: &str = "walhook_capture_changes";
+    /// Events capture made (counter).
+    pub const CAPTURE_EVENTS: &str = "walhook_capture_events";
+    /// Capture incidents (counter).
+    pub const CAPTURE_INCIDENTS: &str = "walhook_capture_incidents";
+    /// Seconds from commit to capture reading the last transaction (gauge).
+    pub const CAPTURE_LAG: &str = "walhook_capture_lag_seconds";
+    /// WAL the replication slot retains, bytes (gauge).
+    pub const CAPTURE_SLOT_LAG: &str = "walhook_capture_slot_lag_bytes";
+    /// Seconds since a source's checkpoint moved, by source (gauge, SQL).
+    pub const CAPTURE_CHECKPOINT_AGE: &str = "walhook_capture_checkpoint_age_seconds";
+    /// Events fan-out processed (counter).
+    pub const FANOUT_EVENTS: &str = "walhook_fanout_events";
+    /// Deliveries fan-out made (counter).
+    pub const FANOUT_DELIVERIES: &str = "walhook_fanout_deliveries";
+    /// Attempts by outcome and error class (counter).
+    pub const DISPATCH_ATTEMPTS: &str = "walhook_dispatch_attempts";
+    /// Seconds from commit to the first attempt's start (histogram).
+    pub const DISPATCH_FIRST_ATTEMPT_LATENCY: &str =
+        "walhook_dispatch_first_attempt_latency_seconds";
+    /// Deliveries that succeeded (counter).
+    pub const DISPATCH_SUCCEEDED: &str = "walhook_dispatch_deliveries_succeeded";
+    /// Deliveries that failed or ran out of retries (counter).
+    pub const DISPATCH_FAILED: &str = "walhook_dispatch_deliveries_failed";
+    /// Results not recorded because the lease moved on (counter).
+    pub const DISPATCH_STALE: &str = "walhook_dispatch_stale_results";
+    /// Pending deliveries (gauge, SQL).
+    pub const DELIVERIES_PENDING: &str = "walhook_deliveries_pending";
+    /// Age of the oldest pending delivery, seconds (gauge, SQL).
+    pub const DELIVERIES_OLDEST_PENDING_AGE: &str = "walhook_deliveries_oldest_pending_age_seconds";
+    /// Pending deliveries due but held by no dispatcher (gauge, SQL).
+    pub const DELIVERIES_OVERDUE_UNLEASED: &str = "walhook_deliveries_overdue_unleased";
+    /// Endpoints per circuit state (gauge, SQL).
+    pub const ENDPOINT_CIRCUITS: &str = "walhook_endpoint_circuits";
+    /// 1 when the last scrape could read the platform database (gauge).
+    pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
+}
+
+/// Labels of API requests.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The method.
+    pub method: String,
+    /// The route template (`/v1/webhook-endpoints/{id}`), never the raw
+    /// path, so ids do not explode the label set.
+    pub route: String,
+    /// The status code.
+    pub status: u16,
+}
+
+/// Labels of durations.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route template.
+    pub route: String,
+}
+
+/// Labels of attempts.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `succeeded`, `retryable`, `rejected`, `gone`.
+    pub outcome: String,
+    /// The error class (`http_5xx`, `timeout`, …), `none` on success.
+    pub class: String,
+}
+
+/// A label with one value.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NameLabel {
+    /// The value (a circuit state, a source name).
+    pub name: String,
+}
+
+/// What the pipeline feeds as it works.
+#[derive(Debug)]
+pub struct PipelineMetrics {
+    /// Attempts by outcome and class.
+    pub attempts: Family<AttemptLabels, Counter>,
+    /// Commit to first attempt, seconds.
+    pub first_attempt_latency: Histogram,
+    /// Commit to capture, seconds, for the last transaction read.
+    pub capture_lag: Gauge<f64, AtomicU64>,
+    /// WAL the slot retains, bytes.
+    pub slot_lag_bytes: Gauge,
+}
+
+impl Default for PipelineMetrics {
+    fn default() -> Self {
+        PipelineMetrics {
+            attempts: Family::default(),
+            // 5 ms to about 82 s: the SLO is 10 s at the 99th percentile.
+            first_attempt_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+            capture_lag: Gauge::default(),
+            slot_lag_bytes: Gauge::default(),
+        }
+    }
+}
+
+impl PipelineMetrics {
+    /// Counts one attempt.
+    pub fn attempt(&self, outcome: &str, class: Option<&str>) {
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                outcome: outcome.to_owned(),
+                class: class.unwrap_or("none").to_owned(),
+            })
+            .inc();
+    }
+}
+
+#[derive(Debug, Default)]
+struct SqlGauges {
+    pending: Gauge,
+    oldest_pending_age: Gauge<f64, AtomicU64>,
+    overdue_unleased: Gauge,
+    circuits: Family<NameLabel, Gauge>,
+    checkpoint_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
+    database_up: Gauge,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn request_histogram() -> Histogram {
+    // 1 ms to about 8 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
+#[derive(Debug)]
+struct ApiMetrics {
+    requests: Family<RequestLabels, Counter>,
+    durations: HistogramFamily<RouteLabels>,
+}
+
+/// The registry and the metrics in it.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    api: ApiMetrics,
+    /// Fed by the pipeline in this process.
+    pub pipeline: Arc<PipelineMetrics>,
+    sql: Arc<SqlGauges>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with the API's, the pipeline's and the SQL gauges.
+    pub fn new() -> Self {
+        use names::*;
+        let mut registry = Registry::default();
+        let api = ApiMetrics {
+            requests: Family::default(),
+            durations: Family::new_with_constructor(request_histogram),
+        };
+        registry.register(
+            API_REQUESTS,
+            "API requests by method, route and status",
+            api.requests.clone(),
+        );
+        registry.register(
+            API_REQUEST_DURATION,
+            "API request durations by route",
+            api.durations.clone(),
+        );
+        let pipeline = Arc::new(PipelineMetrics::default());
+        registry.register(
+            DISPATCH_ATTEMPTS,
+            "Attempts by outcome and error class",
+            pipeline.attempts.clone(),
+        );
+        registry.register(
+            DISPATCH_FIRST_ATTEMPT_LATENCY,
+            "Seconds from the event's commit to the start of its delivery's first attempt",
+            pipeline.first_attempt_latency.clone(),
+        );
+        registry.register(
+            CAPTURE_LAG,
+            "Seconds from commit to capture for the last transaction read",
+            pipeline.capture_lag.clone(),
+        );
+        registry.register(
+            CAPTURE_SLOT_LAG,
+            "WAL the replication slot retains, in bytes",
+            pipeline.slot_lag_bytes.clone(),
+        );
+        let sql = Arc::new(SqlGauges::default());
+        registry.register(
+            DELIVERIES_PENDING,
+            "Pending deliveries",
+            sql.pending.clone(),
+        );
+        registry.register(
+            DELIVERIES_OLDEST_PENDING_AGE,
+            "Age of the oldest pending delivery in seconds (0 when none)",
+            sql.oldest_pending_age.clone(),
+        );
+        registry.register(
+            DELIVERIES_OVERDUE_UNLEASED,
+            "Pending deliveries that are due and held by no dispatcher",
+            sql.overdue_unleased.clone(),
+        );
+        registry.register(
+            ENDPOINT_CIRCUITS,
+            "Endpoints per circuit state",
+            sql.circuits.clone(),
+        );
+        registry.register(
+            CAPTURE_CHECKPOINT_AGE,
+            "Seconds since a capture source's checkpoint last moved",
+            sql.checkpoint_age.clone(),
+        );
+        registry.register(
+            METRICS_DATABASE_UP,
+            "1 when the last scrape could read the platform database",
+            sql.database_up.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            api,
+            pipeline,
+            sql,
+        }
+    }
+
+    /// Adds a collector read at every scrape (the binary registers one over
+    /// the pipeline's atomic counters).
+    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+        self.registry.lock().register_collector(collector);
+    }
+
+    /// Reads the SQL gauges (when a platform is given), then encodes every
+    /// metric in the text exposition format.
+    pub async fn render(&self, platform: Option<&Platform>) -> String {
+        if let Some(platform) = platform {
+            match platform.pipeline_gauges().await {
+                Ok(g) => {
+                    self.sql.pending.set(g.pending);
+                    self.sql.oldest_pending_age.set(g.oldest_pending_age_secs);
+                    self.sql.overdue_unleased.set(g.overdue_unleased);
+                    self.sql.circuits.clear();
+                    for (state, n) in g.circuits {
+                        self.sql
+                            .circuits
+                            .get_or_create(&NameLabel { name: state })
+                            .set(n);
+                    }
+                    self.sql.checkpoint_age.clear();
+                    for (source, _, age) in g.capture {
+                        self.sql
+                            .checkpoint_age
+                            .get_or_create(&NameLabel { name: source })
+                            .set(age);
+                    }
+                    self.sql.database_up.set(1);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: cannot read the platform database");
+                    self.sql.database_up.set(0);
+                }
+            }
+        }
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
+            tracing::error!(error = %e, "metrics: cannot encode");
+        }
+        out
+    }
+}
+
+/// Middleware counting requests and timing them by route.
+pub async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let m = &state.metrics.api;
+    m.requests
+        .get_or_create(&RequestLabels {
+            method,
+            route: route.clone(),
+            status: response.status().as_u16(),
+        })
+        .inc();
+    m.durations
+        .get_or_create(&RouteLabels { route })
+        .observe(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,248 @@
+//! Endpoint bodies.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use walhook_sql::endpoint_admin::{EndpointRecord, EndpointVersionRecord};
+
+use super::{double_option, ts};
+
+/// The longest URL accepted.
+pub const MAX_URL_LEN: usize = 2048;
+/// The longest description accepted (characters).
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+/// The most event types one endpoint may subscribe to.
+pub const MAX_EVENT_TYPES: usize = 256;
+/// The highest rate limit (requests per second).
+pub const MAX_RATE_LIMIT: u32 = 100_000;
+/// The highest in-flight cap.
+pub const MAX_IN_FLIGHT: u32 = 1_000;
+
+fn yes() -> bool {
+    true
+}
+
+/// A new endpoint.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    /// Where deliveries go: `https://` on an approved port, a public host;
+    /// no user name or password.
+    #[schema(example = "https://hooks.example.com/walhook", max_length = 2048)]
+    pub url: String,
+    /// A description for people.
+    #[serde(default)]
+    #[schema(max_length = 1024)]
+    pub description: String,
+    /// Subscribed event types from the catalog (`GET /v1/event-types`);
+    /// empty means every type.
+    #[serde(default)]
+    #[schema(max_items = 256, example = json!(["invoice.paid"]))]
+    pub event_types: Vec<String>,
+    /// Requests per second at most; absent or null for no limit.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub rate_limit_per_sec: Option<u32>,
+    /// Concurrent requests at most; absent or null for the dispatcher's
+    /// default.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_in_flight: Option<u32>,
+    /// Whether it receives deliveries (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+/// A change to an endpoint: absent fields stay as they are. Every change
+/// makes a new config version.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchEndpoint {
+    /// A new URL (checked like at creation).
+    #[schema(max_length = 2048)]
+    pub url: Option<String>,
+    /// A new description.
+    #[schema(max_length = 1024)]
+    pub description: Option<String>,
+    /// New subscriptions (replacing the old; empty means every type).
+    #[schema(max_items = 256)]
+    pub event_types: Option<Vec<String>>,
+    /// Enable or disable (disabled endpoints get no new deliveries; pending
+    /// ones wait).
+    pub enabled: Option<bool>,
+    /// A new rate limit; null removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    pub rate_limit_per_sec: Option<Option<u32>>,
+    /// A new in-flight cap; null removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub max_in_flight: Option<Option<u32>>,
+}
+
+/// An endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Endpoint {
+    /// Its id (`ep_…`).
+    pub id: String,
+    /// Where deliveries go.
+    pub url: String,
+    /// A description.
+    pub description: String,
+    /// Subscribed types; empty means every type.
+    pub event_types: Vec<String>,
+    /// Whether it gets new deliveries.
+    pub enabled: bool,
+    /// Why it is disabled.
+    pub disabled_reason: Option<String>,
+    /// Requests per second at most.
+    pub rate_limit_per_sec: Option<i32>,
+    /// Concurrent requests at most.
+    pub max_in_flight: Option<i32>,
+    /// The current config version (deliveries record the one they were
+    /// made with).
+    pub config_version: i32,
+    /// The current signing secret's version.
+    pub secret_version: i32,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<EndpointRecord> for Endpoint {
+    fn from(r: EndpointRecord) -> Self {
+        Endpoint {
+            id: r.id.to_string(),
+            url: r.url,
+            description: r.description,
+            event_types: r.event_types,
+            enabled: r.enabled,
+            disabled_reason: r.disabled_reason,
+            rate_limit_per_sec: r.rate_limit_per_sec,
+            max_in_flight: r.max_in_flight,
+            config_version: r.config_version,
+            secret_version: r.secret_version,
+            created_at: ts(r.created_at),
+            updated_at: ts(r.updated_at),
+        }
+    }
+}
+
+/// A new endpoint and its signing secret, shown only this once.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedEndpoint {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// The signing secret (`whsec_…`): verify webhooks with it.
+    pub secret: String,
+}
+
+/// A page of endpoints, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EndpointPage {
+    /// The endpoints.
+    pub data: Vec<Endpoint>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One config version of an endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EndpointVersion {
+    /// The version.
+    pub version: i32,
+    /// The URL.
+    pub url: String,
+    /// The description.
+    pub description: String,
+    /// The subscriptions.
+    pub event_types: Vec<String>,
+    /// Enabled or not.
+    pub enabled: bool,
+    /// The rate limit.
+    pub rate_limit_per_sec: Option<i32>,
+    /// The in-flight cap.
+    pub max_in_flight: Option<i32>,
+    /// When this version was made.
+    pub changed_at: DateTime<Utc>,
+    /// Who made it.
+    pub changed_by: String,
+}
+
+impl From<EndpointVersionRecord> for EndpointVersion {
+    fn from(r: EndpointVersionRecord) -> Self {
+        EndpointVersion {
+            version: r.version,
+            url: r.url,
+            description: r.description,
+            event_types: r.event_types,
+            enabled: r.enabled,
+            rate_limit_per_sec: r.rate_limit_per_sec,
+            max_in_flight: r.max_in_flight,
+            changed_at: ts(r.changed_at),
+            changed_by: r.changed_by,
+        }
+    }
+}
+
+/// Every config version of an endpoint, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EndpointVersionList {
+    /// The versions.
+    pub data: Vec<EndpointVersion>,
+}
+
+/// A secret rotation.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// How long the previous secrets keep signing, in seconds (default
+    /// 86400, at most 604800; 0 retires them at once, for a leaked secret).
+    #[schema(minimum = 0, maximum = 604800)]
+    pub overlap_seconds: Option<u64>,
+}
+
+/// A new signing secret, shown only this once.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RotatedSecret {
+    /// The new secret (`whsec_…`).
+    pub secret: String,
+    /// Its version.
+    pub secret_version: i32,
+    /// Until when the previous secrets also sign (each request carries one
+    /// signature per active secret).
+    pub previous_secrets_expire_at: DateTime<Utc>,
+}
+
+/// Replay the failures of an endpoint.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverEndpoint {
+    /// Deliveries made at or after this time.
+    pub since: DateTime<Utc>,
+    /// And before this time (default: now).
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// What a recovery asked for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RecoverAccepted {
+    /// Failed or exhausted deliveries that will get a manual attempt
+    /// (those with one already queued are not counted again).
+    pub replay_request_count: i64,
+    /// The window's start.
+    pub since: DateTime<Utc>,
+    /// The window's end, when given.
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// A test event on its way.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TestAccepted {
+    /// The `webhook.test` event (`evt_…`).
+    pub event_id: String,
+    /// Its delivery (`dlv_…`, the `webhook-id` the endpoint receives).
+    pub delivery_id: String,
+}

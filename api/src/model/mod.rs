@@ -1,0 +1,98 @@
+//! The API's request and response bodies, with their OpenAPI schemas.
+//!
+//! Request bodies deny unknown fields (a typo is a 422 naming it, not a
+//! silently ignored setting). Times are RFC 3339 in UTC; ids are the
+//! prefixed text forms (`ep_…`, `dlv_…`, `evt_…`, `att_…`, `key_…`).
+
+pub mod deliveries;
+pub mod endpoints;
+pub mod tenants;
+
+use std::time::SystemTime;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
+
+/// A stored time as an RFC 3339 UTC value.
+pub fn ts(t: SystemTime) -> DateTime<Utc> {
+    DateTime::<Utc>::from(t)
+}
+
+/// Lower-case hex of bytes (digests).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// For `PATCH` fields that may be removed: absent leaves the value, `null`
+/// removes it, a value sets it.
+pub fn double_option<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// An event type of the catalog.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventType {
+    /// Its name, e.g. `invoice.paid`.
+    pub name: String,
+    /// The current version of its payload schema.
+    pub schema_version: i32,
+    /// What produces it: a capture source's name, or `walhook.api` for
+    /// `webhook.test`.
+    pub source: String,
+    /// A description.
+    pub description: String,
+    /// When the catalog entry last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The event-type catalog.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventTypeList {
+    /// Every type, by name.
+    pub data: Vec<EventType>,
+}
+
+/// One audit record: who changed what, and when.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditEntry {
+    /// Its id (grows with time).
+    pub id: i64,
+    /// The tenant it concerns.
+    pub tenant_id: Option<String>,
+    /// Who: `operator` or `api_key:key_…`.
+    pub actor: String,
+    /// What, e.g. `endpoint.created`, `endpoint.updated`,
+    /// `endpoint.disabled`, `endpoint.deleted`, `endpoint.secret_rotated`,
+    /// `endpoint.recovered`, `endpoint.test_sent`,
+    /// `delivery.replay_requested`, `tenant.created`, `api_key.created`,
+    /// `api_key.revoked`.
+    pub action: String,
+    /// On what: an endpoint, delivery, tenant or key id.
+    pub target: Option<String>,
+    /// Details: config version, changed fields, overlap, counts.
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A page of audit records, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditPage {
+    /// The records.
+    pub data: Vec<AuditEntry>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// What `/healthz` and `/readyz` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or what is wrong.
+    pub status: String,
+}

@@ -1,0 +1,127 @@
+//! Tenant and API key bodies (operator routes).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use walhook_sql::tenants::{ApiKeyRecord, TenantRecord};
+
+use super::ts;
+use crate::auth::key_text_id;
+
+/// The longest tenant or key name accepted (characters).
+pub const MAX_NAME_LEN: usize = 256;
+
+/// A new tenant.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    /// Its id: the value of the capture rules' tenant column (1 to 128
+    /// characters, no control characters).
+    #[schema(min_length = 1, max_length = 128, example = "acme")]
+    pub id: String,
+    /// A name for people (default: the id).
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub name: Option<String>,
+    /// Its share of dispatch capacity, 1 to 1000 (default 1).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub weight: Option<i32>,
+}
+
+/// A tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Tenant {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its share of dispatch capacity.
+    pub weight: i32,
+    /// When it was registered.
+    pub created_at: DateTime<Utc>,
+    /// When it was disabled.
+    pub disabled_at: Option<DateTime<Utc>>,
+}
+
+impl From<TenantRecord> for Tenant {
+    fn from(r: TenantRecord) -> Self {
+        Tenant {
+            id: r.id.to_string(),
+            name: r.name,
+            weight: r.weight,
+            created_at: ts(r.created_at),
+            disabled_at: r.disabled_at.map(ts),
+        }
+    }
+}
+
+/// A page of tenants, by id.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantPage {
+    /// The tenants.
+    pub data: Vec<Tenant>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A new API key.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKey {
+    /// A name for people (where the key is used).
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub name: String,
+}
+
+/// An API key (never the key itself after it was issued).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKey {
+    /// Its id (`key_…`).
+    pub id: String,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// Its name.
+    pub name: String,
+    /// The key's first characters, to tell keys apart.
+    pub prefix: String,
+    /// When it was issued.
+    pub created_at: DateTime<Utc>,
+    /// Who issued it.
+    pub created_by: String,
+    /// When it was revoked.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl From<ApiKeyRecord> for ApiKey {
+    fn from(r: ApiKeyRecord) -> Self {
+        ApiKey {
+            id: key_text_id(r.id),
+            tenant_id: r.tenant_id.to_string(),
+            name: r.name,
+            prefix: r.prefix,
+            created_at: ts(r.created_at),
+            created_by: r.created_by,
+            revoked_at: r.revoked_at.map(ts),
+        }
+    }
+}
+
+/// A new API key and the key itself, shown only this once.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedApiKey {
+    /// The key's record.
+    pub api_key: ApiKey,
+    /// The key (`whk_…`): send it as `Authorization: Bearer <key>`. Absent
+    /// when this response is an idempotent replay: keys are shown once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A tenant's API keys, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyList {
+    /// The keys (revoked ones included).
+    pub data: Vec<ApiKey>,
+}

@@ -1,0 +1,207 @@
+//! Tenant routes: delivery history and replays.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use walhook_pipeline::delivery::DeliveryStatus;
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{DeliveryId, EndpointId};
+use walhook_sql::deliveries::{DeliveryFilter, ReplayOutcome};
+
+use super::validate;
+use crate::auth::TenantCaller;
+use crate::error::{ApiError, ErrorResponses};
+use crate::extract::{IdempotencyKey, JsonBody, PathParams, QueryParams};
+use crate::idempotency::{self, Reply};
+use crate::model::deliveries::*;
+use crate::routes::endpoints::Empty;
+use crate::{ApiState, cursor};
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no delivery {id:?}"))
+}
+
+fn delivery_id(text: &str) -> Result<DeliveryId, ApiError> {
+    text.parse().map_err(|_| not_found(text))
+}
+
+/// The filters, checked, and their canonical text (bound into cursors).
+fn filter(q: &DeliveryQuery, caller: &TenantCaller) -> Result<(DeliveryFilter, String), ApiError> {
+    let endpoint = match &q.endpoint_id {
+        Some(text) => Some(text.parse::<EndpointId>().map_err(|_| {
+            ApiError::field(
+                "query.endpoint_id",
+                format!("{text:?} is not an endpoint id (ep_…)"),
+            )
+        })?),
+        None => None,
+    };
+    let event_type = match &q.event_type {
+        Some(t) => Some(
+            EventType::new(t)
+                .map_err(|_| {
+                    ApiError::field(
+                        "query.event_type",
+                        format!("{t:?} is not an event type name"),
+                    )
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let status = match &q.status {
+        Some(s) => Some(DeliveryStatus::parse(s).ok_or_else(|| {
+            ApiError::field(
+                "query.status",
+                format!(
+                    "{s:?} is not a status; give pending, succeeded, failed, exhausted or cancelled"
+                ),
+            )
+        })?),
+        None => None,
+    };
+    let since = validate::time("query.since", q.since.as_deref())?;
+    let until = validate::time("query.until", q.until.as_deref())?;
+    let limit = validate::limit(q.limit.as_deref(), 50, 250)?;
+    let canonical = format!(
+        "endpoint={:?}&type={:?}&status={:?}&since={:?}&until={:?}",
+        endpoint.map(|e| e.to_string()),
+        event_type,
+        status.map(DeliveryStatus::as_str),
+        since,
+        until
+    );
+    let before = match &q.cursor {
+        Some(c) => Some(cursor::parse_keyset(&cursor::decode(
+            c,
+            "deliveries",
+            &canonical,
+        )?)?),
+        None => None,
+    };
+    Ok((
+        DeliveryFilter {
+            tenant: caller.tenant.clone(),
+            endpoint,
+            event_type,
+            status,
+            since,
+            until,
+            before,
+            limit,
+        },
+        canonical,
+    ))
+}
+
+/// Lists the tenant's deliveries, newest first, with a stable cursor.
+#[utoipa::path(get, path = "/v1/webhook-deliveries", tag = "deliveries", params(DeliveryQuery),
+    responses((status = 200, description = "A page of deliveries", body = DeliveryPage), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn list_deliveries(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    QueryParams(q): QueryParams<DeliveryQuery>,
+) -> Result<Response, ApiError> {
+    let (mut f, canonical) = filter(&q, &caller)?;
+    let limit = f.limit;
+    f.limit = limit + 1;
+    let mut rows = state.platform.list_deliveries(&f).await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next_cursor = more
+        .then(|| {
+            rows.last().map(|d| {
+                let uuid = uuid::Uuid::from_bytes(d.id.0);
+                cursor::encode(
+                    "deliveries",
+                    &canonical,
+                    &cursor::keyset(d.created_at, uuid),
+                )
+            })
+        })
+        .flatten();
+    Ok(axum::Json(DeliveryPage {
+        data: rows.into_iter().map(Delivery::from).collect(),
+        next_cursor,
+    })
+    .into_response())
+}
+
+/// One delivery with its event (the exact body) and every attempt.
+#[utoipa::path(get, path = "/v1/webhook-deliveries/{delivery_id}", tag = "deliveries",
+    params(("delivery_id" = String, Path, description = "The delivery (`dlv_…`)")),
+    responses((status = 200, description = "The delivery", body = DeliveryDetail), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn get_delivery(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+) -> Result<Response, ApiError> {
+    let did = delivery_id(&id)?;
+    let delivery = state
+        .platform
+        .delivery_of_tenant(&caller.tenant, did)
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    let event = state.platform.event_of(&delivery).await?.ok_or_else(|| {
+        // Hot history is archived by day; the event's partition is gone.
+        ApiError::NotFound(format!(
+            "the event of delivery {did} is no longer in the hot store (archived)"
+        ))
+    })?;
+    let attempts = state.platform.attempts_of(did).await?;
+    Ok(axum::Json(DeliveryDetail {
+        delivery: delivery.into(),
+        event: event.into(),
+        attempts: attempts.into_iter().map(Attempt::from).collect(),
+    })
+    .into_response())
+}
+
+/// Asks for a new manual attempt of a delivery: same `webhook-id`, same
+/// bytes, signed with the endpoint's current secrets.
+#[utoipa::path(post, path = "/v1/webhook-deliveries/{delivery_id}/replay", tag = "deliveries",
+    params(("delivery_id" = String, Path, description = "The delivery (`dlv_…`)"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
+    request_body(content = Empty, description = "Optional; `{}` or nothing"),
+    responses((status = 202, description = "The replay is queued", body = ReplayAccepted), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn replay_delivery(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+    key: IdempotencyKey,
+    body: JsonBody<Empty>,
+) -> Result<Response, ApiError> {
+    let did = delivery_id(&id)?;
+    let path = format!("POST /v1/webhook-deliveries/{did}/replay");
+    let (s, tenant, actor) = (&state, &caller.tenant, &caller.principal.actor());
+    idempotency::once(
+        s,
+        &caller.principal,
+        &key,
+        &path,
+        &body.raw,
+        || async move {
+            match s
+                .platform
+                .request_replay_of_tenant(tenant, did, actor)
+                .await?
+            {
+                ReplayOutcome::Requested(request) => Ok(Reply::json(
+                    StatusCode::ACCEPTED,
+                    &ReplayAccepted {
+                        replay_request_id: request,
+                        delivery_id: did.to_string(),
+                    },
+                )),
+                ReplayOutcome::NotFound => Err(not_found(&did.to_string())),
+                ReplayOutcome::EndpointDeleted => Err(ApiError::Conflict(format!(
+                    "the endpoint of delivery {did} was deleted; there is nowhere to send it"
+                ))),
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,97 @@
+//! The routes, one module per resource, and the router that mounts them.
+
+pub mod catalog;
+pub mod deliveries;
+pub mod endpoints;
+pub mod ops;
+pub mod tenants;
+pub mod validate;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+
+use crate::ApiState;
+use crate::error::ApiError;
+use crate::extract::MAX_BODY_BYTES;
+
+async fn no_route() -> impl IntoResponse {
+    ApiError::NotFound("no such route; GET /openapi.json lists the routes".into())
+}
+
+async fn no_method() -> impl IntoResponse {
+    let problem = crate::error::Problem {
+        kind: "urn:walhook:problem:method".into(),
+        title: "Method not allowed".into(),
+        status: 405,
+        detail: "this route does not take this method; GET /openapi.json lists the methods".into(),
+        errors: Vec::new(),
+    };
+    crate::error::problem_response(axum::http::StatusCode::METHOD_NOT_ALLOWED, &problem)
+}
+
+/// Every route, with metrics, the body limit and problem-document
+/// fallbacks.
+pub fn router(state: ApiState) -> Router {
+    use deliveries::*;
+    use endpoints::*;
+    use tenants::*;
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi_json))
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{tenant_id}", get(get_tenant))
+        .route(
+            "/v1/tenants/{tenant_id}/api-keys",
+            post(create_api_key).get(list_api_keys),
+        )
+        .route(
+            "/v1/tenants/{tenant_id}/api-keys/{key_id}",
+            axum::routing::delete(revoke_api_key),
+        )
+        .route(
+            "/v1/webhook-endpoints",
+            post(create_endpoint).get(list_endpoints),
+        )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}",
+            get(get_endpoint)
+                .patch(patch_endpoint)
+                .delete(delete_endpoint),
+        )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}/versions",
+            get(endpoint_versions),
+        )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}/rotate-secret",
+            post(rotate_secret),
+        )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}/recover",
+            post(recover_endpoint),
+        )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}/test",
+            post(test_endpoint),
+        )
+        .route("/v1/webhook-deliveries", get(list_deliveries))
+        .route("/v1/webhook-deliveries/{delivery_id}", get(get_delivery))
+        .route(
+            "/v1/webhook-deliveries/{delivery_id}/replay",
+            post(replay_delivery),
+        )
+        .route("/v1/event-types", get(catalog::list_event_types))
+        .route("/v1/audit-log", get(catalog::list_audit))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::track,
+        ))
+        .with_state(state)
+}

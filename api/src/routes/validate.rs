@@ -1,0 +1,218 @@
+//! Checks of request values, each naming the field and the fix. Handlers
+//! run every check before writing anything, so a refused request changes
+//! nothing.
+
+use walhook_connectors::http::policy::{UrlPolicy, check_url};
+use walhook_pipeline::event::EventType;
+use walhook_sql::Platform;
+
+use crate::error::{ApiError, FieldError};
+use crate::model::endpoints::{MAX_EVENT_TYPES, MAX_URL_LEN};
+
+/// Collects field errors, then fails with all of them at once.
+#[derive(Debug, Default)]
+pub struct Checks(Vec<FieldError>);
+
+impl Checks {
+    /// Records `message` for `field`.
+    pub fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Text of at most `max` characters without control characters
+    /// (newlines and tabs allowed when `multiline`).
+    pub fn text(&mut self, field: &str, value: &str, max: usize, multiline: bool) {
+        let n = value.chars().count();
+        if n > max {
+            self.fail(
+                field,
+                format!("has {n} characters; at most {max} are allowed"),
+            );
+        }
+        if value
+            .chars()
+            .any(|c| c.is_control() && !(multiline && matches!(c, '\n' | '\t' | '\r')))
+        {
+            self.fail(field, "contains control characters; remove them");
+        }
+    }
+
+    /// An endpoint URL, against the egress policy; returns the URL as it
+    /// will be stored (re-serialised by the WHATWG parser).
+    pub fn url(&mut self, field: &str, value: &str, policy: &UrlPolicy) -> Option<String> {
+        if value.len() > MAX_URL_LEN {
+            self.fail(
+                field,
+                format!(
+                    "has {} bytes; at most {MAX_URL_LEN} are allowed",
+                    value.len()
+                ),
+            );
+            return None;
+        }
+        match check_url(value, policy) {
+            Ok(vetted) => Some(vetted.url.to_string()),
+            Err(refusal) => {
+                self.fail(
+                    field,
+                    format!("{} (refused: {})", refusal.detail, refusal.reason.as_str()),
+                );
+                None
+            }
+        }
+    }
+
+    /// Event type names: well-formed, no repeats, at most
+    /// [`MAX_EVENT_TYPES`]. The catalog check is [`Checks::known_types`].
+    pub fn event_types(&mut self, field: &str, names: &[String]) -> Vec<EventType> {
+        if names.len() > MAX_EVENT_TYPES {
+            self.fail(
+                field,
+                format!(
+                    "lists {} types; at most {MAX_EVENT_TYPES} are allowed",
+                    names.len()
+                ),
+            );
+            return Vec::new();
+        }
+        let mut out: Vec<EventType> = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            match EventType::new(name) {
+                Ok(t) if out.contains(&t) => {
+                    self.fail(format!("{field}[{i}]"), format!("{name:?} is listed twice"));
+                }
+                Ok(t) => out.push(t),
+                Err(_) => self.fail(
+                    format!("{field}[{i}]"),
+                    format!(
+                        "{name:?} is not an event type name (a letter, then letters, digits, '.', '_' or '-'; at most 128)"
+                    ),
+                ),
+            }
+        }
+        out
+    }
+
+    /// Fails the types missing from the catalog.
+    pub async fn known_types(
+        &mut self,
+        platform: &Platform,
+        field: &str,
+        types: &[EventType],
+    ) -> Result<(), ApiError> {
+        let names: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+        let unknown = platform.unknown_event_types(&names).await?;
+        for (i, name) in names.iter().enumerate() {
+            if unknown.contains(name) {
+                self.fail(
+                    format!("{field}[{i}]"),
+                    format!("{name:?} is not in the event-type catalog; GET /v1/event-types lists the types"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// An integer in `min..=max`.
+    pub fn range(&mut self, field: &str, value: Option<u32>, min: u32, max: u32) {
+        if let Some(v) = value
+            && !(min..=max).contains(&v)
+        {
+            self.fail(field, format!("is {v}; give {min} to {max}"));
+        }
+    }
+
+    /// Ok when nothing failed.
+    pub fn finish(self) -> Result<(), ApiError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::fields(self.0))
+        }
+    }
+}
+
+/// The page size: 1 to `max`, `default` when absent.
+pub fn limit(value: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
+    let Some(text) = value else {
+        return Ok(default);
+    };
+    match text.trim().parse::<i64>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(ApiError::field(
+            "query.limit",
+            format!("is {text:?}; give a whole number from 1 to {max}"),
+        )),
+    }
+}
+
+/// An RFC 3339 time in a query parameter.
+pub fn time(field: &str, value: Option<&str>) -> Result<Option<std::time::SystemTime>, ApiError> {
+    let Some(text) = value else {
+        return Ok(None);
+    };
+    chrono::DateTime::parse_from_rfc3339(text.trim())
+        .map(|t| Some(std::time::SystemTime::from(t)))
+        .map_err(|e| {
+            ApiError::field(
+                field,
+                format!("{text:?} is not an RFC 3339 time ({e}); write e.g. 2026-11-29T10:00:00Z"),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_against_the_policy() {
+        let policy = UrlPolicy::default();
+        let mut c = Checks::default();
+        assert_eq!(
+            c.url("url", "https://hooks.example.com/x", &policy)
+                .as_deref(),
+            Some("https://hooks.example.com/x")
+        );
+        assert!(c.url("url", "http://10.0.0.1/x", &policy).is_none());
+        assert!(c.url("url", "https://169.254.169.254/", &policy).is_none());
+        assert!(c.url("url", "not a url", &policy).is_none());
+        let e = c.finish().unwrap_err().problem();
+        assert_eq!(e.errors.len(), 3);
+        assert!(e.errors.iter().all(|f| f.field == "url"));
+    }
+
+    #[test]
+    fn event_types_are_named_by_index() {
+        let mut c = Checks::default();
+        let ok = c.event_types(
+            "event_types",
+            &[
+                "invoice.paid".into(),
+                "bad type".into(),
+                "invoice.paid".into(),
+            ],
+        );
+        assert_eq!(ok.len(), 1);
+        let e = c.finish().unwrap_err().problem();
+        let fields: Vec<&str> = e.errors.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, vec!["event_types[1]", "event_types[2]"]);
+    }
+
+    #[test]
+    fn limits_and_times() {
+        assert_eq!(limit(None, 50, 250).unwrap(), 50);
+        assert_eq!(limit(Some("250"), 50, 250).unwrap(), 250);
+        assert!(limit(Some("0"), 50, 250).is_err());
+        assert!(limit(Some("x"), 50, 250).is_err());
+        assert!(
+            time("query.since", Some("2026-11-29T10:00:00Z"))
+                .unwrap()
+                .is_some()
+        );
+        assert!(time("query.since", Some("yesterday")).is_err());
+    }
+}

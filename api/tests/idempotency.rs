@@ -1,0 +1,69 @@
+//! `Idempotency-Key`: a retried POST does its work once and gets the same
+//! answer; the same key with another body is refused.
+
+use serde_json::{Value, json};
+
+use crate::support::{Answer, Api, OPERATOR};
+
+async fn post_with_key(api: &Api, token: &str, path: &str, key: &str, body: Value) -> Answer {
+    Api::answer(
+        api.http
+            .post(format!("{}{path}", api.base))
+            .bearer_auth(token)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_retried_post_runs_once() {
+    let api = Api::start().await;
+    let key = api.tenant("acme").await;
+    let body = json!({"url": "https://hooks.example.com/a", "event_types": ["invoice.paid"]});
+    let first = post_with_key(&api, &key, "/v1/webhook-endpoints", "k-1", body.clone()).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = post_with_key(&api, &key, "/v1/webhook-endpoints", "k-1", body.clone()).await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.body, first.body, "the replay differs");
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(api.count("SELECT count(*) FROM walhook.endpoints").await, 1);
+
+    // The same key with another body: refused, naming the header.
+    let other = json!({"url": "https://hooks.example.com/b"});
+    let clash = post_with_key(&api, &key, "/v1/webhook-endpoints", "k-1", other.clone()).await;
+    clash.problem(422);
+    assert_eq!(clash.field(), "header.Idempotency-Key");
+    assert_eq!(api.count("SELECT count(*) FROM walhook.endpoints").await, 1);
+
+    // Keys are per caller: another tenant may use the same one.
+    let globex = api.tenant("globex").await;
+    let theirs = post_with_key(&api, &globex, "/v1/webhook-endpoints", "k-1", body.clone()).await;
+    assert_eq!(theirs.status, 201);
+    assert_ne!(theirs.body["endpoint"]["id"], first.body["endpoint"]["id"]);
+
+    // A refusal of the work is stored like a success.
+    let taken = json!({"id": "acme"});
+    let refused = post_with_key(&api, OPERATOR, "/v1/tenants", "t-1", taken.clone()).await;
+    refused.problem(409);
+    let refused_again = post_with_key(&api, OPERATOR, "/v1/tenants", "t-1", taken).await;
+    refused_again.problem(409);
+    assert_eq!(refused_again.headers["idempotent-replayed"], "true");
+
+    // An API key is shown once, even to a retry.
+    let path = "/v1/tenants/acme/api-keys";
+    let issued = post_with_key(&api, OPERATOR, path, "key-1", json!({"name": "ci"})).await;
+    assert!(issued.body["key"].as_str().is_some(), "{issued:?}");
+    let replayed = post_with_key(&api, OPERATOR, path, "key-1", json!({"name": "ci"})).await;
+    assert_eq!(replayed.status, 201);
+    assert_eq!(replayed.body["api_key"], issued.body["api_key"]);
+    assert!(replayed.body.get("key").is_none(), "{replayed:?}");
+    assert_eq!(
+        api.count("SELECT count(*) FROM walhook.api_keys WHERE tenant_id = 'acme'")
+            .await,
+        2
+    );
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the API, served in-process against a real Postgres
+//! (one throwaway cluster per test) and called over loopback HTTP.
+
+mod support;
+
+mod errors;
+mod idempotency;
+mod isolation;
+mod listing;
+mod schemathesis;

@@ -1,0 +1,75 @@
+//! `walhook api`: the control-plane REST API alone (also served by
+//! `walhook run` when the config has `[api]`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use walhook_api::{ApiState, Metrics};
+use walhook_sql::Platform;
+
+use crate::config::{ApiConfig, Config};
+
+/// Arguments of `walhook api`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The config file (see walhook.example.toml); needs [platform] and
+    /// [api].
+    #[arg(long, short, env = "WALHOOK_CONFIG")]
+    pub config: PathBuf,
+}
+
+/// The `[api]` section, or an error saying how to add it.
+pub fn section(cfg: &Config) -> anyhow::Result<&ApiConfig> {
+    cfg.api.as_ref().context(
+        "the config has no [api] section: add [api] with listen = \"127.0.0.1:8080\" and set \
+         WALHOOK_API_OPERATOR_TOKEN (see walhook.example.toml)",
+    )
+}
+
+/// Binds `[api].listen` and serves until `shutdown`, in a task.
+pub async fn spawn(
+    cfg: &Config,
+    platform: Platform,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let api = section(cfg)?;
+    let listener = TcpListener::bind(&api.listen).await.with_context(|| {
+        format!(
+            "cannot listen on [api].listen = {:?}; is the port free?",
+            api.listen
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    let state = ApiState {
+        platform,
+        settings: Arc::new(api.settings(cfg)),
+        metrics,
+    };
+    tracing::info!(%addr, "the API is listening");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = walhook_api::serve(listener, state, shutdown).await {
+            tracing::error!(error = %e, "the API stopped");
+        }
+    }))
+}
+
+/// Serves until SIGINT/SIGTERM.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(&args.config)?;
+    section(&cfg)?;
+    let p = cfg.platform()?;
+    let platform = Platform::new(&p.url, p.max_connections)?;
+    platform.check().await.context(
+        "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
+    )?;
+    let shutdown = super::shutdown_on_signals();
+    let task = spawn(&cfg, platform, Arc::new(Metrics::new()), shutdown).await?;
+    task.await.context("the API task panicked")?;
+    tracing::info!("the API stopped");
+    Ok(ExitCode::SUCCESS)
+}

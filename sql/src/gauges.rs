@@ -1,0 +1,62 @@
+//! Pipeline gauges computed from the platform database when metrics are
+//! scraped: what no single process can count (the oldest pending delivery,
+//! circuits, capture checkpoints), read with cheap indexed queries.
+
+use crate::{Platform, StoreError};
+
+/// What a scrape reads.
+#[derive(Debug, Clone, Default)]
+pub struct PipelineGauges {
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Seconds since the oldest pending delivery was made (0 when none).
+    pub oldest_pending_age_secs: f64,
+    /// Pending deliveries due now or earlier that no dispatcher holds.
+    pub overdue_unleased: i64,
+    /// Endpoints per circuit state (`closed`, `open`, `half_open`, …).
+    pub circuits: Vec<(String, i64)>,
+    /// Per capture source: WAL the slot retains (bytes) and seconds since
+    /// the checkpoint last moved.
+    pub capture: Vec<(String, Option<i64>, f64)>,
+}
+
+impl Platform {
+    /// Reads the gauges.
+    pub async fn pipeline_gauges(&self) -> Result<PipelineGauges, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
+                        count(*) FILTER (WHERE next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())) \
+                 FROM walhook.deliveries WHERE status = 'pending'",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read pending deliveries"))?;
+        let circuits = client
+            .query(
+                "SELECT circuit, count(*) FROM walhook.endpoint_health GROUP BY circuit ORDER BY circuit",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read circuits"))?;
+        let capture = client
+            .query(
+                "SELECT source, slot_lag_bytes, extract(epoch FROM now() - updated_at)::float8 \
+                 FROM walhook.capture_checkpoints ORDER BY source",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read capture checkpoints"))?;
+        Ok(PipelineGauges {
+            pending: row.get(0),
+            oldest_pending_age_secs: row.get(1),
+            overdue_unleased: row.get(2),
+            circuits: circuits.iter().map(|r| (r.get(0), r.get(1))).collect(),
+            capture: capture
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        })
+    }
+}
