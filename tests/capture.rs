@@ -178,7 +178,7 @@ async fn migrate_is_idempotent() {
     let first = run(walhook().args(["migrate", "--config"]).arg(&cfg));
     assert!(first.status.success(), "{}", stderr(&first));
     assert!(
-        stdout(&first).contains("applied migrations [1, 2, 3]"),
+        stdout(&first).contains("applied migrations [1, 2, 3, 4]"),
         "{}",
         stdout(&first)
     );
@@ -194,7 +194,7 @@ async fn migrate_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 3);
+    assert_eq!(n, 4);
     // A migration edited after it was applied is refused.
     db.batch_execute("UPDATE walhook.schema_migrations SET checksum = 'x' WHERE version = 1")
         .await

@@ -10,6 +10,8 @@
 //! - [`migrate`]: versioned, idempotent migrations embedded in the binary.
 //! - [`Platform`]: a connection pool and the queries each stage runs; one
 //!   module per stage ([`capture`]).
+//! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
+//!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
 pub mod capture;
 pub mod dispatch;
@@ -17,6 +19,9 @@ pub mod endpoints;
 pub mod fanout;
 pub mod migrate;
 pub mod replay;
+pub mod secrets;
+
+pub use secrets::Keyring;
 
 use std::str::FromStr;
 
@@ -45,6 +50,10 @@ pub enum StoreError {
     /// The schema is older or newer than this binary.
     #[error("{0}")]
     Schema(String),
+    /// A secret could not be sealed or opened (no keyring, an unknown
+    /// master key, an altered row): the operator must act.
+    #[error(transparent)]
+    Secrets(#[from] secrets::SecretsError),
 }
 
 impl StoreError {
@@ -70,10 +79,12 @@ impl StoreError {
     }
 }
 
-/// The platform database: a pool of connections.
+/// The platform database: a pool of connections, and the keyring that
+/// seals and opens endpoint secrets.
 #[derive(Clone)]
 pub struct Platform {
     pool: Pool,
+    keyring: Option<std::sync::Arc<Keyring>>,
     /// Daily partitions known to exist: (table, day since 1970).
     partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
 }
@@ -82,6 +93,10 @@ impl std::fmt::Debug for Platform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Platform")
             .field("status", &self.pool.status())
+            .field(
+                "keyring",
+                &self.keyring.as_ref().map(|k| k.current_id().to_owned()),
+            )
             .finish()
     }
 }
@@ -89,6 +104,10 @@ impl std::fmt::Debug for Platform {
 impl Platform {
     /// A pool of up to `max_connections` connections to `url`. Nothing is
     /// connected until first use; [`Platform::check`] connects at once.
+    ///
+    /// Without [`Platform::with_keyring`], everything that touches endpoint
+    /// secrets (creating an endpoint, rotating or loading secrets) fails
+    /// with [`secrets::SecretsError::NoKeyring`].
     pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
         let cfg =
             tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Url(e.to_string()))?;
@@ -105,8 +124,23 @@ impl Platform {
             .map_err(|e| StoreError::Url(e.to_string()))?;
         Ok(Platform {
             pool,
+            keyring: None,
             partitions: Default::default(),
         })
+    }
+
+    /// The same platform, sealing and opening endpoint secrets with
+    /// `keyring`.
+    pub fn with_keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(std::sync::Arc::new(keyring));
+        self
+    }
+
+    /// The keyring, or the error that says how to configure one.
+    pub fn keyring(&self) -> Result<&Keyring, StoreError> {
+        self.keyring
+            .as_deref()
+            .ok_or(StoreError::Secrets(secrets::SecretsError::NoKeyring))
     }
 
     /// Connects once and checks that the schema is migrated.

@@ -34,6 +34,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "platform",
         sql: include_str!("../migrations/0002_platform.sql"),
     },
+    Migration {
+        version: 3,
+        name: "dispatch",
+        sql: include_str!("../migrations/0003_dispatch.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "secrets",
+        sql: include_str!("../migrations/0004_secrets.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).
