@@ -5,4 +5,5 @@ mod support;
 
 mod capture;
 mod cli;
+mod egress;
 mod pipeline;
