@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property, integration and end-to-end tests
-# against real Postgres clusters and HTTP receivers started by the tests.
+# against real Postgres clusters and HTTP receivers started by the tests, and
+# signatures checked by the official customer libraries (Python).
 # Usage: scripts/test.sh [extra cargo-nextest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,23 +10,37 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 scripts/ensure-postgres.sh
 
-# Python tools the tests run (schemathesis), in a virtualenv of their own;
-# reinstalled only when tests/python-requirements.txt changes. A failed
-# install does not stop the suite: the tests that need a tool fail and say
-# how to install it.
-venv="${WALHOOK_VENV:-$HOME/.cache/walhook-venv}"
-requirements=tests/python-requirements.txt
-stamp="$venv/.requirements.sha256"
-wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-  echo "installing $requirements into $venv" >&2
-  if python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"; then
-    echo "$wanted" > "$stamp"
-  else
-    echo "could not install $requirements (the tests that need it will say so)" >&2
+# The PyPI packages `standardwebhooks` and `svix`, in a virtualenv of their
+# own, reinstalled only when tests/python-requirements.txt changes. The
+# end-to-end tests find it through WALHOOK_PYTHON and fail (never skip)
+# without it.
+ensure_python_libs() {
+  local venv="${WALHOOK_VENV:-$HOME/.cache/walhook-venv}"
+  local reqs="tests/python-requirements.txt"
+  local stamp="$venv/.walhook-requirements.sha256"
+  local want
+  want="$(sha256sum "$reqs" | cut -d' ' -f1)"
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "python3 is needed to verify signatures with the official libraries:" >&2
+    echo "  Debian/Ubuntu: sudo apt-get install -y python3 python3-venv" >&2
+    exit 1
   fi
-fi
-export WALHOOK_PYTHON="$venv/bin/python"
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "creating the Python virtualenv $venv" >&2
+    python3 -m venv "$venv" || {
+      echo "cannot create a virtualenv: install python3-venv (Debian/Ubuntu: sudo apt-get install -y python3-venv)" >&2
+      exit 1
+    }
+  fi
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
+     || ! "$venv/bin/python" -c "import standardwebhooks, svix, schemathesis" 2>/dev/null; then
+    echo "installing $reqs into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
+    echo "$want" > "$stamp"
+  fi
+  export WALHOOK_PYTHON="$venv/bin/python"
+}
+ensure_python_libs
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --profile ci "$@"

@@ -24,11 +24,46 @@ fn run_without_a_reachable_platform_database_names_the_fix() {
         "[platform]\nurl = \"postgres://postgres@127.0.0.1:9/walhook\"\n\n[source]\nurl = \"postgres://postgres@127.0.0.1:9/shop\"\n\n\
          [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
     );
-    let out = run(walhook().args(["run", "--config"]).arg(&cfg));
+    let out = run(walhook().args(["run", "--config"]).arg(&cfg).env(
+        "WALHOOK_MASTER_KEY",
+        walhook_sql::secrets::MasterKey::generate_text(),
+    ));
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
         err.contains("[platform].url") && err.contains("walhook migrate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_without_a_master_key_names_the_fix_before_touching_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "[platform]\nurl = \"postgres://postgres@127.0.0.1:9/walhook\"\n\n[source]\nurl = \"postgres://postgres@127.0.0.1:9/shop\"\n\n\
+         [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
+    );
+    let out = run(walhook()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("WALHOOK_MASTER_KEY"));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("master_key_file")
+            && err.contains("WALHOOK_MASTER_KEY")
+            && err.contains("walhook secrets generate-key"),
+        "{err}"
+    );
+    // A key that is not a key is named too, and never echoed.
+    let out = run(walhook()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("WALHOOK_MASTER_KEY", "c2hvcnQ="));
+    let err = stderr(&out);
+    assert!(
+        err.contains("WALHOOK_MASTER_KEY is not a master key") && !err.contains("c2hvcnQ="),
         "{err}"
     );
 }
@@ -70,7 +105,15 @@ fn bad_config_values_are_named() {
 fn help_teaches_the_commands() {
     let out = run(walhook().arg("--help"));
     let help = stdout(&out);
-    for command in ["demo", "run", "migrate", "capture", "bench"] {
+    for command in [
+        "demo",
+        "run",
+        "migrate",
+        "capture",
+        "bench",
+        "check-url",
+        "secrets",
+    ] {
         assert!(
             help.contains(command),
             "{command} missing from --help:\n{help}"

@@ -6,5 +6,6 @@ mod support;
 mod api;
 mod capture;
 mod cli;
+mod egress;
 mod engine;
 mod pipeline;

@@ -78,7 +78,9 @@ impl Api {
         let url = pg.create_database("platform").await.unwrap();
         let mut sql = pg.connect("platform").await.unwrap();
         walhook_sql::migrate::run(&mut sql).await.unwrap();
-        let platform = Platform::new(&url, 8).unwrap();
+        let platform = Platform::new(&url, 8)
+            .unwrap()
+            .with_keyring(walhook_sql::Keyring::ephemeral());
         let types: Vec<(String, u32)> = TYPES.iter().map(|t| (t.to_string(), 1)).collect();
         platform.upsert_event_types("main", &types).await.unwrap();
         let policy = UrlPolicy {

@@ -3,15 +3,19 @@
 //! See `walhook.example.toml` at the repository root for every field with
 //! comments. Environment variables override the file: `WALHOOK_PLATFORM_URL`,
 //! `WALHOOK_SOURCE_URL` and `WALHOOK_API_OPERATOR_TOKEN`, so that passwords
-//! and tokens need not live in the file.
+//! and tokens need not live in the file; `WALHOOK_MASTER_KEY` and
+//! `WALHOOK_OLD_MASTER_KEYS` give master keys (read when the keyring is
+//! built, never kept in [`Config`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use walhook_connectors::http::EgressSettings;
 use walhook_connectors::postgres::{RuleConfig, SourceConfig};
 use walhook_pipeline::dispatch::policy::RetryPolicy;
+use walhook_sql::Keyring;
+use walhook_sql::secrets::MasterKey;
 
 /// The whole config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +48,9 @@ pub struct Config {
     pub egress: EgressSettings,
     /// The control-plane API; `walhook run` serves it when present.
     pub api: Option<ApiConfig>,
+    /// Master keys for endpoint secrets at rest.
+    #[serde(default)]
+    pub secrets: SecretsConfig,
 }
 
 /// `[api]`.
@@ -124,6 +131,67 @@ impl ApiConfig {
         settings.rotation_overlap = self.rotation_overlap;
         settings.test_delivery_deadline = cfg.retry.deadline;
         settings
+    }
+}
+
+/// `[secrets]`: the master keys that seal endpoint secrets at rest.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// A file holding the current master key: base64 of 32 random bytes
+    /// (`walhook secrets generate-key`). Relative paths are read from the
+    /// config file's folder. `WALHOOK_MASTER_KEY` (the key itself)
+    /// overrides it.
+    pub master_key_file: Option<PathBuf>,
+    /// Files of older master keys that may still open secrets while the
+    /// master key is rotated. `WALHOOK_OLD_MASTER_KEYS` (keys separated by
+    /// commas) adds to them.
+    pub old_key_files: Vec<PathBuf>,
+}
+
+/// The environment variable holding the current master key.
+pub const MASTER_KEY_ENV: &str = "WALHOOK_MASTER_KEY";
+/// The environment variable holding old master keys, comma-separated.
+pub const OLD_MASTER_KEYS_ENV: &str = "WALHOOK_OLD_MASTER_KEYS";
+
+impl SecretsConfig {
+    /// Reads the keys (files and environment) into a keyring. There is no
+    /// fallback key: a process that made one up would seal secrets that no
+    /// later process can open.
+    pub fn keyring(&self) -> anyhow::Result<Keyring> {
+        let current = match std::env::var(MASTER_KEY_ENV) {
+            Ok(text) if !text.trim().is_empty() => MasterKey::parse(&text, MASTER_KEY_ENV)?,
+            _ => match &self.master_key_file {
+                Some(path) => MasterKey::read_file(path)?,
+                None => return Err(walhook_sql::secrets::SecretsError::NoKeyring.into()),
+            },
+        };
+        let mut old = Vec::new();
+        for path in &self.old_key_files {
+            old.push(MasterKey::read_file(path)?);
+        }
+        if let Ok(list) = std::env::var(OLD_MASTER_KEYS_ENV) {
+            for (i, text) in list.split(',').filter(|t| !t.trim().is_empty()).enumerate() {
+                old.push(MasterKey::parse(
+                    text,
+                    &format!("key {} of {OLD_MASTER_KEYS_ENV}", i + 1),
+                )?);
+            }
+        }
+        Ok(Keyring::new(current, old))
+    }
+
+    /// Reads relative key paths from `dir`.
+    fn resolve_paths(&mut self, dir: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        };
+        if let Some(p) = self.master_key_file.as_mut() {
+            resolve(p);
+        }
+        self.old_key_files.iter_mut().for_each(resolve);
     }
 }
 
@@ -234,7 +302,12 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+        let mut cfg =
+            Self::parse(&text).with_context(|| format!("config file {}", path.display()))?;
+        if let Some(dir) = path.parent() {
+            cfg.secrets.resolve_paths(dir);
+        }
+        Ok(cfg)
     }
 
     /// Parses and validates config text, applying environment overrides.
@@ -302,6 +375,7 @@ impl Config {
         if cfg.fanout.batch_size == 0 {
             bail!("[fanout].batch_size must be at least 1");
         }
+        cfg.egress.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(cfg)
     }
 

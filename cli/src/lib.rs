@@ -51,6 +51,12 @@ pub enum Command {
     Capture(commands::capture::Args),
     /// Measure throughput and latency on a throwaway Postgres.
     Bench(commands::bench::Args),
+    /// Check a URL against the egress policy (URL rules, then every address
+    /// its name resolves to) without sending anything; exit 1 if refused.
+    CheckUrl(commands::check_url::Args),
+    /// Master keys for endpoint secrets at rest: generate one, re-seal every
+    /// secret under the current key, show which keys seal how many rows.
+    Secrets(commands::secrets::Args),
 }
 
 fn init_logging(format: &str, default: &str) {
@@ -74,7 +80,10 @@ fn init_logging(format: &str, default: &str) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo and benchmarks talk to a person: keep the logs to warnings.
-    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
+    let quiet = matches!(
+        cli.command,
+        Command::Demo(_) | Command::Bench(_) | Command::CheckUrl(_)
+    );
     init_logging(&cli.log_format, if quiet { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -106,5 +115,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
+        Command::CheckUrl(args) => commands::check_url::run(args).await,
+        Command::Secrets(args) => commands::secrets::run(args).await,
     }
 }

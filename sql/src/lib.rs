@@ -12,6 +12,8 @@
 //!   module per stage ([`capture`], [`fanout`], [`dispatch`]) and for the
 //!   control plane ([`tenants`], [`endpoint_admin`], [`deliveries`],
 //!   [`audit`], [`idempotency`], [`gauges`]).
+//! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
+//!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
 pub mod audit;
 pub mod capture;
@@ -24,7 +26,10 @@ pub mod gauges;
 pub mod idempotency;
 pub mod migrate;
 pub mod replay;
+pub mod secrets;
 pub mod tenants;
+
+pub use secrets::Keyring;
 
 use std::str::FromStr;
 
@@ -53,6 +58,10 @@ pub enum StoreError {
     /// The schema is older or newer than this binary.
     #[error("{0}")]
     Schema(String),
+    /// A secret could not be sealed or opened (no keyring, an unknown
+    /// master key, an altered row): the operator must act.
+    #[error(transparent)]
+    Secrets(#[from] secrets::SecretsError),
 }
 
 impl StoreError {
@@ -78,10 +87,12 @@ impl StoreError {
     }
 }
 
-/// The platform database: a pool of connections.
+/// The platform database: a pool of connections, and the keyring that
+/// seals and opens endpoint secrets.
 #[derive(Clone)]
 pub struct Platform {
     pool: Pool,
+    keyring: Option<std::sync::Arc<Keyring>>,
     /// Daily partitions known to exist: (table, day since 1970).
     partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
 }
@@ -90,6 +101,10 @@ impl std::fmt::Debug for Platform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Platform")
             .field("status", &self.pool.status())
+            .field(
+                "keyring",
+                &self.keyring.as_ref().map(|k| k.current_id().to_owned()),
+            )
             .finish()
     }
 }
@@ -97,6 +112,10 @@ impl std::fmt::Debug for Platform {
 impl Platform {
     /// A pool of up to `max_connections` connections to `url`. Nothing is
     /// connected until first use; [`Platform::check`] connects at once.
+    ///
+    /// Without [`Platform::with_keyring`], everything that touches endpoint
+    /// secrets (creating an endpoint, rotating or loading secrets) fails
+    /// with [`secrets::SecretsError::NoKeyring`].
     pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
         let cfg =
             tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Url(e.to_string()))?;
@@ -113,8 +132,23 @@ impl Platform {
             .map_err(|e| StoreError::Url(e.to_string()))?;
         Ok(Platform {
             pool,
+            keyring: None,
             partitions: Default::default(),
         })
+    }
+
+    /// The same platform, sealing and opening endpoint secrets with
+    /// `keyring`.
+    pub fn with_keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(std::sync::Arc::new(keyring));
+        self
+    }
+
+    /// The keyring, or the error that says how to configure one.
+    pub fn keyring(&self) -> Result<&Keyring, StoreError> {
+        self.keyring
+            .as_deref()
+            .ok_or(StoreError::Secrets(secrets::SecretsError::NoKeyring))
     }
 
     /// Connects once and checks that the schema is migrated.

@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0003_dispatch.sql"),
     },
     Migration {
+        version: 4,
+        name: "secrets",
+        sql: include_str!("../migrations/0004_secrets.sql"),
+    },
+    Migration {
         version: 5,
         name: "api",
         sql: include_str!("../migrations/0005_api.sql"),

@@ -98,8 +98,19 @@ pub struct World {
     pub receiver: Receiver,
     /// The config file's directory.
     pub dir: tempfile::TempDir,
+    /// The master key file (in `dir`) that `platform` and the config use.
+    pub master_key_file: PathBuf,
     shop_url: String,
     platform_url: String,
+}
+
+/// Writes a fresh master key to `dir/name` (mode 600); returns its path.
+pub fn write_master_key(dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, walhook_sql::secrets::MasterKey::generate_text()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
 }
 
 impl World {
@@ -112,7 +123,15 @@ impl World {
         shop.batch_execute(SHOP_SCHEMA).await.unwrap();
         let mut platform_sql = pg.connect("platform").await.unwrap();
         walhook_sql::migrate::run(&mut platform_sql).await.unwrap();
-        let platform = Platform::new(&platform_url, 4).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let master_key_file = write_master_key(dir.path(), "master.key");
+        let keyring = walhook_sql::Keyring::new(
+            walhook_sql::secrets::MasterKey::read_file(&master_key_file).unwrap(),
+            vec![],
+        );
+        let platform = Platform::new(&platform_url, 4)
+            .unwrap()
+            .with_keyring(keyring);
         let receiver = Receiver::start().await.unwrap();
         World {
             pg,
@@ -120,7 +139,8 @@ impl World {
             platform,
             platform_sql,
             receiver,
-            dir: tempfile::tempdir().unwrap(),
+            dir,
+            master_key_file,
             shop_url,
             platform_url,
         }
@@ -199,12 +219,22 @@ impl World {
         )
     }
 
-    /// The config for `walhook run` against this world.
+    /// The config for `walhook run` against this world (with the world's
+    /// master key, unless `extra` has a `[secrets]` section).
     pub fn config(&self, extra: &str) -> PathBuf {
+        let secrets = if extra.contains("[secrets]") {
+            String::new()
+        } else {
+            format!(
+                "[secrets]\nmaster_key_file = {:?}\n",
+                self.master_key_file.display().to_string()
+            )
+        };
         write_config(
             self.dir.path(),
             &format!(
                 r#"
+{secrets}
 [platform]
 url = "{}"
 

@@ -273,7 +273,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     shop.batch_execute(SHOP).await?;
     let mut platform_sql = pg.connect("walhook").await?;
     walhook_sql::migrate::run(&mut platform_sql).await?;
-    let platform = Platform::new(&platform_url, 16)?;
+    // The database lives and dies with this process: so does its key.
+    let platform =
+        Platform::new(&platform_url, 16)?.with_keyring(walhook_sql::Keyring::ephemeral());
 
     let receiver = Receiver::start().await?;
     println!("  receivers listening on {}; endpoints:", receiver.addr());

@@ -3,9 +3,11 @@
 pub mod api;
 pub mod bench;
 pub mod capture;
+pub mod check_url;
 pub mod demo;
 pub mod migrate;
 pub mod run;
+pub mod secrets;
 
 use tokio_util::sync::CancellationToken;
 

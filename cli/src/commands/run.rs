@@ -25,7 +25,16 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     let p = cfg.platform()?;
-    let platform = Platform::new(&p.url, p.max_connections)?;
+    let keyring = cfg
+        .secrets
+        .keyring()
+        .context("walhook run needs the master key that seals endpoint secrets")?;
+    tracing::info!(
+        key_id = keyring.current_id(),
+        keys = keyring.key_ids().len(),
+        "master keys loaded"
+    );
+    let platform = Platform::new(&p.url, p.max_connections)?.with_keyring(keyring);
     let shutdown = super::shutdown_on_signals();
     let metrics = cfg.api.as_ref().map(|_| Arc::new(Metrics::new()));
     let running = crate::pipeline::start_observed(

@@ -11,12 +11,22 @@
 //! - an approved port (443 unless configured), never 0;
 //! - host names compared after IDNA, lower-casing and stripping one trailing
 //!   dot: `localhost`, `*.localhost`, `*.local`, `*.internal`,
-//!   `metadata.goog` and single-label names are refused;
+//!   `metadata.goog` (and its subdomains), single-label names and names with
+//!   an empty label are refused;
 //! - every IP literal, and at connect time every resolved address
-//!   ([`check_ip`]), must be a public unicast address.
+//!   ([`check_ip`]), must be a public unicast address: IPv4 outside the
+//!   special-purpose ranges, IPv6 inside 2000::/3 and outside its
+//!   special-purpose blocks. IPv4-mapped, -compatible, NAT64, 6to4 and Teredo
+//!   forms are refused as they are, never unwrapped, so no embedded IPv4
+//!   address is ever reached through them.
+//!
+//! In development (`allow_http_loopback`) loopback addresses pass
+//! ([`check_addr`]), and plain http to a loopback address literal; nothing
+//! else private ever does.
 //!
 //! Checked at registration for a helpful error and again at connect time
-//! for safety (the resolver in `resolve.rs`).
+//! for safety (the resolver in `resolve.rs` and the dial guard in
+//! `dial.rs`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -98,6 +108,8 @@ pub struct VettedUrl {
     /// The host as compared: a lower-case ASCII name without trailing dot,
     /// or an address.
     pub host: VettedHost,
+    /// The port connected to.
+    pub port: u16,
 }
 
 /// The host of a [`VettedUrl`].
@@ -110,22 +122,55 @@ pub enum VettedHost {
 }
 
 const DENIED_NAMES: &[&str] = &["localhost", "metadata.goog"];
-const DENIED_SUFFIXES: &[&str] = &[".localhost", ".local", ".internal"];
+const DENIED_SUFFIXES: &[&str] = &[".localhost", ".local", ".internal", ".metadata.goog"];
 
-/// Checks `text` against `policy`.
+/// URLs longer than this are refused: no customer needs more, and the URL is
+/// stored with every endpoint version and shown in logs.
+pub const MAX_URL_BYTES: usize = 2048;
+
+/// At most this many characters of a refused input are quoted back.
+const QUOTED_CHARS: usize = 120;
+
+fn quoted(text: &str) -> String {
+    let mut q: String = text.chars().take(QUOTED_CHARS).collect();
+    if q.len() < text.len() {
+        q.push('…');
+    }
+    format!("{q:?}")
+}
+
+/// Checks `text` against `policy`: the registration-time check, and the
+/// first half of the connect-time check (the resolver does the rest).
 pub fn check_url(text: &str, policy: &UrlPolicy) -> Result<VettedUrl, Refusal> {
-    let url = Url::parse(text.trim()).map_err(|e| {
+    if text.len() > MAX_URL_BYTES {
+        return Err(refuse(
+            RefusalReason::Malformed,
+            format!(
+                "the URL is {} bytes long; at most {MAX_URL_BYTES} are allowed",
+                text.len()
+            ),
+        ));
+    }
+    let url = Url::parse(text).map_err(|e| {
         refuse(
             RefusalReason::Malformed,
-            format!("{text:?} is not a valid URL ({e}); write https://host/path"),
+            format!(
+                "{} is not a valid URL ({e}); write https://host/path",
+                quoted(text)
+            ),
         )
     })?;
-    let loopback_dev = |host: &VettedHost| {
-        policy.allow_http_loopback
-            && match host {
-                VettedHost::Ip(ip) => is_loopback(*ip),
-                VettedHost::Name(_) => false,
-            }
+    // The scheme first: for other schemes the rest of the URL may not even
+    // have a host in the WHATWG sense.
+    let http = match url.scheme() {
+        "https" => false,
+        "http" => true,
+        other => {
+            return Err(refuse(
+                RefusalReason::Scheme,
+                format!("scheme {other:?} is not allowed; use https"),
+            ));
+        }
     };
     if !url.username().is_empty() || url.password().is_some() {
         return Err(refuse(
@@ -137,69 +182,70 @@ pub fn check_url(text: &str, policy: &UrlPolicy) -> Result<VettedUrl, Refusal> {
         None => {
             return Err(refuse(
                 RefusalReason::Malformed,
-                format!("{text:?} has no host"),
+                format!("{} has no host", quoted(text)),
             ));
         }
         Some(Host::Ipv4(ip)) => VettedHost::Ip(IpAddr::V4(ip)),
         Some(Host::Ipv6(ip)) => VettedHost::Ip(IpAddr::V6(ip)),
+        // The parser has applied IDNA (UTS #46: full-width forms, case,
+        // ideographic full stops) and percent-decoding already.
         Some(Host::Domain(d)) => {
-            let name = d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase();
-            VettedHost::Name(name)
+            VettedHost::Name(d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase())
         }
     };
-    match url.scheme() {
-        "https" => {}
-        "http" if loopback_dev(&host) => {}
-        "http" => {
-            return Err(refuse(
-                RefusalReason::Scheme,
-                "plain http is not allowed; use https",
-            ));
-        }
-        other => {
-            return Err(refuse(
-                RefusalReason::Scheme,
-                format!("scheme {other:?} is not allowed; use https"),
-            ));
-        }
+    // Development: plain http, on any port, to a loopback address literal.
+    let loopback_dev =
+        policy.allow_http_loopback && matches!(host, VettedHost::Ip(ip) if is_loopback(ip));
+    if http && !loopback_dev {
+        let hint = if policy.allow_http_loopback {
+            "plain http is allowed only to a loopback address literal (127.0.0.1, [::1]) in development; use https"
+        } else {
+            "plain http is not allowed; use https"
+        };
+        return Err(refuse(RefusalReason::Scheme, hint));
     }
     let port = url.port_or_known_default().unwrap_or(0);
     if port == 0 {
         return Err(refuse(RefusalReason::Port, "port 0 is not a port; use 443"));
     }
-    if !loopback_dev(&host) && !policy.allowed_ports.contains(&port) {
+    if !loopback_dev && !policy.allowed_ports.contains(&port) {
         return Err(refuse(
             RefusalReason::Port,
             format!(
-                "port {port} is not allowed; allowed: {:?}",
+                "port {port} is not allowed; allowed: {:?} (set [egress].allowed_ports)",
                 policy.allowed_ports
             ),
         ));
     }
     match &host {
-        VettedHost::Ip(ip) => {
-            if !loopback_dev(&host) {
-                check_ip(*ip)?;
-            }
-        }
-        VettedHost::Name(name) => {
-            if name.is_empty() || !name.contains('.') {
-                return Err(refuse(
-                    RefusalReason::HostName,
-                    format!("{name:?} is a single-label name; use a fully qualified public domain"),
-                ));
-            }
-            if DENIED_NAMES.contains(&name.as_str())
-                || DENIED_SUFFIXES.iter().any(|s| name.ends_with(s))
-            {
-                return Err(refuse(
-                    RefusalReason::HostName,
-                    format!("{name:?} names an internal or local service; use a public domain"),
-                ));
-            }
-        }
+        VettedHost::Ip(ip) => check_addr(*ip, policy)?,
+        VettedHost::Name(name) => check_name(name)?,
     }
-    Ok(VettedUrl { url, host })
+    Ok(VettedUrl { url, host, port })
+}
+
+/// The host name rules, on a name already lower-cased, IDNA-mapped and
+/// stripped of one trailing dot.
+fn check_name(name: &str) -> Result<(), Refusal> {
+    if name.is_empty() || name.split('.').any(str::is_empty) {
+        return Err(refuse(
+            RefusalReason::HostName,
+            format!("{name:?} has an empty label; write a fully qualified public domain"),
+        ));
+    }
+    if !name.contains('.') {
+        return Err(refuse(
+            RefusalReason::HostName,
+            format!("{name:?} is a single-label name; use a fully qualified public domain"),
+        ));
+    }
+    if DENIED_NAMES.contains(&name) || DENIED_SUFFIXES.iter().any(|s| name.ends_with(s)) {
+        return Err(refuse(
+            RefusalReason::HostName,
+            format!("{name:?} names an internal or local service; use a public domain"),
+        ));
+    }
+    Ok(())
 }
 
 fn is_loopback(ip: IpAddr) -> bool {
@@ -207,6 +253,17 @@ fn is_loopback(ip: IpAddr) -> bool {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback(),
     }
+}
+
+/// Checks one address under `policy`: [`check_ip`], except that in
+/// development (`allow_http_loopback`) loopback addresses (127.0.0.0/8 and
+/// `::1`, not their IPv4-mapped forms) are allowed. Nothing else private
+/// ever is.
+pub fn check_addr(ip: IpAddr, policy: &UrlPolicy) -> Result<(), Refusal> {
+    if policy.allow_http_loopback && is_loopback(ip) {
+        return Ok(());
+    }
+    check_ip(ip)
 }
 
 /// Denied IPv4 ranges: (network, prefix length, what it is).
@@ -367,6 +424,47 @@ mod tests {
         assert_eq!(refused("https://[2002:7f00:1::]/"), RefusalReason::Address);
         assert_eq!(refused("https://[fd00:ec2::254]/"), RefusalReason::Address);
         assert_eq!(refused("not a url"), RefusalReason::Malformed);
+        assert_eq!(refused("https://localhost../"), RefusalReason::HostName);
+        assert_eq!(refused("https://a..example.com/"), RefusalReason::HostName);
+        assert_eq!(refused("https://x.metadata.goog/"), RefusalReason::HostName);
+        assert_eq!(
+            refused("ftp://user:pw@10.0.0.1/"),
+            RefusalReason::Scheme,
+            "the scheme is reported first"
+        );
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_BYTES));
+        assert_eq!(refused(&long), RefusalReason::Malformed);
+    }
+
+    #[test]
+    fn refusals_quote_at_most_a_little_of_the_input() {
+        let junk = "x".repeat(1000);
+        let r = check_url(&junk, &UrlPolicy::default()).unwrap_err();
+        assert!(r.detail.len() < 400, "{}", r.detail);
+    }
+
+    #[test]
+    fn development_allows_loopback_addresses_and_nothing_else_private() {
+        let dev = UrlPolicy {
+            allow_http_loopback: true,
+            ..UrlPolicy::default()
+        };
+        for ok in ["127.0.0.1", "127.255.0.9", "::1"] {
+            check_addr(ok.parse().unwrap(), &dev).unwrap();
+            assert!(check_addr(ok.parse().unwrap(), &UrlPolicy::default()).is_err());
+        }
+        for denied in [
+            "::ffff:127.0.0.1",
+            "10.0.0.1",
+            "169.254.169.254",
+            "fd00::1",
+            "0.0.0.0",
+        ] {
+            assert!(
+                check_addr(denied.parse().unwrap(), &dev).is_err(),
+                "{denied}"
+            );
+        }
     }
 
     #[test]

@@ -54,7 +54,9 @@ impl World {
         pg.connect("shop").await?.batch_execute(SCHEMA).await?;
         let mut platform_sql = pg.connect("walhook").await?;
         walhook_sql::migrate::run(&mut platform_sql).await?;
-        let platform = Platform::new(&platform_url, 16)?;
+        // The database lives and dies with this process: so does its key.
+        let platform =
+            Platform::new(&platform_url, 16)?.with_keyring(walhook_sql::Keyring::ephemeral());
         let receiver = Receiver::start_counting().await?;
         Ok(World {
             pg,

@@ -1,0 +1,292 @@
+//! The egress sink: signed attempts out through one guarded reqwest client.
+//!
+//! ```text
+//!  Outbound ──▶ check_url (parse once, WHATWG; scheme, userinfo, port, names, literals)
+//!                  │ the re-serialised URL
+//!                  ▼
+//!              reqwest client: no redirects, no proxy from the environment,
+//!              no decompression, connect + total timeouts, pool per host
+//!                  │ new connection?
+//!                  ▼
+//!              DialGuard ──▶ VettingResolver ──▶ TCP/TLS to vetted addresses only
+//!                  ▼
+//!              status → outcome; ≤ 64 KiB of body read, SHA-256 kept
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use walhook_pipeline::dispatch::egress::{Egress, EgressResult, Outbound};
+use walhook_pipeline::dispatch::outcome::{
+    ErrorClass, classify_failure, classify_status, parse_retry_after,
+};
+use walhook_pipeline::time::Timestamp;
+
+use super::config::EgressSettings;
+use super::dial::DialGuardLayer;
+use super::observe::{EgressObserver, LogObserver};
+use super::policy::{Refusal, UrlPolicy, VettedHost, check_url};
+use super::resolve::{Lookup, SystemLookup, TrustedProxy, VettingResolver};
+
+/// Characters of the response body kept as an excerpt.
+const EXCERPT_CHARS: usize = 1024;
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The reqwest-based egress.
+#[derive(Clone)]
+pub struct HttpEgress {
+    client: reqwest::Client,
+    settings: EgressSettings,
+    policy: UrlPolicy,
+    observer: Arc<dyn EgressObserver>,
+}
+
+impl std::fmt::Debug for HttpEgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpEgress")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+/// Why an egress could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A setting is invalid.
+    #[error("{0}")]
+    Settings(String),
+    /// A root certificate could not be read.
+    #[error("cannot read a root certificate")]
+    Certificate(#[source] reqwest::Error),
+    /// reqwest refused the configuration.
+    #[error("cannot build the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
+/// Builds an [`HttpEgress`] with a lookup, an observer or extra root
+/// certificates other than the defaults (tests, `walhook check-url`).
+pub struct EgressBuilder {
+    settings: EgressSettings,
+    lookup: Arc<dyn Lookup>,
+    observer: Arc<dyn EgressObserver>,
+    roots: Vec<reqwest::Certificate>,
+}
+
+impl EgressBuilder {
+    /// Names are looked up with `lookup` (the system resolver by default).
+    pub fn lookup(mut self, lookup: Arc<dyn Lookup>) -> Self {
+        self.lookup = lookup;
+        self
+    }
+
+    /// `observer` sees every vetted address and every new connection.
+    pub fn observer(mut self, observer: Arc<dyn EgressObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Trusts the PEM certificate `pem` as a root, besides the built-in
+    /// web PKI roots (a private CA; tests).
+    pub fn root_certificate_pem(mut self, pem: &[u8]) -> Result<Self, BuildError> {
+        self.roots
+            .push(reqwest::Certificate::from_pem(pem).map_err(BuildError::Certificate)?);
+        Ok(self)
+    }
+
+    /// The egress.
+    pub fn build(self) -> Result<HttpEgress, BuildError> {
+        let settings = self.settings;
+        settings.validate().map_err(BuildError::Settings)?;
+        let policy = settings.url_policy();
+        if settings.allow_http_loopback {
+            tracing::warn!(
+                "[egress].allow_http_loopback is ON: endpoints may use plain http to loopback and \
+                 resolve to loopback addresses. This is a development setting; never enable it in production"
+            );
+        }
+        let mut proxy = TrustedProxy::default();
+        let mut builder = reqwest::Client::builder()
+            // Nothing from the environment: HTTPS_PROXY and friends would
+            // route customer traffic somewhere the policy never saw.
+            .no_proxy();
+        if let Some(p) = &settings.proxy {
+            let url = p.parsed().map_err(BuildError::Settings)?;
+            match url.host() {
+                Some(url::Host::Ipv4(ip)) => proxy.addrs.get_mut().push(ip.into()),
+                Some(url::Host::Ipv6(ip)) => proxy.addrs.get_mut().push(ip.into()),
+                Some(url::Host::Domain(d)) => {
+                    proxy.host = Some(d.trim_end_matches('.').to_ascii_lowercase());
+                }
+                None => {}
+            }
+            let p = reqwest::Proxy::all(url.as_str())
+                .map_err(BuildError::Client)?
+                .no_proxy(None);
+            builder = builder.proxy(p);
+        }
+        let proxy = Arc::new(proxy);
+        let resolver = VettingResolver::new(
+            self.lookup,
+            policy.clone(),
+            self.observer.clone(),
+            proxy.clone(),
+        );
+        builder = builder
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
+            .no_gzip()
+            .no_brotli()
+            .no_zstd()
+            .no_deflate()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.request_timeout)
+            .pool_max_idle_per_host(settings.pool_idle_per_host)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .tcp_nodelay(true)
+            .dns_resolver(Arc::new(resolver))
+            .connector_layer(DialGuardLayer::new(
+                policy.clone(),
+                self.observer.clone(),
+                proxy,
+            ));
+        for root in self.roots {
+            builder = builder.add_root_certificate(root);
+        }
+        let client = builder.build().map_err(BuildError::Client)?;
+        Ok(HttpEgress {
+            client,
+            settings,
+            policy,
+            observer: self.observer,
+        })
+    }
+}
+
+impl HttpEgress {
+    /// A client with `settings`, the system resolver and logging observer.
+    pub fn new(settings: EgressSettings) -> Result<Self, BuildError> {
+        Self::builder(settings).build()
+    }
+
+    /// A builder starting from `settings`.
+    pub fn builder(settings: EgressSettings) -> EgressBuilder {
+        EgressBuilder {
+            settings,
+            lookup: Arc::new(SystemLookup),
+            observer: Arc::new(LogObserver),
+            roots: Vec::new(),
+        }
+    }
+
+    /// The URL and address policy applied.
+    pub fn policy(&self) -> &UrlPolicy {
+        &self.policy
+    }
+}
+
+/// The policy refusal somewhere in `e`'s chain of sources, if any.
+fn refusal_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refusal> {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if let Some(r) = err.downcast_ref::<Refusal>() {
+            return Some(r);
+        }
+        current = err.source();
+    }
+    None
+}
+
+fn classify_error(e: &reqwest::Error) -> ErrorClass {
+    if refusal_in(e).is_some() {
+        return ErrorClass::Blocked;
+    }
+    let text = format!("{e:?}").to_ascii_lowercase();
+    if e.is_connect() {
+        if e.is_timeout() {
+            ErrorClass::ConnectTimeout
+        } else if text.contains("dns error") || text.contains("failed to lookup") {
+            ErrorClass::Dns
+        } else if text.contains("certificate") || text.contains("tls") || text.contains("handshake")
+        {
+            ErrorClass::Tls
+        } else {
+            ErrorClass::Connect
+        }
+    } else if e.is_timeout() {
+        ErrorClass::Timeout
+    } else {
+        ErrorClass::Reset
+    }
+}
+
+fn blocked() -> EgressResult {
+    EgressResult::bare(classify_failure(ErrorClass::Blocked))
+}
+
+impl Egress for HttpEgress {
+    async fn send(&self, request: Outbound) -> EgressResult {
+        let vetted = match check_url(&request.url, &self.policy) {
+            Ok(v) => v,
+            Err(refusal) => {
+                // The detail may quote the URL, which may carry a customer's
+                // token: log the class only.
+                tracing::warn!(
+                    reason = refusal.reason.as_str(),
+                    "egress refused an endpoint URL"
+                );
+                return blocked();
+            }
+        };
+        if let VettedHost::Ip(ip) = vetted.host
+            && !self.observer.approve(&ip.to_string(), &[ip])
+        {
+            return blocked();
+        }
+        let mut builder = self.client.post(vetted.url);
+        for (name, value) in &request.headers {
+            builder = builder.header(*name, value);
+        }
+        let response = match builder.body(request.body).send().await {
+            Ok(r) => r,
+            Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),
+        };
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds()));
+        let mut hasher = Sha256::new();
+        let mut kept: Vec<u8> = Vec::new();
+        let mut read = 0usize;
+        let mut stream = response.bytes_stream();
+        while read < self.settings.max_response_bytes {
+            match stream.next().await {
+                Some(Ok(chunk)) => {
+                    let take = chunk.len().min(self.settings.max_response_bytes - read);
+                    hasher.update(&chunk[..take]);
+                    if kept.len() < EXCERPT_CHARS * 4 {
+                        kept.extend_from_slice(&chunk[..take.min(EXCERPT_CHARS * 4 - kept.len())]);
+                    }
+                    read += take;
+                }
+                // The status decides the outcome; a body cut short or too
+                // slow does not change it.
+                Some(Err(_)) | None => break,
+            }
+        }
+        let excerpt: String = String::from_utf8_lossy(&kept)
+            .chars()
+            .take(EXCERPT_CHARS)
+            .collect();
+        EgressResult {
+            outcome: classify_status(status, retry_after),
+            response_sha256: Some(hasher.finalize().into()),
+            response_excerpt: (!excerpt.is_empty()).then_some(excerpt),
+        }
+    }
+}
