@@ -248,7 +248,8 @@ pub struct DispatchConfig {
     /// Attempts in flight per tenant: one tenant with many bad endpoints
     /// cannot take every worker.
     pub tenant_max_in_flight: u32,
-    /// Jobs queued in memory per endpoint before new ones wait in Postgres.
+    /// Jobs queued in memory per endpoint with an open circuit before new
+    /// ones wait in Postgres.
     pub endpoint_max_queued: usize,
     /// An endpoint failing without a success for this long is disabled
     /// (with an audit record and an `endpoint.disabled` event).

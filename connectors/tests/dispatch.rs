@@ -53,13 +53,22 @@ impl DispatchStore for Memory {
         }
         Ok(())
     }
+    async fn heartbeat(&self, _: &str, _: Duration) -> Result<(), StoreError> {
+        Ok(())
+    }
     async fn claim_due(
         &self,
         _: &str,
         _: usize,
-        _: Duration,
-        _: bool,
         _: &[EndpointId],
+    ) -> Result<Vec<DeliveryJob>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn reclaim_own(
+        &self,
+        _: &str,
+        _: Option<DeliveryId>,
+        _: usize,
     ) -> Result<Vec<DeliveryJob>, StoreError> {
         Ok(Vec::new())
     }
@@ -101,6 +110,14 @@ struct Harness {
 
 impl Harness {
     async fn new(path: &str, request_timeout: Duration) -> Harness {
+        Self::tuned(path, request_timeout, |_| {}).await
+    }
+
+    async fn tuned(
+        path: &str,
+        request_timeout: Duration,
+        tune: impl FnOnce(&mut DispatchSettings),
+    ) -> Harness {
         let receiver = Receiver::start().await.unwrap();
         let secret = SigningSecret::generate();
         receiver.set_secrets(path, vec![secret.expose_text()]);
@@ -130,7 +147,7 @@ impl Harness {
             ..EgressSettings::default()
         })
         .unwrap();
-        let settings = DispatchSettings {
+        let mut settings = DispatchSettings {
             retry: RetryPolicy {
                 base_delay: Duration::from_secs(1),
                 max_delay: Duration::from_secs(3600),
@@ -147,6 +164,7 @@ impl Harness {
             },
             ..DispatchSettings::default()
         };
+        tune(&mut settings);
         let (jobs, rx) = mpsc::channel(16);
         let stop = CancellationToken::new();
         let dispatcher = Dispatcher::new(
@@ -406,6 +424,41 @@ async fn the_24_hour_deadline_ends_retries() {
         h.receiver.count(),
         count,
         "attempts continued after exhaustion"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_endpoint_failing_for_too_long_is_disabled() {
+    let h = Harness::tuned("g", Duration::from_secs(5), |s| {
+        s.disable_after = Duration::from_secs(6 * 3600)
+    })
+    .await;
+    h.receiver.set_behaviour("g", Behaviour::Status(500));
+    h.send(7).await;
+    h.recorded(1).await;
+    // Five virtual hours of failures: still enabled.
+    for _ in 0..30 {
+        h.clock.advance(Duration::from_secs(600));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        h.store.disabled.lock().is_empty(),
+        "disabled before six hours of failure"
+    );
+    for _ in 0..30 {
+        h.clock.advance(Duration::from_secs(600));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !h.store.disabled.lock().is_empty() {
+            break;
+        }
+    }
+    let disabled = h.store.disabled.lock().clone();
+    assert_eq!(disabled.len(), 1, "not disabled after six hours of failure");
+    assert!(
+        disabled[0].1.contains("failed without a success since"),
+        "{}",
+        disabled[0].1
     );
     h.stop().await;
 }

@@ -75,17 +75,32 @@ pub trait DispatchStore: Send + Sync + 'static {
         changes: &[Transition],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Claims up to `limit` due pending deliveries whose lease expired (and,
-    /// with `reclaim_own`, those `node` held before a restart), bumping each
-    /// lease version. Due deliveries of `exclude` (open circuits) are left
-    /// alone; a node's own deliveries are always reclaimed.
+    /// Renews this node's lease: the deliveries it holds stay its own until
+    /// `lease` from now. Called more often than `lease`.
+    fn heartbeat(
+        &self,
+        node: &str,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims up to `limit` pending deliveries that are due and held by no
+    /// live node (released retries, operational events, and everything of
+    /// nodes whose lease lapsed), bumping each lease version. Due deliveries
+    /// of `exclude` (open circuits) are left alone.
     fn claim_due(
         &self,
         node: &str,
         limit: usize,
-        lease: std::time::Duration,
-        reclaim_own: bool,
         exclude: &[crate::ids::EndpointId],
+    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
+
+    /// After a restart: claims the pending deliveries this node held, in id
+    /// order after `after`, bumping each lease version.
+    fn reclaim_own(
+        &self,
+        node: &str,
+        after: Option<DeliveryId>,
+        limit: usize,
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
     /// Hands held deliveries back (no attempt): they stay pending, become

@@ -119,7 +119,14 @@ CREATE TABLE walhook.deliveries (
     updated_at               timestamptz NOT NULL DEFAULT now(),
     UNIQUE (event_id, endpoint_id)
 );
-CREATE INDEX deliveries_due ON walhook.deliveries (next_attempt_at) WHERE status = 'pending';
+-- Pending deliveries nobody holds (released retries, orphans once claimed,
+-- operational and test events), by due time: what sweepers claim.
+CREATE INDEX deliveries_due ON walhook.deliveries (next_attempt_at)
+    WHERE status = 'pending' AND lease_owner IS NULL;
+-- Pending deliveries a dispatcher node holds: reclaimed after a restart, or
+-- by others when the node's lease lapses.
+CREATE INDEX deliveries_held ON walhook.deliveries (lease_owner)
+    WHERE status = 'pending' AND lease_owner IS NOT NULL;
 
 CREATE TYPE walhook.attempt_trigger AS ENUM ('auto', 'manual');
 

@@ -29,3 +29,14 @@ CREATE TABLE walhook.endpoint_health (
     open_until         timestamptz,
     updated_at         timestamptz NOT NULL DEFAULT now()
 );
+
+-- Dispatcher nodes and their leases. A node holds the deliveries whose
+-- lease_owner names it for as long as it renews its own lease here; when it
+-- stops renewing (a crash), other nodes claim them. One row per node, not
+-- one renewal per delivery.
+CREATE TABLE walhook.dispatch_nodes (
+    node_id      text PRIMARY KEY,
+    lease_until  timestamptz NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);

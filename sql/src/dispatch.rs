@@ -56,24 +56,41 @@ RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload,
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
           d.event_occurred_at, claimed.id, d.manual_attempt_count";
 
-const CLAIM: &str = "\
-WITH due AS ( \
-    SELECT id FROM walhook.deliveries \
-    WHERE status = 'pending' AND ( \
-        ($2 AND lease_owner = $1) \
-        OR (next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now()) \
-            AND endpoint_id <> ALL($5::uuid[]))) \
-    ORDER BY next_attempt_at \
-    LIMIT $3 \
-    FOR UPDATE SKIP LOCKED) \
+/// The claim update shared by both claims: `due` names the rows.
+const CLAIM_UPDATE: &str = "\
 UPDATE walhook.deliveries d SET \
-    lease_version = d.lease_version + 1, lease_owner = $1, \
-    lease_expires_at = greatest(now(), d.next_attempt_at) + $4 * interval '1 millisecond' \
+    lease_version = d.lease_version + 1, lease_owner = $1, lease_expires_at = NULL \
 FROM due, walhook.events e \
 WHERE d.id = due.id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
           d.event_occurred_at";
+
+/// Due, unheld deliveries (the `deliveries_due` index), then those of nodes
+/// whose lease lapsed (the `deliveries_held` index).
+const CLAIM_UNHELD: &str = "\
+WITH due AS ( \
+    SELECT id FROM walhook.deliveries \
+    WHERE status = 'pending' AND lease_owner IS NULL AND next_attempt_at <= now() \
+      AND endpoint_id <> ALL($3::uuid[]) \
+    ORDER BY next_attempt_at \
+    LIMIT $2 \
+    FOR UPDATE SKIP LOCKED) ";
+
+const CLAIM_ORPHANS: &str = "\
+WITH due AS ( \
+    SELECT id FROM walhook.deliveries \
+    WHERE status = 'pending' AND lease_owner = ANY($3::text[]) \
+    LIMIT $2 \
+    FOR UPDATE SKIP LOCKED) ";
+
+const RECLAIM_OWN: &str = "\
+WITH due AS ( \
+    SELECT id FROM walhook.deliveries \
+    WHERE status = 'pending' AND lease_owner = $1 AND id > $3 \
+    ORDER BY id \
+    LIMIT $2 \
+    FOR UPDATE SKIP LOCKED) ";
 
 fn uuid16(b: &[u8; 16]) -> Uuid {
     Uuid::from_bytes(*b)
@@ -241,33 +258,87 @@ impl DispatchStore for Platform {
         Ok(())
     }
 
+    async fn heartbeat(
+        &self,
+        node: &str,
+        lease: Duration,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO walhook.dispatch_nodes (node_id, lease_until) \
+                 VALUES ($1, now() + $2 * interval '1 millisecond') \
+                 ON CONFLICT (node_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, updated_at = now()",
+                &[&node, &(lease.as_millis() as f64)],
+            )
+            .await
+            .map_err(StoreError::query("renew the node's lease"))?;
+        Ok(())
+    }
+
     async fn claim_due(
         &self,
         node: &str,
         limit: usize,
-        lease: Duration,
-        reclaim_own: bool,
         exclude: &[EndpointId],
     ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(CLAIM)
-            .await
-            .map_err(StoreError::query("prepare the claim"))?;
-        let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
-        let rows = client
+        let dead: Vec<String> = client
             .query(
-                &stmt,
-                &[
-                    &node,
-                    &reclaim_own,
-                    &(limit as i64),
-                    &(lease.as_millis() as f64),
-                    &excluded,
-                ],
+                "SELECT node_id FROM walhook.dispatch_nodes WHERE lease_until < now() AND node_id <> $1",
+                &[&node],
             )
             .await
-            .map_err(StoreError::query("claim due deliveries"))?;
+            .map_err(StoreError::query("look for lapsed dispatcher nodes"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut jobs = Vec::new();
+        if !dead.is_empty() {
+            let stmt = client
+                .prepare_cached(&format!("{CLAIM_ORPHANS}{CLAIM_UPDATE}"))
+                .await
+                .map_err(StoreError::query("prepare the orphan claim"))?;
+            let rows = client
+                .query(&stmt, &[&node, &(limit as i64), &dead])
+                .await
+                .map_err(StoreError::query("claim the deliveries of lapsed nodes"))?;
+            if !rows.is_empty() {
+                tracing::warn!(nodes = ?dead, count = rows.len(), "took over deliveries of dispatcher nodes whose lease lapsed");
+            }
+            jobs = jobs_from_rows(rows, false);
+        }
+        if jobs.len() < limit {
+            let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
+            let stmt = client
+                .prepare_cached(&format!("{CLAIM_UNHELD}{CLAIM_UPDATE}"))
+                .await
+                .map_err(StoreError::query("prepare the claim"))?;
+            let rows = client
+                .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &excluded])
+                .await
+                .map_err(StoreError::query("claim due deliveries"))?;
+            jobs.extend(jobs_from_rows(rows, false));
+        }
+        Ok(jobs)
+    }
+
+    async fn reclaim_own(
+        &self,
+        node: &str,
+        after: Option<DeliveryId>,
+        limit: usize,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&format!("{RECLAIM_OWN}{CLAIM_UPDATE}"))
+            .await
+            .map_err(StoreError::query("prepare the reclaim"))?;
+        let after = uuid16(&after.map_or([0; 16], |d| d.0));
+        let rows = client
+            .query(&stmt, &[&node, &(limit as i64), &after])
+            .await
+            .map_err(StoreError::query("reclaim this node's deliveries"))?;
         Ok(jobs_from_rows(rows, false))
     }
 

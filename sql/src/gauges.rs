@@ -27,7 +27,7 @@ impl Platform {
         let row = client
             .query_one(
                 "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
-                        count(*) FILTER (WHERE next_attempt_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())) \
+                        count(*) FILTER (WHERE next_attempt_at <= now() AND lease_owner IS NULL) \
                  FROM walhook.deliveries WHERE status = 'pending'",
                 &[],
             )

@@ -64,9 +64,9 @@ pub struct DispatchSettings {
     pub endpoint_max_in_flight: u32,
     /// Attempts in flight per tenant at most.
     pub tenant_max_in_flight: u32,
-    /// Jobs queued in memory per endpoint; beyond, new ones are handed back
-    /// to Postgres until the queue drains (a stuck endpoint cannot fill
-    /// memory).
+    /// Jobs queued in memory per endpoint whose circuit is open; beyond, new
+    /// ones are handed back to Postgres until it may probe (a stuck endpoint
+    /// cannot fill memory).
     pub endpoint_max_queued: usize,
     /// The retry schedule.
     pub retry: RetryPolicy,
@@ -342,28 +342,28 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         }
     }
 
-    /// Takes an automatic job into the schedule, or hands it back when its
-    /// endpoint's queue is full (its circuit is open, or it is slow).
+    /// Takes an automatic job into the schedule, or hands it back to
+    /// Postgres when its endpoint's circuit is open and its queue is full (a
+    /// stuck endpoint must not fill memory). A healthy endpoint's backlog
+    /// stays in memory up to `max_held`, beyond which new work waits upstream:
+    /// handing it back would only be claimed again, a loop that costs
+    /// Postgres everything exactly when it has least to spare.
     async fn accept(
         &self,
         state: &mut RunState,
         job: DeliveryJob,
         record_tx: &mpsc::Sender<Record>,
     ) {
-        if !state.sched.holds(&job.delivery_id)
+        if let Circuit::Open { until, .. } = state.sched.circuit(&job.endpoint_id)
+            && !state.sched.holds(&job.delivery_id)
             && state.sched.queued_at(&job.endpoint_id) >= self.settings.endpoint_max_queued
         {
-            let not_before = match state.sched.circuit(&job.endpoint_id) {
-                Circuit::Open { until, .. } => until,
-                _ => self.now().plus(self.settings.sweep_interval),
+            let release = Release {
+                delivery_id: job.delivery_id,
+                lease_version: job.lease_version,
+                not_before: until,
             };
-            let _ = record_tx
-                .send(Record::Release(Release {
-                    delivery_id: job.delivery_id,
-                    lease_version: job.lease_version,
-                    not_before,
-                }))
-                .await;
+            let _ = record_tx.send(Record::Release(release)).await;
             return;
         }
         state.sched.add(job, self.now());
@@ -468,9 +468,18 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
     async fn on_finished(
         &self,
         state: &mut RunState,
-        f: Finished,
+        mut f: Finished,
         record_tx: &mpsc::Sender<Record>,
     ) {
+        // This node may have claimed the delivery again while the attempt
+        // was out (another node had taken it over and handed it back): the
+        // result is recorded under the newest lease this node holds, so that
+        // the delivery is not left owned by this node yet forgotten.
+        if f.job.replay.is_none()
+            && let Some(newer) = state.sched.lease(&f.job.delivery_id)
+        {
+            f.job.lease_version = f.job.lease_version.max(newer);
+        }
         let job = &f.job;
         let outcome = f.result.outcome;
         let health = health_of(&outcome);

@@ -9,7 +9,11 @@
 //! Invariants checked after every step: at most one live lease per
 //! delivery; no delivery in flight twice; attempts never exceed the maximum;
 //! terminal states are final; every delay stays within its cap. At the end,
-//! every pending delivery gets an attempt within max backoff + lease time.
+//! every pending delivery gets an attempt within max backoff (+ a sweep).
+//!
+//! Leases: the node holds the deliveries whose owner is it while its node
+//! lease lives; a `Steal` step plays another node taking one over (as after
+//! a lapsed node lease), so results of the old holder must be fenced off.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,7 +31,6 @@ use crate::ids::{DeliveryId, EndpointId, EventId, TenantId};
 use crate::time::Timestamp;
 
 const SEC: i64 = 1_000_000;
-const LEASE: Duration = Duration::from_secs(90);
 const HORIZON: Duration = Duration::from_secs(30);
 
 fn policy() -> RetryPolicy {
@@ -79,6 +82,9 @@ enum Op {
     },
     Crash,
     Sweep,
+    Steal {
+        pick: usize,
+    },
 }
 
 /// The reference only tracks what makes an operation meaningful.
@@ -105,6 +111,7 @@ impl ReferenceStateMachine for Reference {
             4 => (0usize..8, 0u8..5, 0u16..300, 0.0f64..1.0).prop_map(|(slot, kind, retry_after, jitter)| Op::Finish { slot, kind, retry_after, jitter }),
             1 => Just(Op::Crash),
             1 => Just(Op::Sweep),
+            1 => (0usize..64).prop_map(|pick| Op::Steal { pick }),
         ]
         .boxed()
     }
@@ -125,8 +132,8 @@ struct Row {
     attempts: u32,
     next_at: Timestamp,
     lease: i64,
+    /// The node holding it (0 is the node under test).
     owner: Option<u32>,
-    lease_until: Option<Timestamp>,
 }
 
 struct Sut {
@@ -185,18 +192,20 @@ fn outcome(kind: u8, retry_after: u16) -> AttemptOutcome {
 }
 
 impl Sut {
-    /// Claims rows the way the store's claim query does.
+    /// Claims rows the way the store does: after a restart the node's own
+    /// rows; otherwise rows that are due and held by nobody.
     fn claim(&mut self, reclaim_own: bool) {
         let now = self.now;
         let mut claimed = Vec::new();
         for row in self.rows.values_mut() {
-            let due = row.next_at <= now && row.lease_until.is_none_or(|t| t < now);
-            if row.status == DeliveryStatus::Pending
-                && ((reclaim_own && row.owner == Some(0)) || due)
-            {
+            let wanted = if reclaim_own {
+                row.owner == Some(0)
+            } else {
+                row.owner.is_none() && row.next_at <= now
+            };
+            if row.status == DeliveryStatus::Pending && wanted {
                 row.lease += 1;
                 row.owner = Some(0);
-                row.lease_until = Some(row.next_at.max(now).plus(LEASE));
                 let mut j = row.job.clone();
                 j.lease_version = row.lease;
                 j.attempt_count = row.attempts;
@@ -208,6 +217,26 @@ impl Sut {
         for j in claimed {
             self.sched.add(j, now);
         }
+    }
+
+    /// Another node takes a delivery over and hands it back unattempted.
+    fn steal(&mut self, pick: usize) {
+        let mut pending: Vec<DeliveryId> = self
+            .rows
+            .iter()
+            .filter(|(_, r)| r.status == DeliveryStatus::Pending)
+            .map(|(id, _)| *id)
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        pending.sort();
+        let row = self
+            .rows
+            .get_mut(&pending[pick % pending.len()])
+            .expect("row");
+        row.lease += 1;
+        row.owner = None;
     }
 
     fn start(&mut self) {
@@ -238,7 +267,11 @@ impl Sut {
         if self.in_flight.is_empty() {
             return;
         }
-        let j = self.in_flight.remove(slot % self.in_flight.len());
+        let mut j = self.in_flight.remove(slot % self.in_flight.len());
+        // As the dispatcher does: record under the newest lease held.
+        if let Some(newer) = self.sched.lease(&j.delivery_id) {
+            j.lease_version = j.lease_version.max(newer);
+        }
         let health = match o {
             AttemptOutcome::Delivered { .. } => Health::Success,
             AttemptOutcome::Retryable { .. } => Health::Failure,
@@ -278,11 +311,8 @@ impl Sut {
             row.status = next.status;
             row.attempts = row.attempts.max(next.attempts);
             row.next_at = next.next_attempt_at;
-            if hold {
-                row.lease_until = Some(next.next_attempt_at.plus(LEASE));
-            } else {
+            if !hold {
                 row.owner = None;
-                row.lease_until = None;
             }
             if hold {
                 let mut again = j;
@@ -346,7 +376,6 @@ impl StateMachineTest for DispatchModel {
                         next_at: sut.now,
                         lease: 1,
                         owner: Some(0),
-                        lease_until: Some(sut.now.plus(LEASE)),
                     },
                 );
                 sut.sched.add(j, sut.now);
@@ -370,6 +399,7 @@ impl StateMachineTest for DispatchModel {
                 sut.claim(true);
             }
             Op::Sweep => sut.claim(false),
+            Op::Steal { pick } => sut.steal(pick),
         }
         sut.check();
         sut
@@ -377,9 +407,9 @@ impl StateMachineTest for DispatchModel {
 
     fn teardown(mut sut: Sut, _: RefState) {
         // Liveness: with every attempt now succeeding at once, each pending
-        // delivery gets an attempt within max backoff + lease (+ a sweep).
+        // delivery gets an attempt within max backoff (+ a sweep).
         let p = policy();
-        let bound = p.max_delay.max(p.retry_after_cap) + LEASE + Duration::from_secs(2);
+        let bound = p.max_delay.max(p.retry_after_cap) + Duration::from_secs(2);
         let start = sut.now;
         let mut waiting: HashMap<DeliveryId, Timestamp> = sut
             .rows

@@ -1,6 +1,9 @@
-//! Claims work that is not in memory: deliveries due whose lease expired
-//! (retries released earlier, orphans of a crashed node), everything this
-//! node held before a restart, and replay requests.
+//! Claims work that is not in memory: at start-up everything this node held
+//! before a restart; then, every interval, deliveries that are due and held
+//! by no live node (retries released earlier, operational and test events,
+//! orphans of a node whose lease lapsed), and replay requests. It also
+//! renews the node's lease, which keeps the deliveries this node holds its
+//! own: one row per node, not a renewal per delivery.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +27,8 @@ pub enum Claimed {
     Replays(Vec<DeliveryJob>),
 }
 
-/// Runs until `stop`; `exclude` lists endpoints whose deliveries it must
-/// leave alone until the given time (open circuits: their deliveries wait
+/// Runs until `stop`; `exclude` lists endpoints whose due deliveries it
+/// leaves alone until the given time (open circuits: their deliveries wait
 /// for the probe; after it, claims resume so that a probe can go at all).
 pub async fn run<S: DispatchStore>(
     store: Arc<S>,
@@ -34,8 +37,43 @@ pub async fn run<S: DispatchStore>(
     exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
     stop: CancellationToken,
 ) {
-    let mut reclaim_own = true;
+    if let Err(e) = store.heartbeat(&settings.node_id, settings.lease).await {
+        tracing::warn!(error = %e, "could not renew the node's lease");
+    }
+    let mut last_heartbeat = std::time::Instant::now();
+    // Everything this node held before a restart, in id order.
+    let mut after = None;
     loop {
+        match store
+            .reclaim_own(&settings.node_id, after, settings.sweep_batch)
+            .await
+        {
+            Ok(jobs) => {
+                let full = jobs.len() >= settings.sweep_batch;
+                after = jobs.iter().map(|j| j.delivery_id).max();
+                if !jobs.is_empty() {
+                    tracing::info!(count = jobs.len(), "reclaimed deliveries this node held");
+                    if out.send(Claimed::Due(jobs)).await.is_err() {
+                        return;
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not reclaim this node's deliveries");
+                break;
+            }
+        }
+    }
+    loop {
+        if last_heartbeat.elapsed() >= settings.lease / 4 {
+            match store.heartbeat(&settings.node_id, settings.lease).await {
+                Ok(()) => last_heartbeat = std::time::Instant::now(),
+                Err(e) => tracing::warn!(error = %e, "could not renew the node's lease"),
+            }
+        }
         loop {
             let now = settings.clock.now();
             let excluded: Vec<EndpointId> = exclude
@@ -45,25 +83,18 @@ pub async fn run<S: DispatchStore>(
                 .map(|(id, _)| *id)
                 .collect();
             match store
-                .claim_due(
-                    &settings.node_id,
-                    settings.sweep_batch,
-                    settings.lease,
-                    reclaim_own,
-                    &excluded,
-                )
+                .claim_due(&settings.node_id, settings.sweep_batch, &excluded)
                 .await
             {
                 Ok(jobs) => {
                     let full = jobs.len() >= settings.sweep_batch;
                     if !jobs.is_empty() {
-                        tracing::debug!(count = jobs.len(), reclaim_own, "claimed due deliveries");
+                        tracing::debug!(count = jobs.len(), "claimed due deliveries");
                         if out.send(Claimed::Due(jobs)).await.is_err() {
                             return;
                         }
                     }
                     if !full {
-                        reclaim_own = false;
                         break;
                     }
                 }

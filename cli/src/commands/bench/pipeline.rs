@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::world::{World, peak_rss_kib};
+use super::world::{World, cpu_seconds, peak_rss_kib};
 
 /// Arguments of `walhook bench pipeline`.
 #[derive(Debug, clap::Args)]
@@ -85,6 +85,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         super::progress(total_expected, "events committed")
     };
     let started = Instant::now();
+    let cpu_start = cpu_seconds();
     while started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_millis(250)).await;
         bar.set_position(written.load(Ordering::Relaxed));
@@ -95,25 +96,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         w.await.context("a writer panicked")??;
     }
     let write_secs = started.elapsed().as_secs_f64();
+    let cpu_end = cpu_seconds();
+    let cpu = (
+        (cpu_end.0 - cpu_start.0) / write_secs,
+        (cpu_end.1 - cpu_start.1) / write_secs,
+        (cpu_end.2 - cpu_start.2) / write_secs,
+    );
     bar.finish_and_clear();
     let events = written.load(Ordering::Relaxed);
     let deliveries_expected = events * u64::from(args.endpoints);
 
-    // Drain: until every delivery succeeded (or 5 minutes).
+    // Drain: until every delivery succeeded (or 5 minutes), watched through
+    // the dispatcher's counter rather than by querying the database under load.
     let drain_start = Instant::now();
-    loop {
-        let done: i64 = world
-            .platform_sql
-            .query_one(
-                "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
-                &[],
-            )
-            .await?
-            .get(0);
-        if done as u64 >= deliveries_expected || drain_start.elapsed() > Duration::from_secs(300) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
+    while succeeded() < deliveries_expected && drain_start.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drain_secs = drain_start.elapsed().as_secs_f64();
     let total_secs = started.elapsed().as_secs_f64();
@@ -147,6 +145,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         "first_attempt_latency_ms": { "p50": p50, "p99": p99, "p99_9": p999 },
         "slot_max_lag_bytes": max_lag.load(Ordering::Relaxed),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+        "cpu_cores_while_writing": { "walhook_process": cpu.0, "postgres": cpu.1, "machine_busy": cpu.2 },
         "note": "Postgres, receivers, load writers and walhook share this machine; RSS is this process (walhook + receiver + writers)",
     });
     if !args.json {

@@ -194,3 +194,52 @@ pub fn peak_rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// CPU time used so far, in seconds: (this process, every `postgres`
+/// process, the whole machine busy), read from /proc.
+pub fn cpu_seconds() -> (f64, f64, f64) {
+    // Clock ticks per second: 100 on Linux unless the kernel says otherwise.
+    const HZ: f64 = 100.0;
+    let ticks = |stat: &str| -> Option<f64> {
+        // Fields after the command (which may hold spaces) in parentheses.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / HZ)
+    };
+    let own = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut postgres = 0.0;
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+            {
+                continue;
+            }
+            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+                && stat.contains("(postgres)")
+            {
+                postgres += ticks(&stat).unwrap_or(0.0);
+            }
+        }
+    }
+    let busy = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().next()?.to_owned();
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            Some((v.iter().sum::<f64>() - v.get(3)? - v.get(4)?) / HZ)
+        })
+        .unwrap_or(0.0);
+    (own, postgres, busy)
+}
