@@ -213,7 +213,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             kind: "embedded".into(),
-            events_partitions: 2,
+            events_partitions: 4,
             deliveries_partitions: 2,
             capacity: 20_000,
         }

@@ -90,7 +90,7 @@ impl DispatchStore for Memory {
         self.disabled.lock().push((endpoint, reason.to_owned()));
         Ok(())
     }
-    async fn save_health(&self, _: &EndpointHealth) -> Result<(), StoreError> {
+    async fn save_health(&self, _: &[EndpointHealth]) -> Result<(), StoreError> {
         Ok(())
     }
     async fn load_health(&self) -> Result<Vec<EndpointHealth>, StoreError> {

@@ -26,6 +26,9 @@ use crate::log::{Consumer, LogError, Producer};
 use crate::store::{FanoutStore, StoreError};
 use crate::time::Timestamp;
 
+/// Deliveries made in one transaction at most (one event's are never split).
+const MAX_DELIVERIES_PER_TX: usize = 2000;
+
 /// Fan-out settings.
 #[derive(Debug, Clone)]
 pub struct FanoutSettings {
@@ -109,34 +112,67 @@ where
                     Err(e) => return Err(e.into()),
                 },
             };
-            let Some(last) = records.last().map(|r| r.offset) else {
-                continue;
-            };
-            let events: Vec<Event> = records.into_iter().map(|r| r.message).collect();
-            let (deliveries, jobs) = self.plan(&events);
-            let made = self
-                .materialize_with_retry(&events, &deliveries, &shutdown)
-                .await?;
-            failpoint::hit("fanout.after_materialize");
-            self.consumer.commit(Offset(last.0 + 1)).await?;
-            counters
-                .events
-                .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            counters
-                .deliveries
-                .fetch_add(made.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            let made: std::collections::HashSet<DeliveryId> = made.into_iter().collect();
-            let fresh: Vec<(Vec<u8>, DeliveryJob)> = jobs
-                .into_iter()
-                .filter(|j| made.contains(&j.delivery_id))
-                .map(|j| (j.endpoint_id.0.to_vec(), j))
-                .collect();
-            if !fresh.is_empty() {
-                // Durability of jobs is the deliveries table's; the receipt
-                // is not awaited.
-                drop(self.jobs.send_all(fresh).await?);
+            // Bounded transactions: an event for a tenant with a thousand
+            // endpoints goes in a transaction of its own instead of holding
+            // up the events polled with it.
+            let directory = self.directory.snapshot();
+            let mut chunk: Vec<crate::log::Record<Event>> = Vec::new();
+            let mut planned = 0usize;
+            for record in records {
+                let e = &record.message;
+                let n = directory
+                    .subscribers(&e.tenant_id, &e.event_type, e.occurred_at)
+                    .count();
+                if !chunk.is_empty() && planned + n > MAX_DELIVERIES_PER_TX {
+                    self.process(std::mem::take(&mut chunk), &counters, &shutdown)
+                        .await?;
+                    planned = 0;
+                }
+                planned += n;
+                chunk.push(record);
+            }
+            if !chunk.is_empty() {
+                self.process(chunk, &counters, &shutdown).await?;
             }
         }
+    }
+
+    /// Materialises one chunk of events, commits their offset, then sends
+    /// the jobs of the deliveries that did not exist before.
+    async fn process(
+        &mut self,
+        records: Vec<crate::log::Record<Event>>,
+        counters: &FanoutCounters,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FanoutError> {
+        let Some(last) = records.last().map(|r| r.offset) else {
+            return Ok(());
+        };
+        let events: Vec<Event> = records.into_iter().map(|r| r.message).collect();
+        let (deliveries, jobs) = self.plan(&events);
+        let made = self
+            .materialize_with_retry(&events, &deliveries, shutdown)
+            .await?;
+        failpoint::hit("fanout.after_materialize");
+        self.consumer.commit(Offset(last.0 + 1)).await?;
+        counters
+            .events
+            .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .deliveries
+            .fetch_add(made.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let made: std::collections::HashSet<DeliveryId> = made.into_iter().collect();
+        let fresh: Vec<(Vec<u8>, DeliveryJob)> = jobs
+            .into_iter()
+            .filter(|j| made.contains(&j.delivery_id))
+            .map(|j| (j.endpoint_id.0.to_vec(), j))
+            .collect();
+        if !fresh.is_empty() {
+            // Durability of jobs is the deliveries table's; the receipt
+            // is not awaited.
+            drop(self.jobs.send_all(fresh).await?);
+        }
+        Ok(())
     }
 
     /// The deliveries and jobs for `events` under the current directory.

@@ -136,7 +136,7 @@ pub trait DispatchStore: Send + Sync + 'static {
     /// Saves an endpoint's health (failing since, circuit) across restarts.
     fn save_health(
         &self,
-        health: &EndpointHealth,
+        health: &[EndpointHealth],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Every endpoint's saved health.

@@ -415,25 +415,37 @@ impl DispatchStore for Platform {
 
     async fn save_health(
         &self,
-        h: &EndpointHealth,
+        all: &[EndpointHealth],
     ) -> Result<(), walhook_pipeline::store::StoreError> {
+        // One row per endpoint: the latest state in the batch.
+        let mut latest: HashMap<EndpointId, &EndpointHealth> = HashMap::new();
+        for h in all {
+            latest.insert(h.endpoint_id, h);
+        }
+        let h: Vec<&EndpointHealth> = latest.into_values().collect();
+        let ids: Vec<Uuid> = h.iter().map(|x| uuid16(&x.endpoint_id.0)).collect();
+        let since: Vec<Option<SystemTime>> = h
+            .iter()
+            .map(|x| x.failing_since.map(|t| t.to_system_time()))
+            .collect();
+        let failures: Vec<i32> = h.iter().map(|x| x.consecutive_failures as i32).collect();
+        let circuits: Vec<&str> = h.iter().map(|x| x.circuit).collect();
+        let until: Vec<Option<SystemTime>> = h
+            .iter()
+            .map(|x| x.open_until.map(|t| t.to_system_time()))
+            .collect();
         let client = self.client().await?;
         client
             .execute(
                 "INSERT INTO walhook.endpoint_health (endpoint_id, failing_since, consecutive_failures, circuit, opened_at, open_until, updated_at) \
-                 SELECT $1, $2, $3, $4, CASE WHEN $4 = 'open' THEN now() END, $5, now() \
-                 WHERE EXISTS (SELECT 1 FROM walhook.endpoints WHERE id = $1) \
+                 SELECT u.id, u.since, u.failures, u.circuit, CASE WHEN u.circuit = 'open' THEN now() END, u.until, now() \
+                 FROM unnest($1::uuid[], $2::timestamptz[], $3::int4[], $4::text[], $5::timestamptz[]) AS u(id, since, failures, circuit, until) \
+                 WHERE EXISTS (SELECT 1 FROM walhook.endpoints WHERE id = u.id) \
                  ON CONFLICT (endpoint_id) DO UPDATE SET failing_since = EXCLUDED.failing_since, \
                    consecutive_failures = EXCLUDED.consecutive_failures, circuit = EXCLUDED.circuit, \
                    opened_at = CASE WHEN EXCLUDED.circuit = 'open' THEN coalesce(walhook.endpoint_health.opened_at, now()) END, \
                    open_until = EXCLUDED.open_until, updated_at = now()",
-                &[
-                    &uuid16(&h.endpoint_id.0),
-                    &h.failing_since.map(|t| t.to_system_time()),
-                    &(h.consecutive_failures as i32),
-                    &h.circuit,
-                    &h.open_until.map(|t| t.to_system_time()),
-                ],
+                &[&ids, &since, &failures, &circuits, &until],
             )
             .await
             .map_err(StoreError::query("save endpoint health"))?;

@@ -122,11 +122,23 @@ async fn write<S: DispatchStore>(
     if !releases.is_empty() {
         store.release(&releases).await?;
     }
+    let health: Vec<EndpointHealth> = batch
+        .iter()
+        .filter_map(|r| {
+            if let Record::Health(h) = r {
+                Some(h.clone())
+            } else {
+                None
+            }
+        })
+        .collect();
+    if !health.is_empty() {
+        store.save_health(&health).await?;
+    }
     for r in batch {
         match r {
             Record::RejectReplay(id, reason) => store.reject_replay(*id, reason).await?,
             Record::Disable(endpoint, reason) => store.disable_endpoint(*endpoint, reason).await?,
-            Record::Health(h) => store.save_health(h).await?,
             _ => {}
         }
     }

@@ -183,6 +183,29 @@ impl World {
     }
 }
 
+impl World {
+    /// p99 in ms of (commit → delivery made, delivery made → first attempt)
+    /// for `tenant`'s orders with ids in `[from, to)`: which stage waits.
+    pub async fn stage_p99(&self, tenant: &str, from: i64, to: i64) -> anyhow::Result<(f64, f64)> {
+        let row = self
+            .platform_sql
+            .query_one(
+                "SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY (extract(epoch FROM d.created_at - e.occurred_at) * 1000)::float8), \
+                        percentile_disc(0.99) WITHIN GROUP (ORDER BY (extract(epoch FROM a.started_at - d.created_at) * 1000)::float8) \
+                 FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
+                 JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+                 WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
+                   AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3",
+                &[&tenant, &from, &to],
+            )
+            .await?;
+        Ok((
+            row.get::<_, Option<f64>>(0).unwrap_or(f64::NAN),
+            row.get::<_, Option<f64>>(1).unwrap_or(f64::NAN),
+        ))
+    }
+}
+
 /// Peak resident memory of this process, in KiB.
 pub fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
