@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use uuid::Uuid;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 
+use crate::endpoints::record_version;
 use crate::{Platform, StoreError};
 
 /// An endpoint as the API shows it.
@@ -200,15 +201,7 @@ impl Platform {
             return Ok(false);
         };
         let version: i32 = row.get(0);
-        tx.execute(
-            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
-             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
-            &[&uid(id), &actor],
-        )
-        .await
-        .map_err(StoreError::query("record an endpoint version"))?;
+        record_version(&tx, uid(id), actor).await?;
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'endpoint.deleted', $3, jsonb_build_object('config_version', $4::int4))",

@@ -125,15 +125,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("create an endpoint"))?;
-        tx.execute(
-            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
-             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
-            &[&uid, &actor],
-        )
-        .await
-        .map_err(StoreError::query("record an endpoint version"))?;
+        record_version(&tx, uid, actor).await?;
         tx.execute(
             "INSERT INTO walhook.endpoint_secrets (endpoint_id, version, secret, key_id) VALUES ($1, 1, $2, $3)",
             &[&uid, &sealed.bytes, &sealed.key_id],
@@ -197,15 +189,7 @@ impl Platform {
             .ok_or_else(|| StoreError::Schema(format!("endpoint {id} does not exist")))?;
         let version: i32 = row.get(0);
         let tenant: String = row.get(1);
-        tx.execute(
-            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
-             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
-            &[&uid, &actor],
-        )
-        .await
-        .map_err(StoreError::query("record an endpoint version"))?;
+        record_version(&tx, uid, actor).await?;
         // Disabling and enabling are named actions: the audit log answers
         // "who turned this endpoint off" without reading details.
         let action = match change.enabled {
@@ -293,6 +277,25 @@ impl Platform {
     }
 }
 
+/// Keeps the endpoint's configuration, as it now is, as a row of
+/// `endpoint_versions` (every change is a new version; history is kept).
+pub(crate) async fn record_version(
+    tx: &deadpool_postgres::Transaction<'_>,
+    endpoint: Uuid,
+    actor: &str,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
+         enabled, rate_limit_per_sec, max_in_flight, changed_by) \
+         SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
+         max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
+        &[&endpoint, &actor],
+    )
+    .await
+    .map_err(StoreError::query("record an endpoint version"))?;
+    Ok(())
+}
+
 /// The type of the operational event emitted when walhook disables an
 /// endpoint.
 pub const ENDPOINT_DISABLED: &str = "endpoint.disabled";
@@ -329,15 +332,7 @@ impl Platform {
         let version: i32 = row.get(0);
         let tenant: String = row.get(1);
         let url: String = row.get(2);
-        tx.execute(
-            "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-             enabled, rate_limit_per_sec, max_in_flight, changed_by) \
-             SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-             max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
-            &[&uid, &actor],
-        )
-        .await
-        .map_err(StoreError::query("record an endpoint version"))?;
+        record_version(&tx, uid, actor).await?;
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'endpoint.disabled', $3, jsonb_build_object('reason', $4::text, 'config_version', $5::int4))",

@@ -687,84 +687,51 @@ impl CompiledRule {
                 _ => None,
             },
         };
-        let id = EventId::derive(tx.source, tx.commit_lsn, ordinal, &self.name);
-        let (event_type, payload, hash) = match self.outbox {
-            Some((type_index, payload_index, payload_type)) => {
+        let parts = |event_type: EventType, unavailable: Vec<String>| EventParts {
+            rule: &self.name,
+            tenant: tenant.clone(),
+            event_type,
+            schema_version: self.schema_version,
+            object_id: object_id.clone(),
+            object_version: object_version.clone(),
+            unavailable,
+        };
+        match self.outbox {
+            Some((type_index, payload_index, _)) => {
+                let invalid = |detail: &str| {
+                    self.incident(IncidentKind::InvalidRow, tx, ordinal, detail.into())
+                };
                 let Some(type_text) = text_of(rows.data(type_index)) else {
-                    return self.incident(
-                        IncidentKind::InvalidRow,
-                        tx,
-                        ordinal,
-                        "the outbox type column is null".into(),
-                    );
+                    return invalid("the outbox type column is null");
                 };
                 let event_type = match EventType::new(&type_text) {
                     Ok(t) => t,
-                    Err(e) => {
-                        return self.incident(
-                            IncidentKind::InvalidRow,
-                            tx,
-                            ordinal,
-                            format!("outbox type: {e}"),
-                        );
-                    }
+                    Err(e) => return invalid(&format!("outbox type: {e}")),
                 };
                 let Some(payload_text) = text_of(rows.data(payload_index)) else {
-                    return self.incident(
-                        IncidentKind::InvalidRow,
-                        tx,
-                        ordinal,
-                        "the outbox payload is null or missing".into(),
-                    );
+                    return invalid("the outbox payload is null or missing");
                 };
                 let mut data = Vec::new();
                 if JsonWriter::new(&mut data)
                     .embedded_json(&payload_text)
                     .is_err()
                 {
-                    let _ = payload_type;
-                    return self.incident(
-                        IncidentKind::InvalidRow,
-                        tx,
-                        ordinal,
-                        "the outbox payload is not JSON".into(),
-                    );
+                    return invalid("the outbox payload is not JSON");
                 }
                 let data = String::from_utf8_lossy(&data).into_owned();
-                let envelope = Envelope {
-                    id,
-                    event_type: &event_type,
-                    tenant_id: &tenant,
-                    object_id: object_id.as_deref(),
-                    object_version_json: object_version.as_deref(),
-                    occurred_at: tx.commit_time,
-                    schema_version: self.schema_version,
-                    unavailable: &[],
-                };
-                let (payload, hash) = envelope.write(|w| w.raw_value(&data));
-                (event_type, payload, hash)
+                parts(event_type, Vec::new()).build(tx, ordinal, |w| w.raw_value(&data))
             }
             None => {
                 let Some(event_type) = self.event_type.clone() else {
                     return Outcome::Skip;
                 };
-                let mut unavailable = Vec::new();
-                for (name, i, _) in &self.payload {
-                    if rows.data(*i) == Val::Unknown {
-                        unavailable.push(name.clone());
-                    }
-                }
-                let envelope = Envelope {
-                    id,
-                    event_type: &event_type,
-                    tenant_id: &tenant,
-                    object_id: object_id.as_deref(),
-                    object_version_json: object_version.as_deref(),
-                    occurred_at: tx.commit_time,
-                    schema_version: self.schema_version,
-                    unavailable: &unavailable,
-                };
-                let (payload, hash) = envelope.write(|w| {
+                let unavailable: Vec<String> = self
+                    .payload
+                    .iter()
+                    .filter(|(_, i, _)| rows.data(*i) == Val::Unknown)
+                    .map(|(name, _, _)| name.clone())
+                    .collect();
+                parts(event_type, unavailable).build(tx, ordinal, |w| {
                     w.begin_object();
                     for (name, i, type_oid) in &self.payload {
                         match rows.data(*i) {
@@ -780,26 +747,9 @@ impl CompiledRule {
                         }
                     }
                     w.end_object();
-                });
-                (event_type, payload, hash)
+                })
             }
-        };
-        Outcome::Event(Box::new(Event {
-            id,
-            source: tx.source.into(),
-            key: EventKey {
-                commit_lsn: tx.commit_lsn,
-                tx_ordinal: ordinal,
-            },
-            tenant_id: tenant,
-            event_type,
-            schema_version: self.schema_version,
-            object_id,
-            object_version,
-            occurred_at: tx.commit_time,
-            payload,
-            payload_hash: hash,
-        }))
+        }
     }
 
     fn column_type(&self, index: usize) -> u32 {
@@ -807,6 +757,56 @@ impl CompiledRule {
             .iter()
             .find(|(_, i, _)| *i == index)
             .map_or(oid::TEXT, |(_, _, t)| *t)
+    }
+}
+
+/// What a rule decided about a change; [`EventParts::build`] derives the
+/// id, writes the envelope once and makes the event.
+struct EventParts<'a> {
+    rule: &'a str,
+    tenant: TenantId,
+    event_type: EventType,
+    schema_version: u32,
+    object_id: Option<String>,
+    object_version: Option<String>,
+    unavailable: Vec<String>,
+}
+
+impl EventParts<'_> {
+    fn build(
+        self,
+        tx: &TxContext<'_>,
+        ordinal: u32,
+        write_data: impl FnOnce(&mut JsonWriter<'_>),
+    ) -> Outcome {
+        let id = EventId::derive(tx.source, tx.commit_lsn, ordinal, self.rule);
+        let (payload, payload_hash) = Envelope {
+            id,
+            event_type: &self.event_type,
+            tenant_id: &self.tenant,
+            object_id: self.object_id.as_deref(),
+            object_version_json: self.object_version.as_deref(),
+            occurred_at: tx.commit_time,
+            schema_version: self.schema_version,
+            unavailable: &self.unavailable,
+        }
+        .write(write_data);
+        Outcome::Event(Box::new(Event {
+            id,
+            source: tx.source.into(),
+            key: EventKey {
+                commit_lsn: tx.commit_lsn,
+                tx_ordinal: ordinal,
+            },
+            tenant_id: self.tenant,
+            event_type: self.event_type,
+            schema_version: self.schema_version,
+            object_id: self.object_id,
+            object_version: self.object_version,
+            occurred_at: tx.commit_time,
+            payload,
+            payload_hash,
+        }))
     }
 }
 
@@ -886,34 +886,16 @@ impl MessageRule {
                 return incident(format!("unknown member {key:?}"));
             }
         }
-        let id = EventId::derive(tx.source, tx.commit_lsn, ordinal, &self.name);
-        let envelope = Envelope {
-            id,
-            event_type: &event_type,
-            tenant_id: &tenant,
-            object_id: object_id.as_deref(),
-            object_version_json: object_version.as_deref(),
-            occurred_at: tx.commit_time,
-            schema_version: self.schema_version,
-            unavailable: &[],
-        };
-        let (payload, payload_hash) = envelope.write(|w| w.raw_value(data));
-        Outcome::Event(Box::new(Event {
-            id,
-            source: tx.source.into(),
-            key: EventKey {
-                commit_lsn: tx.commit_lsn,
-                tx_ordinal: ordinal,
-            },
-            tenant_id: tenant,
+        EventParts {
+            rule: &self.name,
+            tenant,
             event_type,
             schema_version: self.schema_version,
             object_id,
             object_version,
-            occurred_at: tx.commit_time,
-            payload,
-            payload_hash,
-        }))
+            unavailable: Vec::new(),
+        }
+        .build(tx, ordinal, |w| w.raw_value(data))
     }
 }
 
