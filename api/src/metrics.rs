@@ -67,6 +67,14 @@ pub mod names {
     pub const DISPATCH_FAILED: &str = "walhook_dispatch_deliveries_failed";
     /// Results not recorded because the lease moved on (counter).
     pub const DISPATCH_STALE: &str = "walhook_dispatch_stale_results";
+    /// Automatic retries made (counter).
+    pub const DISPATCH_RETRIES: &str = "walhook_dispatch_retries";
+    /// Manual attempts (replays) made (counter).
+    pub const DISPATCH_MANUAL_ATTEMPTS: &str = "walhook_dispatch_manual_attempts";
+    /// Circuits opened (counter).
+    pub const DISPATCH_CIRCUITS_OPENED: &str = "walhook_dispatch_circuits_opened";
+    /// Endpoints disabled by dispatch, for 410 or failing too long (counter).
+    pub const DISPATCH_ENDPOINTS_DISABLED: &str = "walhook_dispatch_endpoints_disabled";
     /// Pending deliveries (gauge, SQL).
     pub const DELIVERIES_PENDING: &str = "walhook_deliveries_pending";
     /// Age of the oldest pending delivery, seconds (gauge, SQL).

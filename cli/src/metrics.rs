@@ -140,6 +140,26 @@ impl Collector for PipelineCollector {
                 "Attempt results not recorded because the lease had moved on",
                 c.dispatch.stale.load(Relaxed),
             ),
+            (
+                names::DISPATCH_RETRIES,
+                "Automatic retries made",
+                c.dispatch.retries.load(Relaxed),
+            ),
+            (
+                names::DISPATCH_MANUAL_ATTEMPTS,
+                "Manual attempts (replays) made",
+                c.dispatch.manual.load(Relaxed),
+            ),
+            (
+                names::DISPATCH_CIRCUITS_OPENED,
+                "Endpoint circuits opened",
+                c.dispatch.circuits_opened.load(Relaxed),
+            ),
+            (
+                names::DISPATCH_ENDPOINTS_DISABLED,
+                "Endpoints disabled by dispatch (410 Gone, or failing too long)",
+                c.dispatch.endpoints_disabled.load(Relaxed),
+            ),
         ];
         for (name, help, value) in values {
             let counter = ConstCounter::new(value);

@@ -119,8 +119,6 @@ impl Default for DispatchSettings {
 /// Counters for metrics and the demo's summary.
 #[derive(Debug, Default)]
 pub struct DispatchCounters {
-    /// Attempts made.
-    pub attempts: AtomicU64,
     /// Attempts that were automatic retries.
     pub retries: AtomicU64,
     /// Manual attempts (replays).
@@ -135,10 +133,6 @@ pub struct DispatchCounters {
     pub circuits_opened: AtomicU64,
     /// Endpoints disabled by dispatch (410, failing too long).
     pub endpoints_disabled: AtomicU64,
-    /// Attempts by outcome class (`succeeded`, `retryable`, …).
-    pub outcomes: Mutex<HashMap<&'static str, u64>>,
-    /// Circuits that are not closed now, by state.
-    pub circuits: Mutex<HashMap<EndpointId, &'static str>>,
 }
 
 /// Why dispatch stopped.
@@ -332,7 +326,6 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                             Circuit::Open { until, cool_down },
                         );
                         state.exclude.lock().insert(h.endpoint_id, until);
-                        self.counters.circuits.lock().insert(h.endpoint_id, "open");
                     }
                 }
             }
@@ -490,13 +483,6 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             health,
             f.finished_at,
         );
-        self.counters.attempts.fetch_add(1, Ordering::Relaxed);
-        *self
-            .counters
-            .outcomes
-            .lock()
-            .entry(outcome.name())
-            .or_default() += 1;
         self.track_health(state, job, health, &report, f.finished_at, record_tx)
             .await;
         if outcome == AttemptOutcome::Gone {
@@ -606,12 +592,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 self.counters
                     .circuits_opened
                     .fetch_add(1, Ordering::Relaxed);
-                self.counters.circuits.lock().insert(id, "open");
                 state.exclude.lock().insert(id, until);
                 tracing::warn!(endpoint_id = %id, until = %until, "circuit opened: the endpoint keeps failing; its deliveries wait");
             }
             Some(CircuitChange::Closed) => {
-                self.counters.circuits.lock().remove(&id);
                 state.exclude.lock().remove(&id);
                 tracing::info!(endpoint_id = %id, "circuit closed: the endpoint answers again");
             }

@@ -150,11 +150,6 @@ impl Scheduler {
         self.held.len()
     }
 
-    /// Attempts in flight.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
     /// Whether automatic delivery `id` is held.
     pub fn holds(&self, id: &DeliveryId) -> bool {
         self.held.contains_key(id)
@@ -176,15 +171,6 @@ impl Scheduler {
             .get(endpoint)
             .map(|e| e.circuit)
             .unwrap_or_default()
-    }
-
-    /// Every endpoint whose circuit is not closed.
-    pub fn open_circuits(&self) -> Vec<(EndpointId, Circuit)> {
-        self.endpoints
-            .iter()
-            .filter(|(_, e)| !matches!(e.circuit, Circuit::Closed { .. }))
-            .map(|(id, e)| (*id, e.circuit))
-            .collect()
     }
 
     /// Restores a circuit after a restart.
@@ -240,12 +226,6 @@ impl Scheduler {
             .or_insert(job.lease_version);
         self.timer(at, Timer::Job(job.delivery_id));
         self.waiting.insert(job.delivery_id, job);
-    }
-
-    /// Forgets a held delivery that was handed back (released or ended
-    /// without an attempt).
-    pub fn release(&mut self, id: &DeliveryId) {
-        self.held.remove(id);
     }
 
     fn enqueue(&mut self, job: DeliveryJob) {
@@ -487,31 +467,6 @@ impl Scheduler {
             transition,
             circuit,
         }
-    }
-
-    /// Removes and returns every queued or waiting job of `endpoint` (it was
-    /// disabled or deleted).
-    pub fn drain_endpoint(&mut self, endpoint: &EndpointId) -> Vec<DeliveryJob> {
-        let mut out = Vec::new();
-        if let Some(ep) = self.endpoints.get_mut(endpoint) {
-            out.extend(ep.fresh.drain(..));
-            out.extend(ep.retries.drain(..));
-        }
-        let waiting: Vec<DeliveryId> = self
-            .waiting
-            .iter()
-            .filter(|(_, j)| j.endpoint_id == *endpoint)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in waiting {
-            if let Some(job) = self.waiting.remove(&id) {
-                out.push(job);
-            }
-        }
-        for job in &out {
-            self.held.remove(&job.delivery_id);
-        }
-        out
     }
 }
 
