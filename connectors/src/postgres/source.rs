@@ -295,7 +295,6 @@ impl PostgresSource {
                     let lsn = *confirmed_rx.borrow_and_update();
                     stats.confirmed = lsn;
                     if options.confirm {
-                        failpoint::hit("capture.before_confirm");
                         client.update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn.0));
                     }
                 }
@@ -442,6 +441,10 @@ async fn acker(
             return;
         }
         if lsn > *confirmed.borrow() {
+            // Durable downstream, not yet confirmed to the server: a crash
+            // here must make the slot hand the same events on again. Hit
+            // once per transaction, so that tests can aim at the N-th one.
+            failpoint::hit("capture.before_confirm");
             confirmed.send_replace(lsn);
             observer.confirmed(lsn);
         }
