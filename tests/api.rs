@@ -402,7 +402,16 @@ async fn a_customer_manages_webhooks_over_the_api() {
         .len();
     assert_eq!(after, before, "a disabled endpoint got a new delivery");
 
-    // Recover: every failure since the time asked for is queued once.
+    // Recover: every failure since the time asked for is queued once. The
+    // 400 fails each delivery at its first attempt; wait until all five are
+    // failed so that the count is exact.
+    api.wait_for(
+        &key,
+        &format!("/v1/webhook-deliveries?endpoint_id={failing}&status=failed"),
+        "every delivery to the broken endpoint failed",
+        |b| b["data"].as_array().is_some_and(|d| d.len() == 5),
+    )
+    .await;
     let (s, recovered) = api
         .post(
             &key,
@@ -411,17 +420,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
         )
         .await;
     assert_eq!(s, 202, "{recovered}");
-    let failed_now = api
-        .get(
-            &key,
-            &format!("/v1/webhook-deliveries?endpoint_id={failing}&status=failed"),
-        )
-        .await
-        .1["data"]
-        .as_array()
-        .unwrap()
-        .len() as i64;
-    assert_eq!(recovered["replay_request_count"], failed_now, "{recovered}");
+    assert_eq!(recovered["replay_request_count"], 5, "{recovered}");
     let (_, again) = api
         .post(
             &key,
@@ -429,9 +428,38 @@ async fn a_customer_manages_webhooks_over_the_api() {
             json!({"since": since}),
         )
         .await;
-    assert_eq!(
-        again["replay_request_count"], 0,
-        "recovering twice queued twice"
+    // A second recovery asks again only for deliveries whose first replay
+    // has already been made (and failed again); no delivery ever has two
+    // open requests.
+    let done: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d ON d.id = r.delivery_id \
+             WHERE d.endpoint_id = $1 AND r.done_at IS NOT NULL",
+            &[&uuid::Uuid::from_bytes(
+                failing
+                    .parse::<walhook_pipeline::ids::EndpointId>()
+                    .unwrap()
+                    .0,
+            )],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let twice: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*) FROM (SELECT delivery_id FROM walhook.replay_requests \
+             WHERE done_at IS NULL GROUP BY delivery_id HAVING count(*) > 1) t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(twice, 0, "a delivery has two open replay requests");
+    assert!(
+        again["replay_request_count"].as_i64().unwrap() <= done,
+        "recovering twice queued a delivery whose replay was still open: {again}, {done} done"
     );
 
     // The history: versions and the audit log.
