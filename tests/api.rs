@@ -177,6 +177,103 @@ async fn insert_order(w: &World, id: i64, tenant: &str) {
         .unwrap();
 }
 
+/// Message (and outbox) rules name their own types: declared ones are in
+/// the catalog from the start, others as soon as the first such event is
+/// fanned out; tenants can subscribe to both.
+#[tokio::test]
+async fn message_types_enter_the_catalog_and_can_be_subscribed_to() {
+    let w = World::new().await;
+    let port = free_port();
+    let rule = "[[rules]]\nname = \"app_messages\"\nkind = \"message\"\nprefix = \"app\"\n\
+                event_types = [\"invoice.voided\"]\n";
+    let child = Child::run(&w.config(&format!("{}{rule}", api_section(port))));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    let names = |b: &Value| -> Vec<String> {
+        b["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let emit = |event_type: &str, id: i64| {
+        format!(
+            "SELECT pg_logical_emit_message(true, 'app', \
+             '{{\"type\": \"{event_type}\", \"tenant_id\": \"acme\", \"object_id\": \"{id}\", \"data\": {{\"id\": {id}}}}}')"
+        )
+    };
+
+    let (_, types) = api.get(&key, "/v1/event-types").await;
+    assert!(
+        names(&types).contains(&"invoice.voided".to_owned()),
+        "{types}"
+    );
+    let (s, refused) = api
+        .post(
+            &key,
+            "/v1/webhook-endpoints",
+            json!({"url": w.receiver.url("reissued"), "event_types": ["invoice.reissued"]}),
+        )
+        .await;
+    assert_eq!(s, 422, "an unknown type was accepted: {refused}");
+
+    w.shop
+        .batch_execute(&emit("invoice.reissued", 1))
+        .await
+        .unwrap();
+    api.wait_for(
+        &key,
+        "/v1/event-types",
+        "invoice.reissued entering the catalog",
+        |b| names(b).contains(&"invoice.reissued".to_owned()),
+    )
+    .await;
+    endpoint(&w, &api, &key, "voided", &["invoice.voided"]).await;
+    endpoint(&w, &api, &key, "reissued", &["invoice.reissued"]).await;
+    // The directory notices new endpoints within its 200 ms poll.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.shop
+        .batch_execute(&format!(
+            "{}; {}",
+            emit("invoice.voided", 2),
+            emit("invoice.reissued", 3)
+        ))
+        .await
+        .unwrap();
+    let arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(30), |got| {
+            !at(got, "voided").is_empty() && !at(got, "reissued").is_empty()
+        })
+        .await;
+    assert!(arrived, "{}", w.state().await);
+    let got = w.receiver.received();
+    for (path, event_type, id) in [
+        ("voided", "invoice.voided", 2),
+        ("reissued", "invoice.reissued", 3),
+    ] {
+        let bodies: Vec<Value> = at(&got, path)
+            .iter()
+            .map(|r| {
+                assert_eq!(r.verified, Some(true));
+                serde_json::from_slice(&r.body).unwrap()
+            })
+            .collect();
+        assert!(
+            bodies
+                .iter()
+                .all(|b| b["type"] == event_type && b["data"]["id"] == id),
+            "{path}: {bodies:?}"
+        );
+    }
+    child.terminate();
+}
+
 #[tokio::test]
 async fn a_customer_manages_webhooks_over_the_api() {
     let w = World::new().await;

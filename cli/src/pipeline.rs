@@ -185,7 +185,7 @@ pub async fn start_observed(
     )?;
     let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?;
     platform
-        .upsert_event_types(&cfg.source.name, &source.event_types())
+        .upsert_event_types(&cfg.source.name, source.event_types())
         .await?;
 
     let directory = Arc::new(SubscriptionCache::default());

@@ -431,6 +431,129 @@ async fn truncate_is_counted_and_reported() {
     assert_eq!(with_incident.len(), 1);
 }
 
+/// Outbox rows and logical messages name their own types; both become
+/// events in commit order, the declared types are listed at start-up, and
+/// malformed messages are incidents, never dropped silently.
+#[tokio::test]
+async fn outbox_rows_and_logical_messages_become_events() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let (url, db) = setup(&pg, "outbox").await;
+    db.batch_execute(
+        "CREATE TABLE outbox (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
+         aggregate_id text, event_type text NOT NULL, payload jsonb NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let (cfg, _) = config(&url, "");
+    let rules: Rules = toml::from_str(
+        r#"
+[[rules]]
+name = "outbox"
+kind = "outbox"
+table = "public.outbox"
+type_column = "event_type"
+payload_column = "payload"
+tenant_column = "tenant_id"
+object_id_column = "aggregate_id"
+event_types = ["order.shipped"]
+
+[[rules]]
+name = "app_messages"
+kind = "message"
+prefix = "app"
+schema_version = 2
+event_types = ["invoice.voided"]
+"#,
+    )
+    .unwrap();
+    let source = PostgresSource::prepare(cfg, rules.rules).await.unwrap();
+    assert_eq!(
+        source.event_types(),
+        [
+            ("invoice.voided".to_owned(), 2),
+            ("order.shipped".to_owned(), 1)
+        ]
+    );
+    let voided = r#"{"type": "invoice.voided", "tenant_id": "acme", "object_id": "7", "data": {"id": 7, "reason": "dup"}}"#;
+    db.batch_execute(&format!(
+        "BEGIN; \
+         INSERT INTO outbox (tenant_id, aggregate_id, event_type, payload) \
+           VALUES ('acme', 'o-1', 'order.shipped', '{{\"carrier\": \"ups\", \"parcels\": 2}}'); \
+         SELECT pg_logical_emit_message(true, 'app', '{voided}'); \
+         COMMIT;"
+    ))
+    .await
+    .unwrap();
+    for sql in [
+        // Not transactional: it has no commit time, so no event.
+        format!("SELECT pg_logical_emit_message(false, 'app', '{voided}')"),
+        // Not JSON.
+        "SELECT pg_logical_emit_message(true, 'app', 'voided invoice 7')".to_owned(),
+        // Another prefix: not this source's.
+        format!("SELECT pg_logical_emit_message(true, 'other', '{voided}')"),
+        // A type no rule declared still becomes an event.
+        "INSERT INTO outbox (tenant_id, event_type, payload) \
+         VALUES ('globex', 'order.returned', '[1, 2]')"
+            .to_owned(),
+    ] {
+        db.batch_execute(&sql).await.unwrap();
+    }
+    let observer = Arc::new(Incidents::default());
+    let sink = Collect::default();
+    source
+        .run(
+            sink.clone(),
+            observer.clone(),
+            RunOptions {
+                confirm: false,
+                stop_when_caught_up: true,
+            },
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let events = sink.events();
+    let summary: Vec<(&str, &str, Option<&str>, u32)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.event_type.as_str(),
+                e.tenant_id.as_str(),
+                e.object_id.as_deref(),
+                e.schema_version,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("order.shipped", "acme", Some("o-1"), 1),
+            ("invoice.voided", "acme", Some("7"), 2),
+            ("order.returned", "globex", None, 1),
+        ]
+    );
+    assert_eq!(
+        data(&events[0])["data"],
+        serde_json::json!({"carrier": "ups", "parcels": 2})
+    );
+    assert_eq!(
+        data(&events[1])["data"],
+        serde_json::json!({"id": 7, "reason": "dup"})
+    );
+    assert_eq!(data(&events[2])["data"], serde_json::json!([1, 2]));
+    // The outbox row and the message share a transaction: one commit LSN.
+    assert_eq!(events[0].key.commit_lsn, events[1].key.commit_lsn);
+    let incidents = observer.0.lock().clone();
+    assert_eq!(incidents.len(), 2, "{incidents:?}");
+    assert!(
+        incidents
+            .iter()
+            .all(|i| i.kind == IncidentKind::InvalidMessage
+                && i.rule.as_deref() == Some("app_messages")),
+        "{incidents:?}"
+    );
+}
+
 async fn slot_exists(db: &tokio_postgres::Client) -> bool {
     db.query_opt(
         "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'walhook'",

@@ -61,6 +61,50 @@ impl Platform {
     }
 }
 
+impl Platform {
+    /// Adds the types of `events` that the catalog does not list yet, once
+    /// per process and type. Outbox rows and logical messages name their
+    /// own types, which no rule declared; the catalog still shows them, so
+    /// that tenants can find and subscribe to them.
+    async fn catalogue_types(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        let mut names: Vec<&str> = Vec::new();
+        let mut versions: Vec<i32> = Vec::new();
+        let mut sources: Vec<&str> = Vec::new();
+        {
+            let known = self.catalogued.lock();
+            for e in events {
+                let name = e.event_type.as_str();
+                if !known.contains(name) && !names.contains(&name) {
+                    names.push(name);
+                    versions.push(e.schema_version as i32);
+                    sources.push(&e.source);
+                }
+            }
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        client
+            .execute(
+                "INSERT INTO walhook.event_types (name, schema_version, source, description) \
+                 SELECT n, v, s, 'first seen in a captured event' \
+                 FROM unnest($1::text[], $2::int4[], $3::text[]) AS t(n, v, s) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[&names, &versions, &sources],
+            )
+            .await
+            .map_err(StoreError::query("add event types to the catalog"))?;
+        self.catalogued
+            .lock()
+            .extend(names.iter().map(|n| (*n).to_owned()));
+        Ok(())
+    }
+}
+
 impl FanoutStore for Platform {
     async fn materialize(
         &self,
@@ -70,6 +114,7 @@ impl FanoutStore for Platform {
         let mut client = self.client().await?;
         self.ensure_partitions(&client, "events", events.iter().map(|e| e.occurred_at))
             .await?;
+        self.catalogue_types(&client, events).await?;
         let tx = client
             .transaction()
             .await

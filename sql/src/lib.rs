@@ -95,6 +95,8 @@ pub struct Platform {
     keyring: Option<std::sync::Arc<Keyring>>,
     /// Daily partitions known to exist: (table, day since 1970).
     partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
+    /// Event types known to be in the catalog (see `fanout`).
+    catalogued: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Platform {
@@ -134,6 +136,7 @@ impl Platform {
             pool,
             keyring: None,
             partitions: Default::default(),
+            catalogued: Default::default(),
         })
     }
 

@@ -234,6 +234,13 @@ pub struct RuleConfig {
     pub payload_column: Option<String>,
     /// Message rules: the prefix of the logical messages.
     pub prefix: Option<String>,
+    /// Outbox and message rules: the event types the rule is expected to
+    /// produce. They enter the event-type catalog at start-up, so that
+    /// endpoints can subscribe before the first such event; a type that is
+    /// not listed still becomes an event and enters the catalog when it is
+    /// first fanned out.
+    #[serde(default)]
+    pub event_types: Vec<String>,
 }
 
 fn default_schema_version() -> u32 {
@@ -336,6 +343,16 @@ impl RuleConfig {
         if self.schema_version == 0 {
             return err("schema_version", "must be at least 1".into());
         }
+        for (i, t) in self.event_types.iter().enumerate() {
+            if EventType::new(t).is_err() {
+                return err(
+                    &format!("event_types[{i}]"),
+                    format!(
+                        "{t:?} is not a valid type: start with a letter, then letters, digits, `.`, `_`, `-`"
+                    ),
+                );
+            }
+        }
         for (i, c) in self.when.iter().enumerate() {
             if c.operator_count() != 1 {
                 return err(
@@ -389,6 +406,11 @@ impl RuleConfig {
                         "name the column that holds the tenant id".into(),
                     );
                 }
+                forbid(
+                    "event_types",
+                    !self.event_types.is_empty(),
+                    "table (a table rule has the one `event_type`)",
+                )?;
                 if !self.include.is_empty() && !self.exclude.is_empty() {
                     return err("include", "give either include or exclude, not both".into());
                 }
@@ -578,7 +600,8 @@ mod tests {
                 table = "outbox"
                 type_column = "type"
                 payload_column = "payload"
-                tenant_column = "tenant""#,
+                tenant_column = "tenant"
+                event_types = ["order.shipped", "order.returned"]"#,
             ),
             rule(
                 r#"name = "msgs"
@@ -597,6 +620,21 @@ mod tests {
                 table = "t"
                 event_type = "x.y""#,
                 "tenant_column",
+            ),
+            (
+                r#"name = "a"
+                table = "t"
+                tenant_column = "t"
+                event_type = "x.y"
+                event_types = ["x.z"]"#,
+                "event_types",
+            ),
+            (
+                r#"name = "m"
+                kind = "message"
+                prefix = "app"
+                event_types = ["ok.type", "2bad"]"#,
+                "event_types[1]",
             ),
             (
                 r#"name = "a"

@@ -92,6 +92,8 @@ pub struct PostgresSource {
     /// Table rules by (schema, table).
     table_rules: HashMap<(String, String), Vec<RuleConfig>>,
     message_rules: Vec<MessageRule>,
+    /// The event types the rules name, with their schema versions.
+    event_types: Vec<(String, u32)>,
     /// Warnings from start-up, for the operator.
     pub warnings: Vec<String>,
 }
@@ -192,10 +194,22 @@ impl PostgresSource {
         for w in &warnings {
             tracing::warn!("{w}");
         }
+        let mut event_types: Vec<(String, u32)> = rules
+            .iter()
+            .flat_map(|r| {
+                r.event_type
+                    .iter()
+                    .chain(&r.event_types)
+                    .map(|t| (t.clone(), r.schema_version))
+            })
+            .collect();
+        event_types.sort();
+        event_types.dedup();
         Ok(PostgresSource {
             cfg,
             table_rules,
             message_rules,
+            event_types,
             warnings,
         })
     }
@@ -205,17 +219,10 @@ impl PostgresSource {
         &self.cfg
     }
 
-    /// The event types the table rules produce, with their schema versions.
-    pub fn event_types(&self) -> Vec<(String, u32)> {
-        let mut out: Vec<(String, u32)> = self
-            .table_rules
-            .values()
-            .flatten()
-            .filter_map(|r| r.event_type.clone().map(|t| (t, r.schema_version)))
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+    /// The event types the rules produce or declare (`event_types` of
+    /// outbox and message rules), with their schema versions.
+    pub fn event_types(&self) -> &[(String, u32)] {
+        &self.event_types
     }
 
     /// Streams until `shutdown`, a definite error, or (with
