@@ -459,3 +459,42 @@ async fn endpoint_changes_are_honoured_within_a_second() {
     );
     assert!(child.terminate().success());
 }
+
+/// The database holds deliveries to one per (event, endpoint) by itself: a
+/// row's id must be the one derived from the pair, and the primary key
+/// does the rest (no second unique index on the hot path).
+#[tokio::test]
+async fn the_database_accepts_only_derived_delivery_ids() {
+    use uuid::Uuid;
+    use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId};
+
+    let w = World::new().await;
+    let event = EventId([1; 16]);
+    let endpoint = EndpointId([2; 16]);
+    let insert = |id: Uuid| {
+        let sql = &w.platform_sql;
+        async move {
+            sql.execute(
+                "INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, \
+                   event_occurred_at, endpoint_config_version, next_attempt_at, expires_at) \
+                 VALUES ($1, $2, $3, 'acme', 'order.created', now(), 1, now(), now() + interval '1 day')",
+                &[&id, &Uuid::from_bytes(event.0), &Uuid::from_bytes(endpoint.0)],
+            )
+            .await
+        }
+    };
+    let derived = Uuid::from_bytes(DeliveryId::derive(event, endpoint).0);
+    insert(derived).await.expect("the derived id is accepted");
+    let again = insert(derived).await.unwrap_err();
+    assert_eq!(
+        again.as_db_error().and_then(|e| e.constraint()),
+        Some("deliveries_pkey"),
+        "{again}"
+    );
+    let other = insert(Uuid::from_bytes([9; 16])).await.unwrap_err();
+    assert_eq!(
+        other.as_db_error().and_then(|e| e.constraint()),
+        Some("deliveries_id_is_derived"),
+        "{other}"
+    );
+}

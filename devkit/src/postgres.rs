@@ -147,6 +147,9 @@ fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// Settings every cluster gets; tests may add more.
+/// Extra `name = value` settings for every cluster, `;`-separated.
+pub const SETTINGS_ENV: &str = "WALHOOK_PG_SETTINGS";
+
 const BASE_SETTINGS: &[(&str, &str)] = &[
     ("listen_addresses", "'127.0.0.1'"),
     ("wal_level", "logical"),
@@ -286,10 +289,23 @@ impl LocalPostgres {
         let data = dir.path().join("data");
         copy_tree(&template, &data)?;
         let mut conf = String::from("\n# walhook devkit\n");
+        // For profiling: `WALHOOK_PG_SETTINGS="shared_preload_libraries =
+        // 'pg_stat_statements'; log_min_duration_statement = 100"` adds
+        // lines to every throwaway cluster (later lines win).
+        let from_env: Vec<(String, String)> = std::env::var(SETTINGS_ENV)
+            .unwrap_or_default()
+            .split(';')
+            .filter_map(|item| {
+                let (k, v) = item.split_once('=')?;
+                Some((k.trim().to_owned(), v.trim().to_owned()))
+            })
+            .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+            .collect();
         for (k, v) in BASE_SETTINGS
             .iter()
             .map(|(k, v)| (*k, *v))
             .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .chain(from_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         {
             conf.push_str(&format!("{k} = {v}\n"));
         }

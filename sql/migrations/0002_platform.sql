@@ -96,7 +96,12 @@ CREATE TABLE walhook.events (
 CREATE TYPE walhook.delivery_status AS ENUM ('pending', 'succeeded', 'failed', 'exhausted', 'cancelled');
 
 -- One row per (event, endpoint). The id is derived from both, so fan-out
--- run twice fills gaps and never makes a second delivery.
+-- run twice fills gaps and never makes a second delivery. The check below
+-- is that derivation (DeliveryId::derive: the first 16 bytes of SHA-256
+-- over length-prefixed parts), so the primary key alone enforces one row
+-- per pair: a UNIQUE (event_id, endpoint_id) index would cost a sixth index
+-- entry on every insert and every non-HOT update, the hottest writes of
+-- the platform (docs/performance.md).
 CREATE TABLE walhook.deliveries (
     id                       uuid PRIMARY KEY,
     event_id                 uuid NOT NULL,
@@ -117,7 +122,10 @@ CREATE TABLE walhook.deliveries (
     last_error_class         text,
     created_at               timestamptz NOT NULL DEFAULT now(),
     updated_at               timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (event_id, endpoint_id)
+    CONSTRAINT deliveries_id_is_derived CHECK (id = encode(substring(sha256(
+        '\x0000000000000013'::bytea || convert_to('walhook.delivery.v1', 'UTF8')
+        || '\x0000000000000010'::bytea || uuid_send(event_id)
+        || '\x0000000000000010'::bytea || uuid_send(endpoint_id)) FROM 1 FOR 16), 'hex')::uuid)
 );
 -- Pending deliveries nobody holds (released retries, orphans once claimed,
 -- operational and test events), by due time: what sweepers claim.
