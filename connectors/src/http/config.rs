@@ -23,7 +23,10 @@ pub struct EgressSettings {
     pub request_timeout: Duration,
     /// Response bytes read at most (the rest is ignored); at most 64 KiB.
     pub max_response_bytes: usize,
-    /// Idle connections kept per host.
+    /// Idle connections kept per host. Keep it at least at the attempts one
+    /// host sees in flight at once (several endpoints of one receiver
+    /// share a host): a connection returned to a full pool is closed, and
+    /// the next attempt pays a new TCP and TLS handshake.
     pub pool_idle_per_host: usize,
     /// Ports endpoints may use with https (443 by default; never 0).
     pub allowed_ports: Vec<u16>,
@@ -45,7 +48,7 @@ impl Default for EgressSettings {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(15),
             max_response_bytes: MAX_RESPONSE_BYTES,
-            pool_idle_per_host: 32,
+            pool_idle_per_host: 256,
             allowed_ports: DEFAULT_PORTS.to_vec(),
             proxy: None,
             allow_http_loopback: false,
