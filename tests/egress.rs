@@ -219,6 +219,55 @@ async fn deliver_order(w: &World, path: &str, n: i64) -> Received {
     w.receiver.received().into_iter().find(is_it).unwrap()
 }
 
+/// Proxy variables in walhook's environment are ignored: customer traffic
+/// never goes through a proxy that the URL and address policies did not
+/// vet (only `[egress].proxy` names one).
+#[tokio::test]
+async fn proxy_variables_in_the_environment_are_ignored() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let w = World::new().await;
+    // A loopback "proxy" that counts the connections it gets and answers
+    // none of them.
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    {
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = proxy.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
+                drop(socket);
+            }
+        });
+    }
+    endpoint_with_secret(&w, "direct", &["order.created"]).await;
+    let env: Vec<(&str, &str)> = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ]
+    .into_iter()
+    .map(|name| (name, proxy_url.as_str()))
+    .collect();
+    let child = Child::run_with_env(&w.config(""), &env);
+    w.wait_streaming().await;
+    for n in 1..=3 {
+        let got = deliver_order(&w, "direct", n).await;
+        assert_eq!(got.verified, Some(true));
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a delivery went through the proxy named in the environment"
+    );
+    child.kill();
+}
+
 #[tokio::test]
 async fn the_official_libraries_verify_deliveries_through_a_rotation() {
     require_official_libraries();

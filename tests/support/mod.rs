@@ -274,6 +274,12 @@ pub struct Child(pub std::process::Child);
 impl Child {
     /// Starts `walhook run --config cfg`.
     pub fn run(cfg: &Path) -> Child {
+        Child::run_with_env(cfg, &[])
+    }
+
+    /// Starts `walhook run --config cfg` with `env` added to the
+    /// environment.
+    pub fn run_with_env(cfg: &Path, env: &[(&str, &str)]) -> Child {
         let child = walhook()
             .args(["run", "--config"])
             .arg(cfg)
@@ -281,6 +287,7 @@ impl Child {
                 "WALHOOK_LOG",
                 std::env::var("WALHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(env.iter().copied())
             .spawn()
             .expect("cannot start walhook run");
         Child(child)
