@@ -67,3 +67,46 @@ async fn a_retried_post_runs_once() {
         2
     );
 }
+
+/// A crash between the work and storing its answer leaves a claim without
+/// a response, which a retry takes over after a minute. The retry must not
+/// make a second endpoint: the endpoint's id comes from the key.
+#[tokio::test]
+async fn a_retry_after_a_lost_answer_makes_no_second_endpoint() {
+    let api = Api::start().await;
+    let key = api.tenant("acme").await;
+    let body = json!({"url": "https://hooks.example.com/a"});
+    let path = "/v1/webhook-endpoints";
+    let first = post_with_key(&api, &key, path, "k-lost", body.clone()).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let id = first.body["endpoint"]["id"].as_str().unwrap().to_owned();
+    // What the crash would have left: the claim, no response, abandoned.
+    api.sql
+        .execute(
+            "UPDATE walhook.idempotency_keys SET status = NULL, response = NULL, \
+             created_at = now() - interval '2 minutes' WHERE key = 'k-lost'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let retry = post_with_key(&api, &key, path, "k-lost", body.clone()).await;
+    retry.problem(409);
+    let detail = retry.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(&id), "{detail}");
+    assert_eq!(api.count("SELECT count(*) FROM walhook.endpoints").await, 1);
+    // The refusal is the stored answer from now on.
+    let again = post_with_key(&api, &key, path, "k-lost", body).await;
+    again.problem(409);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    // Without a key, or with another one, endpoints are made as usual.
+    let other = post_with_key(
+        &api,
+        &key,
+        path,
+        "k-new",
+        json!({"url": "https://hooks.example.com/b"}),
+    )
+    .await;
+    assert_eq!(other.status, 201, "{other:?}");
+    assert_eq!(api.count("SELECT count(*) FROM walhook.endpoints").await, 2);
+}

@@ -260,6 +260,18 @@ impl EndpointId {
     pub fn random() -> Self {
         EndpointId(rand::random())
     }
+
+    /// The id of the endpoint that the request with `idempotency_key` from
+    /// the caller `scope` creates: a request retried after its first run
+    /// did the work but lost the response names the same endpoint again,
+    /// so it cannot create a second one.
+    pub fn derive_for_request(scope: &str, idempotency_key: &str) -> Self {
+        EndpointId(derive16(&[
+            b"walhook.endpoint.request.v1",
+            scope.as_bytes(),
+            idempotency_key.as_bytes(),
+        ]))
+    }
 }
 
 /// A tenant: the value of the capture rule's tenant column, registered by an

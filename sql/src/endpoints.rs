@@ -100,7 +100,23 @@ impl Platform {
         ep: &NewEndpoint,
         actor: &str,
     ) -> Result<(EndpointId, SigningSecret), StoreError> {
-        let id = EndpointId::random();
+        loop {
+            let id = EndpointId::random();
+            if let Some(secret) = self.create_endpoint_as(id, ep, actor).await? {
+                return Ok((id, secret));
+            }
+        }
+    }
+
+    /// Creates endpoint `id` (its config version 1, its first secret and an
+    /// audit record) in one transaction; `None` when an endpoint with this
+    /// id exists already (it is left as it is).
+    pub async fn create_endpoint_as(
+        &self,
+        id: EndpointId,
+        ep: &NewEndpoint,
+        actor: &str,
+    ) -> Result<Option<SigningSecret>, StoreError> {
         let secret = SigningSecret::generate();
         let sealed = self.keyring()?.seal(id, 1, &secret);
         let mut client = self.client().await?;
@@ -109,9 +125,10 @@ impl Platform {
             .await
             .map_err(StoreError::query("begin"))?;
         let uid = Uuid::from_bytes(id.0);
-        tx.execute(
+        let inserted = tx.execute(
             "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
-             rate_limit_per_sec, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             rate_limit_per_sec, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO NOTHING",
             &[
                 &uid,
                 &ep.tenant_id.as_str(),
@@ -125,6 +142,9 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("create an endpoint"))?;
+        if inserted == 0 {
+            return Ok(None);
+        }
         record_version(&tx, uid, actor).await?;
         tx.execute(
             "INSERT INTO walhook.endpoint_secrets (endpoint_id, version, secret, key_id) VALUES ($1, 1, $2, $3)",
@@ -142,7 +162,7 @@ impl Platform {
         tx.commit()
             .await
             .map_err(StoreError::query("commit an endpoint creation"))?;
-        Ok((id, secret))
+        Ok(Some(secret))
     }
 
     /// Applies `change` as a new config version; returns the new version.

@@ -4,8 +4,14 @@
 //!
 //! The claim and the work are separate transactions: a crash in between
 //! leaves a claim without a response, which another request may take over
-//! after [`ABANDONED_AFTER_SECS`] (the work may then run twice; every API
-//! effect is either idempotent itself or harmless to repeat).
+//! after [`ABANDONED_AFTER_SECS`]. The work may then run twice, so every
+//! effect is made safe to repeat: an endpoint created under a key gets an
+//! id derived from the key (a second run finds it and answers 409 naming
+//! it); tenants are named by the caller (409 again); replays, recoveries
+//! and test events add attempts, which a receiver dedups by `webhook-id`;
+//! a secret rotation rotates once more (the secret the lost answer held is
+//! simply never used); an API key issued twice leaves one key nobody has
+//! seen, which the operator can revoke.
 
 use crate::{Platform, StoreError};
 

@@ -101,6 +101,13 @@ pub async fn create_endpoint(
         max_in_flight: b.max_in_flight,
         enabled: b.enabled,
     };
+    // With an Idempotency-Key the id comes from the key, so that a retry
+    // after a crash between the work and storing its response cannot make
+    // a second endpoint (idempotency.rs).
+    let id = match &key.0 {
+        Some(k) => EndpointId::derive_for_request(&caller.principal.idempotency_scope(), k),
+        None => EndpointId::random(),
+    };
     let (s, new, actor) = (&state, &new, caller.principal.actor());
     let actor = &actor;
     idempotency::once(
@@ -110,7 +117,13 @@ pub async fn create_endpoint(
         "POST /v1/webhook-endpoints",
         &body.raw,
         || async move {
-            let (id, secret) = s.platform.create_endpoint(new, actor).await?;
+            let Some(secret) = s.platform.create_endpoint_as(id, new, actor).await? else {
+                return Err(ApiError::Conflict(format!(
+                    "endpoint {id} was already created by an earlier request with this \
+                     Idempotency-Key whose answer was lost; read it with GET /v1/webhook-endpoints/{id} \
+                     and get a secret you can see with POST /v1/webhook-endpoints/{id}/rotate-secret"
+                )));
+            };
             let record = s
                 .platform
                 .endpoint_of_tenant(&new.tenant_id, id)
