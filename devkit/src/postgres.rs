@@ -167,6 +167,33 @@ const BASE_SETTINGS: &[(&str, &str)] = &[
     ("log_line_prefix", "'%m [%p] %d '"),
 ];
 
+/// The settings of [`SETTINGS_ENV`]; a malformed item is an error that
+/// names it, never silently left out.
+fn settings_from_env() -> Result<Vec<(String, String)>, PgError> {
+    parse_settings(&std::env::var(SETTINGS_ENV).unwrap_or_default())
+}
+
+fn parse_settings(text: &str) -> Result<Vec<(String, String)>, PgError> {
+    let mut out = Vec::new();
+    for item in text.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                out.push((k.trim().to_owned(), v.trim().to_owned()));
+            }
+            _ => {
+                return Err(PgError::Command {
+                    what: format!("read {SETTINGS_ENV}"),
+                    detail: format!(
+                        "{item:?} is not `name = value`; separate settings with `;`, for example \
+                         {SETTINGS_ENV}=\"shared_preload_libraries = 'pg_stat_statements'; work_mem = '64MB'\""
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn template_dir(bin: &Path) -> PathBuf {
     // Under root the server runs as `nobody`, which cannot enter root's
     // home: keep the template in the temporary directory then.
@@ -292,15 +319,7 @@ impl LocalPostgres {
         // For profiling: `WALHOOK_PG_SETTINGS="shared_preload_libraries =
         // 'pg_stat_statements'; log_min_duration_statement = 100"` adds
         // lines to every throwaway cluster (later lines win).
-        let from_env: Vec<(String, String)> = std::env::var(SETTINGS_ENV)
-            .unwrap_or_default()
-            .split(';')
-            .filter_map(|item| {
-                let (k, v) = item.split_once('=')?;
-                Some((k.trim().to_owned(), v.trim().to_owned()))
-            })
-            .filter(|(k, v)| !k.is_empty() && !v.is_empty())
-            .collect();
+        let from_env = settings_from_env()?;
         for (k, v) in BASE_SETTINGS
             .iter()
             .map(|(k, v)| (*k, *v))
@@ -529,5 +548,36 @@ impl Drop for LocalPostgres {
             let kept = dir.keep();
             eprintln!("kept Postgres data in {}", kept.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_settings_parse_or_name_the_bad_item() {
+        let ok =
+            parse_settings(" shared_preload_libraries = 'pg_stat_statements' ; work_mem = '64MB';")
+                .unwrap();
+        assert_eq!(
+            ok,
+            [
+                (
+                    "shared_preload_libraries".to_owned(),
+                    "'pg_stat_statements'".to_owned()
+                ),
+                ("work_mem".to_owned(), "'64MB'".to_owned()),
+            ]
+        );
+        assert!(parse_settings("").unwrap().is_empty());
+        let err = parse_settings("work_mem = '64MB'; fsync")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"fsync\"") && err.contains(SETTINGS_ENV),
+            "{err}"
+        );
+        assert!(parse_settings("= on").is_err());
     }
 }
