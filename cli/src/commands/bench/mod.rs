@@ -10,6 +10,9 @@ use std::process::ExitCode;
 
 /// Arguments of `walhook bench`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "`walhook bench --scenario NAME [flags]` is the same as `walhook bench NAME [flags]`."
+)]
 pub struct Args {
     /// The scenario to run.
     #[command(subcommand)]
