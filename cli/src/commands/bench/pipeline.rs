@@ -40,20 +40,32 @@ pub struct Args {
     /// Print only the JSON result.
     #[arg(long)]
     pub json: bool,
+    /// First find the highest rate this machine sustains, then run
+    /// `--duration` at it. The search starts at `--rate` on a cluster of its
+    /// own, in 20 s steps 15 % apart (up while a step keeps up, down while
+    /// it does not); a step keeps up when its backlog drains within 1 s of
+    /// the writers stopping and its p99 commit→first attempt is within
+    /// `--p99-budget`.
+    #[arg(long)]
+    pub find_rate: bool,
+    /// The p99 commit→first-attempt latency a step of `--find-rate` may
+    /// reach and still count as sustained.
+    #[arg(long, default_value = "1s", value_parser = walhook_pipeline::duration::parse)]
+    pub p99_budget: Duration,
 }
 
+/// The dispatch and fan-out settings every run of this benchmark uses.
+const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size = 1000\n";
+
 /// Runs the benchmark.
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
+    if args.find_rate {
+        args.rate = find_rate(&args).await?;
+    }
     let world = World::start().await?;
     world.endpoints("bench", args.endpoints, 64).await?;
     let shutdown = CancellationToken::new();
-    let running = world
-        .run(
-            "",
-            "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size = 1000\n",
-            shutdown.clone(),
-        )
-        .await?;
+    let running = world.run("", SETTINGS, shutdown.clone()).await?;
 
     // Slot lag sampler.
     let max_lag = Arc::new(AtomicI64::new(0));
@@ -129,9 +141,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .await?;
     let (ev, del, ok, att): (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
     let [p50, p99, p999] = world.first_attempt_latency("bench", 0, i64::MAX).await?;
+    let found = args.find_rate.then_some(args.rate);
     let result = serde_json::json!({
         "scenario": "pipeline",
         "target_events_per_second": args.rate,
+        "rate_found_by_search": found,
         "endpoints_per_event": args.endpoints,
         "write_seconds": write_secs,
         "drain_seconds_after_writes": drain_secs,
@@ -186,4 +200,81 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The highest events/s that keeps up (see [`Args::find_rate`]), searched
+/// on a throwaway cluster of its own so that the measured run starts clean.
+async fn find_rate(args: &Args) -> anyhow::Result<u64> {
+    const STEP: Duration = Duration::from_secs(20);
+    const DRAIN_BUDGET: Duration = Duration::from_secs(1);
+    const MAX_STEPS: u32 = 12;
+    let world = World::start().await?;
+    world.endpoints("bench", args.endpoints, 64).await?;
+    let shutdown = CancellationToken::new();
+    let running = world.run("", SETTINGS, shutdown.clone()).await?;
+    let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
+    let say = |line: String| {
+        if args.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    say(format!(
+        "finding the highest sustained rate from {} events/s ({} s steps, p99 budget {} ms)",
+        args.rate,
+        STEP.as_secs(),
+        args.p99_budget.as_millis()
+    ));
+    let mut rate = args.rate.max(1);
+    let mut expected = 0u64;
+    let mut best: Option<u64> = None;
+    let mut first_ok: Option<bool> = None;
+    for step in 0..MAX_STEPS {
+        let first_id = i64::from(step + 1) << 40;
+        let (written, stop, writers) = world
+            .writers("bench", first_id, rate as f64, args.batch, args.writers)
+            .await?;
+        tokio::time::sleep(STEP).await;
+        stop.cancel();
+        for w in writers {
+            w.await.context("a writer panicked")??;
+        }
+        expected += written.load(Ordering::Relaxed) * u64::from(args.endpoints);
+        let stopped = Instant::now();
+        while succeeded() < expected && stopped.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let drain = stopped.elapsed();
+        let [_, p99, _] = world
+            .first_attempt_latency("bench", first_id, first_id + (1 << 40))
+            .await?;
+        let ok = drain <= DRAIN_BUDGET && p99 <= args.p99_budget.as_secs_f64() * 1000.0;
+        say(format!(
+            "  {rate:>6} events/s: p99 {p99:.0} ms, drained {:.1} s after the writers stopped: {}",
+            drain.as_secs_f64(),
+            if ok { "keeps up" } else { "falls behind" }
+        ));
+        if ok {
+            best = Some(best.map_or(rate, |b| b.max(rate)));
+        }
+        match (*first_ok.get_or_insert(ok), ok) {
+            // Going up: stop at the first step that falls behind.
+            (true, false) => break,
+            (true, true) => rate = (rate as f64 * 1.15).ceil() as u64,
+            // Going down: stop at the first step that keeps up.
+            (false, true) => break,
+            (false, false) => rate = ((rate as f64 / 1.15).floor() as u64).max(1),
+        }
+    }
+    shutdown.cancel();
+    running.wait().await?;
+    let Some(best) = best else {
+        anyhow::bail!(
+            "no rate down to {rate} events/s kept up within {} ms at p99; start lower with --rate",
+            args.p99_budget.as_millis()
+        );
+    };
+    say(format!("sustained: {best} events/s; measuring it now"));
+    Ok(best)
 }
