@@ -498,3 +498,98 @@ async fn the_database_accepts_only_derived_delivery_ids() {
         "{other}"
     );
 }
+
+/// The seeds' dangerous points, hit exactly: `walhook run` aborts right
+/// after fan-out committed a batch of deliveries but before its position
+/// moved (so capture reads the events again), and right after a receiver
+/// answered a POST that was not recorded yet. After a restart nothing is
+/// lost, no delivery is made twice, and the unrecorded POST is sent again
+/// with the same `webhook-id` and bytes.
+#[tokio::test]
+async fn crashes_at_the_dangerous_points_lose_nothing() {
+    for (failpoint, resent) in [
+        ("fanout.after_materialize=abort@1", false),
+        ("dispatch.after_send=abort@5", true),
+    ] {
+        let w = World::new().await;
+        w.endpoint("acme", "acme-a", &[]).await;
+        w.endpoint("acme", "acme-b", &["order.created"]).await;
+        let cfg = w.config("");
+        let mut crashing = Child::run_with_env(&cfg, &[("WALHOOK_FAILPOINTS", failpoint)]);
+        w.wait_streaming().await;
+        let orders: Vec<i64> = (1..=20).collect();
+        for id in &orders {
+            w.shop
+                .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[id])
+                .await
+                .unwrap();
+        }
+        let mut status = None;
+        for _ in 0..300 {
+            status = crashing.0.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let status = status.unwrap_or_else(|| panic!("{failpoint} did not fire within 30 s"));
+        assert!(!status.success(), "{failpoint}: {status}");
+        let before_restart = w.receiver.count();
+
+        let child = Child::run(&cfg);
+        let expected: HashSet<(String, String)> = orders
+            .iter()
+            .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
+            .collect();
+        let all_there = |got: &[Received]| {
+            let seen: HashSet<(String, String)> = got
+                .iter()
+                .filter(|r| (200..300).contains(&r.status))
+                .map(|r| (r.path.clone(), key(r).1))
+                .collect();
+            expected.is_subset(&seen)
+        };
+        assert!(
+            w.receiver
+                .wait_until(Duration::from_secs(60), all_there)
+                .await,
+            "{failpoint}: deliveries lost: {}",
+            w.state().await
+        );
+        let made: i64 = w
+            .platform_sql
+            .query_one("SELECT count(*) FROM walhook.deliveries", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(made, 40, "{failpoint}: deliveries made twice or missing");
+        let got = w.receiver.received();
+        let mut first: HashMap<String, &Received> = HashMap::new();
+        let mut again = 0;
+        for r in &got {
+            match first.get(&r.webhook_id) {
+                Some(earlier) => {
+                    assert_eq!(
+                        earlier.body, r.body,
+                        "{failpoint}: a resend changed the bytes"
+                    );
+                    assert_eq!(earlier.path, r.path);
+                    again += 1;
+                }
+                None => {
+                    first.insert(r.webhook_id.clone(), r);
+                }
+            }
+            assert_eq!(r.verified, Some(true));
+        }
+        assert_eq!(first.len(), 40, "{failpoint}: {} webhook-ids", first.len());
+        if resent {
+            assert!(
+                before_restart >= 5 && again >= 1,
+                "{failpoint}: the POST answered before the crash was not sent again \
+                 ({before_restart} before the restart, {again} repeats)"
+            );
+        }
+        assert!(child.terminate().success());
+    }
+}

@@ -446,6 +446,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 let request =
                     build_request(&job, &url, &secrets, number, started_at.unix_seconds());
                 let result = egress.send(request).await;
+                // The receiver may have processed the POST; nothing is
+                // recorded yet. A crash here must end in a second attempt
+                // with the same webhook-id, never in a lost delivery.
+                crate::failpoint::hit("dispatch.after_send");
                 Finished {
                     job,
                     number,
