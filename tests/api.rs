@@ -598,6 +598,8 @@ async fn a_customer_manages_webhooks_over_the_api() {
         "walhook_dispatch_attempts_total{outcome=\"succeeded\",class=\"none\"}",
         "walhook_dispatch_attempts_total{outcome=\"rejected\",class=\"http_4xx\"}",
         "walhook_dispatch_first_attempt_latency_seconds_count",
+        "walhook_dispatch_success_latency_seconds_count",
+        "walhook_dispatch_attempts_to_success_bucket{le=\"1.0\"}",
         "walhook_capture_events_total",
         "walhook_fanout_deliveries_total",
         "walhook_capture_lag_seconds",
@@ -606,10 +608,13 @@ async fn a_customer_manages_webhooks_over_the_api() {
     ] {
         assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
     }
-    assert!(
-        !metrics.contains("walhook_dispatch_first_attempt_latency_seconds_count 0\n"),
-        "{metrics}"
-    );
+    for empty in [
+        "walhook_dispatch_first_attempt_latency_seconds_count 0\n",
+        "walhook_dispatch_success_latency_seconds_count 0\n",
+        "walhook_dispatch_attempts_to_success_count 0\n",
+    ] {
+        assert!(!metrics.contains(empty), "{empty} in\n{metrics}");
+    }
     assert!(child.terminate().success());
 }
 

@@ -63,6 +63,12 @@ pub mod names {
         "walhook_dispatch_first_attempt_latency_seconds";
     /// Deliveries that succeeded (counter).
     pub const DISPATCH_SUCCEEDED: &str = "walhook_dispatch_deliveries_succeeded";
+    /// Seconds from commit to the end of the attempt that succeeded
+    /// (histogram).
+    pub const DISPATCH_SUCCESS_LATENCY: &str = "walhook_dispatch_success_latency_seconds";
+    /// The number of the attempt that succeeded: how many tries deliveries
+    /// take (histogram).
+    pub const DISPATCH_ATTEMPTS_TO_SUCCESS: &str = "walhook_dispatch_attempts_to_success";
     /// Deliveries that failed or ran out of retries (counter).
     pub const DISPATCH_FAILED: &str = "walhook_dispatch_deliveries_failed";
     /// Results not recorded because the lease moved on (counter).
@@ -129,6 +135,10 @@ pub struct PipelineMetrics {
     pub attempts: Family<AttemptLabels, Counter>,
     /// Commit to first attempt, seconds.
     pub first_attempt_latency: Histogram,
+    /// Commit to the end of the successful attempt, seconds.
+    pub success_latency: Histogram,
+    /// The number of the attempt that succeeded.
+    pub attempts_to_success: Histogram,
     /// Commit to capture, seconds, for the last transaction read.
     pub capture_lag: Gauge<f64, AtomicU64>,
     /// WAL the slot retains, bytes.
@@ -141,6 +151,11 @@ impl Default for PipelineMetrics {
             attempts: Family::default(),
             // 5 ms to about 82 s: the SLO is 10 s at the 99th percentile.
             first_attempt_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+            // 10 ms to about 40 h: retries run up to the 24 h deadline.
+            success_latency: Histogram::new(exponential_buckets(0.01, 3.0, 16)),
+            attempts_to_success: Histogram::new(
+                [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0].into_iter(),
+            ),
             capture_lag: Gauge::default(),
             slot_lag_bytes: Gauge::default(),
         }
@@ -232,6 +247,16 @@ impl Metrics {
             DISPATCH_FIRST_ATTEMPT_LATENCY,
             "Seconds from the event's commit to the start of its delivery's first attempt",
             pipeline.first_attempt_latency.clone(),
+        );
+        registry.register(
+            DISPATCH_SUCCESS_LATENCY,
+            "Seconds from the event's commit to the end of the attempt that succeeded",
+            pipeline.success_latency.clone(),
+        );
+        registry.register(
+            DISPATCH_ATTEMPTS_TO_SUCCESS,
+            "The number of the attempt that succeeded (1 = the first try)",
+            pipeline.attempts_to_success.clone(),
         );
         registry.register(
             CAPTURE_LAG,

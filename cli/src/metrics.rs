@@ -51,11 +51,17 @@ fn occurred_at(body: &[u8]) -> Option<f64> {
     Some(t.timestamp_micros() as f64 / 1e6)
 }
 
-fn is_first_attempt(request: &Outbound) -> bool {
+/// The attempt's number (`walhook-attempt`, from 1).
+fn attempt_number(request: &Outbound) -> Option<u32> {
     request
         .headers
         .iter()
-        .any(|(name, value)| *name == "walhook-attempt" && value == "1")
+        .find(|(name, _)| *name == "walhook-attempt")
+        .and_then(|(_, value)| value.parse().ok())
+}
+
+fn now_seconds() -> f64 {
+    chrono::Utc::now().timestamp_micros() as f64 / 1e6
 }
 
 impl<E: Egress> Egress for MeteredEgress<E> {
@@ -63,17 +69,28 @@ impl<E: Egress> Egress for MeteredEgress<E> {
         let Some(metrics) = &self.metrics else {
             return self.inner.send(request).await;
         };
-        if is_first_attempt(&request)
-            && let Some(at) = occurred_at(&request.body)
-        {
-            let now = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
-            metrics.first_attempt_latency.observe((now - at).max(0.0));
+        let number = attempt_number(&request);
+        let committed = occurred_at(&request.body);
+        if let (Some(1), Some(at)) = (number, committed) {
+            metrics
+                .first_attempt_latency
+                .observe((now_seconds() - at).max(0.0));
         }
         let result = self.inner.send(request).await;
         metrics.attempt(
             result.outcome.name(),
             result.outcome.error_class().map(ErrorClass::as_str),
         );
+        if result.outcome.is_success() {
+            if let Some(n) = number {
+                metrics.attempts_to_success.observe(f64::from(n));
+            }
+            if let Some(at) = committed {
+                metrics
+                    .success_latency
+                    .observe((now_seconds() - at).max(0.0));
+            }
+        }
         result
     }
 }
