@@ -153,9 +153,9 @@ impl Default for PipelineMetrics {
             first_attempt_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
             // 10 ms to about 40 h: retries run up to the 24 h deadline.
             success_latency: Histogram::new(exponential_buckets(0.01, 3.0, 16)),
-            attempts_to_success: Histogram::new(
-                [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0].into_iter(),
-            ),
+            attempts_to_success: Histogram::new([
+                1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0,
+            ]),
             capture_lag: Gauge::default(),
             slot_lag_bytes: Gauge::default(),
         }
