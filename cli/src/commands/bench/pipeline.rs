@@ -18,6 +18,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use super::world::{World, cpu_seconds, peak_rss_kib};
+use crate::pipeline::Running;
 
 /// Arguments of `walhook bench pipeline`.
 #[derive(Debug, clap::Args)]
@@ -57,15 +58,21 @@ pub struct Args {
 /// The dispatch and fan-out settings every run of this benchmark uses.
 const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size = 1000\n";
 
+/// A throwaway cluster with the tenant's endpoints, and every stage running.
+async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running)> {
+    let world = World::start().await?;
+    world.endpoints("bench", args.endpoints, 64).await?;
+    let shutdown = CancellationToken::new();
+    let running = world.run("", SETTINGS, shutdown.clone()).await?;
+    Ok((world, shutdown, running))
+}
+
 /// Runs the benchmark.
 pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.find_rate {
         args.rate = find_rate(&args).await?;
     }
-    let world = World::start().await?;
-    world.endpoints("bench", args.endpoints, 64).await?;
-    let shutdown = CancellationToken::new();
-    let running = world.run("", SETTINGS, shutdown.clone()).await?;
+    let (world, shutdown, running) = start(&args).await?;
 
     // Slot lag sampler.
     let max_lag = Arc::new(AtomicI64::new(0));
@@ -208,10 +215,7 @@ async fn find_rate(args: &Args) -> anyhow::Result<u64> {
     const STEP: Duration = Duration::from_secs(20);
     const DRAIN_BUDGET: Duration = Duration::from_secs(1);
     const MAX_STEPS: u32 = 12;
-    let world = World::start().await?;
-    world.endpoints("bench", args.endpoints, 64).await?;
-    let shutdown = CancellationToken::new();
-    let running = world.run("", SETTINGS, shutdown.clone()).await?;
+    let (world, shutdown, running) = start(args).await?;
     let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
     let say = |line: String| {
         if args.json {
