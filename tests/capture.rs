@@ -5,10 +5,16 @@ use walhook_devkit::postgres::LocalPostgres;
 use crate::support::{run, stderr, stdout, walhook, write_config};
 
 fn config(url: &str) -> String {
+    config_with(url, "")
+}
+
+/// The config with `source_lines` added to `[source]`.
+fn config_with(url: &str, source_lines: &str) -> String {
     format!(
         r#"
 [source]
 url = "{url}"
+{source_lines}
 create_slot = true
 create_publication = true
 
@@ -44,10 +50,7 @@ async fn a_crash_before_confirming_replays_identical_events() {
     // No periodic status report within a run: a crashed run then confirms
     // nothing, so every event it handed on must come back. (A clean stop
     // still advances the slot to the last durable position.)
-    let cfg = write_config(
-        dir.path(),
-        &config(&url).replace("[source]\n", "[source]\nstatus_interval = \"1h\"\n"),
-    );
+    let cfg = write_config(dir.path(), &config_with(&url, "status_interval = \"1h\""));
     // The slot must exist before the writes so that it sees them.
     let out = run(walhook()
         .args(["capture", "--stdout", "--until-caught-up", "--config"])
