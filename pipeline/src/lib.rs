@@ -11,6 +11,8 @@
 //!   canonical body writer in [`canonical`].
 //! - [`log`]: the log port, its embedded implementation and its contract.
 //! - [`failpoint`]: named crash points for the kill tests.
+//! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
+//!   that never print.
 //!
 //! This crate has no network dependencies; connectors, the platform store and
 //! the binary depend on it, never the other way.
@@ -26,6 +28,8 @@ pub mod failpoint;
 pub mod fanout;
 pub mod ids;
 pub mod log;
+pub mod redact;
+pub mod sanitize;
 pub mod signing;
 pub mod store;
 pub mod time;
