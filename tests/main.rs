@@ -8,4 +8,7 @@ mod capture;
 mod cli;
 mod egress;
 mod engine;
+mod freshness;
+mod hostile;
 mod pipeline;
+mod supervision;

@@ -56,7 +56,17 @@ pub mod names {
     pub const FANOUT_EVENTS: &str = "walhook_fanout_events";
     /// Deliveries fan-out made (counter).
     pub const FANOUT_DELIVERIES: &str = "walhook_fanout_deliveries";
-    /// Attempts by outcome and error class (counter).
+    /// Events fan-out set aside because the platform database refused them
+    /// (counter; each is an incident).
+    pub const FANOUT_INCIDENTS: &str = "walhook_fanout_incidents";
+    /// Attempt results the platform database refused (counter; each is an
+    /// incident and the delivery is attempted again).
+    pub const DISPATCH_UNSTORABLE: &str = "walhook_dispatch_unstorable_results";
+    /// Endpoints quarantined because their row or secret cannot be loaded
+    /// (gauge).
+    pub const ENDPOINTS_QUARANTINED: &str = "walhook_endpoints_quarantined";
+    /// Attempts by trigger (`auto`, `manual`), outcome and error class
+    /// (counter).
     pub const DISPATCH_ATTEMPTS: &str = "walhook_dispatch_attempts";
     /// Seconds from commit to the first attempt's start (histogram).
     pub const DISPATCH_FIRST_ATTEMPT_LATENCY: &str =
@@ -115,6 +125,8 @@ pub struct RouteLabels {
 /// Labels of attempts.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
+    /// `auto` (the schedule) or `manual` (a replay).
+    pub trigger: String,
     /// `succeeded`, `retryable`, `rejected`, `gone`.
     pub outcome: String,
     /// The error class (`http_5xx`, `timeout`, …), `none` on success.
@@ -164,9 +176,10 @@ impl Default for PipelineMetrics {
 
 impl PipelineMetrics {
     /// Counts one attempt.
-    pub fn attempt(&self, outcome: &str, class: Option<&str>) {
+    pub fn attempt(&self, trigger: &str, outcome: &str, class: Option<&str>) {
         self.attempts
             .get_or_create(&AttemptLabels {
+                trigger: trigger.to_owned(),
                 outcome: outcome.to_owned(),
                 class: class.unwrap_or("none").to_owned(),
             })

@@ -1,19 +1,15 @@
 //! How the pipeline in this process feeds the API's metrics registry.
 //!
 //! ```text
-//!  Dispatcher ──Outbound──▶ MeteredEgress ──▶ HttpEgress
-//!                               └─▶ attempts by outcome/class, commit→first-attempt latency
+//!  Dispatcher ──AttemptObserver──▶ MetricsObserver ──▶ attempts by trigger/outcome/class,
+//!                                                      commit→first-attempt and success latency
 //!  Counters (capture, fan-out, dispatch atomics) ◀── read at scrape by PipelineCollector
 //!  capture observer ──▶ capture lag, slot lag (in pipeline.rs)
 //! ```
 //!
-//! The egress wrapper sees every attempt without touching dispatch: the
-//! attempt number is the `walhook-attempt` header (manual attempts are
-//! numbered from 1,000,001, so only automatic first attempts count), and
-//! the commit time is the envelope's top-level `occurred_at`. The envelope
-//! is canonical JSON whose top-level keys come after `data`, and quotes
-//! inside strings are escaped, so the last `"occurred_at":"` in the body is
-//! the top-level one.
+//! The dispatcher says which attempt it is (its trigger, its number, and
+//! whether it is the delivery's first automatic one), so a replay is never
+//! counted as a first attempt and nothing re-parses headers or bodies.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -21,90 +17,70 @@ use std::sync::atomic::Ordering::Relaxed;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use walhook_api::metrics::{PipelineMetrics, names};
-use walhook_pipeline::dispatch::egress::{Egress, EgressResult, Outbound};
-use walhook_pipeline::dispatch::outcome::ErrorClass;
+use walhook_pipeline::delivery::Trigger;
+use walhook_pipeline::dispatch::observe::{AttemptObserver, AttemptSeen};
+use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
+use walhook_pipeline::endpoint::SubscriptionCache;
+use walhook_pipeline::time::Timestamp;
 
 use crate::pipeline::Counters;
 
-/// An egress that reports every attempt to [`PipelineMetrics`].
+/// Feeds [`PipelineMetrics`] from the dispatcher's attempts.
 #[derive(Debug)]
-pub struct MeteredEgress<E> {
-    inner: E,
-    metrics: Option<Arc<PipelineMetrics>>,
+pub struct MetricsObserver {
+    metrics: Arc<PipelineMetrics>,
 }
 
-impl<E> MeteredEgress<E> {
-    /// Wraps `inner`; without metrics it only forwards.
-    pub fn new(inner: E, metrics: Option<Arc<PipelineMetrics>>) -> Self {
-        MeteredEgress { inner, metrics }
+impl MetricsObserver {
+    /// An observer feeding `metrics`.
+    pub fn new(metrics: Arc<PipelineMetrics>) -> Self {
+        MetricsObserver { metrics }
     }
 }
 
-/// The envelope's commit time, in seconds since 1970.
-fn occurred_at(body: &[u8]) -> Option<f64> {
-    const KEY: &[u8] = b"\"occurred_at\":\"";
-    let start = body.windows(KEY.len()).rposition(|w| w == KEY)? + KEY.len();
-    let len = body[start..].iter().position(|&b| b == b'"')?;
-    let text = std::str::from_utf8(&body[start..start + len]).ok()?;
-    let t = chrono::DateTime::parse_from_rfc3339(text).ok()?;
-    Some(t.timestamp_micros() as f64 / 1e6)
-}
-
-/// The attempt's number (`walhook-attempt`, from 1).
-fn attempt_number(request: &Outbound) -> Option<u32> {
-    request
-        .headers
-        .iter()
-        .find(|(name, _)| *name == "walhook-attempt")
-        .and_then(|(_, value)| value.parse().ok())
-}
-
-fn now_seconds() -> f64 {
-    chrono::Utc::now().timestamp_micros() as f64 / 1e6
-}
-
-impl<E: Egress> Egress for MeteredEgress<E> {
-    async fn send(&self, request: Outbound) -> EgressResult {
-        let Some(metrics) = &self.metrics else {
-            return self.inner.send(request).await;
-        };
-        let number = attempt_number(&request);
-        let committed = occurred_at(&request.body);
-        if let (Some(1), Some(at)) = (number, committed) {
-            metrics
+impl AttemptObserver for MetricsObserver {
+    fn started(&self, a: &AttemptSeen<'_>) {
+        if a.first {
+            let latency = a.started_at.since(a.job.event_occurred_at);
+            self.metrics
                 .first_attempt_latency
-                .observe((now_seconds() - at).max(0.0));
+                .observe(latency.as_secs_f64());
         }
-        let result = self.inner.send(request).await;
-        metrics.attempt(
-            result.outcome.name(),
-            result.outcome.error_class().map(ErrorClass::as_str),
+    }
+
+    fn finished(&self, a: &AttemptSeen<'_>, outcome: &AttemptOutcome, finished_at: Timestamp) {
+        self.metrics.attempt(
+            a.trigger.as_str(),
+            outcome.name(),
+            outcome.error_class().map(ErrorClass::as_str),
         );
-        if result.outcome.is_success() {
-            if let Some(n) = number {
-                metrics.attempts_to_success.observe(f64::from(n));
-            }
-            if let Some(at) = committed {
-                metrics
-                    .success_latency
-                    .observe((now_seconds() - at).max(0.0));
-            }
+        if outcome.is_success() && a.trigger == Trigger::Auto {
+            self.metrics
+                .attempts_to_success
+                .observe(f64::from(a.number));
+            let latency = finished_at.since(a.job.event_occurred_at);
+            self.metrics.success_latency.observe(latency.as_secs_f64());
         }
-        result
     }
 }
 
-/// The pipeline's atomic counters, read at every scrape.
+/// The pipeline's atomic counters and the directory's quarantine count,
+/// read at every scrape.
 #[derive(Debug)]
 pub struct PipelineCollector {
     counters: Arc<Counters>,
+    directory: Arc<SubscriptionCache>,
 }
 
 impl PipelineCollector {
-    /// A collector over `counters`.
-    pub fn new(counters: Arc<Counters>) -> Self {
-        PipelineCollector { counters }
+    /// A collector over `counters` and `directory`.
+    pub fn new(counters: Arc<Counters>, directory: Arc<SubscriptionCache>) -> Self {
+        PipelineCollector {
+            counters,
+            directory,
+        }
     }
 }
 
@@ -141,6 +117,16 @@ impl Collector for PipelineCollector {
                 names::FANOUT_DELIVERIES,
                 "Deliveries fan-out made",
                 c.fanout.deliveries.load(Relaxed),
+            ),
+            (
+                names::FANOUT_INCIDENTS,
+                "Events set aside because the platform database refused them (incidents)",
+                c.fanout.incidents.load(Relaxed),
+            ),
+            (
+                names::DISPATCH_UNSTORABLE,
+                "Attempt results the platform database refused (incidents; attempted again)",
+                c.dispatch.unstorable.load(Relaxed),
             ),
             (
                 names::DISPATCH_SUCCEEDED,
@@ -183,19 +169,14 @@ impl Collector for PipelineCollector {
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
         }
+        let quarantined = ConstGauge::new(self.directory.snapshot().quarantined().count() as i64);
+        let metric = encoder.encode_descriptor(
+            names::ENDPOINTS_QUARANTINED,
+            "Endpoints whose configuration cannot be loaded; their deliveries wait",
+            None,
+            quarantined.metric_type(),
+        )?;
+        quarantined.encode(metric)?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_the_top_level_commit_time() {
-        let body = br#"{"data":{"occurred_at":"1999-01-01T00:00:00Z","x":"\"occurred_at\":\"2000"},"id":"evt_1","occurred_at":"2026-11-29T10:11:44.512345Z","type":"a.b"}"#;
-        let t = occurred_at(body).unwrap();
-        assert!((t - 1_795_947_104.512_345).abs() < 1e-6, "{t}");
-        assert_eq!(occurred_at(b"{}"), None);
     }
 }

@@ -7,8 +7,13 @@
 //! ```
 //!
 //! With metrics ([`start_observed`]), capture reports its lag, and the
-//! dispatcher's egress is wrapped to count attempts by outcome and time
-//! first attempts (see `crate::metrics`).
+//! dispatcher tells an observer about every attempt (see `crate::metrics`).
+//!
+//! Every long-lived task (fan-out per partition, the forwarders, dispatch,
+//! the directory refresher, the checkpoint writer) runs under a
+//! [`Supervisor`]: if one ends, fails or panics while the process runs, the
+//! process stops in order and exits with an error naming it; nothing is
+//! lost, since everything not yet durable is read again after the restart.
 //!
 //! Shutdown goes upstream first: capture stops reading and waits for its
 //! receipts, fan-out then finishes its batch, and dispatch drains the
@@ -25,20 +30,22 @@ use tokio_util::sync::CancellationToken;
 use walhook_api::metrics::PipelineMetrics;
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
-use walhook_pipeline::capture::{Incident, LogSink};
+use walhook_pipeline::capture::{Incident, LogSink, RecordingSink};
 use walhook_pipeline::delivery::DeliveryJob;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
-use walhook_pipeline::endpoint::SubscriptionCache;
+use walhook_pipeline::endpoint::{RefreshSettings, SubscriptionCache};
 use walhook_pipeline::event::Event;
+use walhook_pipeline::failpoint;
 use walhook_pipeline::fanout::{FanoutCounters, FanoutOperator, FanoutSettings};
 use walhook_pipeline::ids::{Lsn, Offset};
 use walhook_pipeline::log::embedded::EmbeddedLog;
 use walhook_pipeline::log::{Consumer, Log, LogError, TopicSpec};
+use walhook_pipeline::supervise::{Stopped, Supervisor};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
 
 use crate::config::Config;
-use crate::metrics::MeteredEgress;
+use crate::metrics::MetricsObserver;
 
 /// Capture's counters.
 #[derive(Debug, Default)]
@@ -81,10 +88,11 @@ impl Running {
     }
 }
 
-/// Writes capture checkpoints (at most once a second) and incidents.
+/// Writes capture checkpoints (at most twice a second), counts what capture
+/// sees and feeds its metrics. Incidents are stored by the capture sink
+/// ([`RecordingSink`]) before the slot can move past them, not here.
 struct PlatformObserver {
     confirmed: tokio::sync::watch::Sender<Lsn>,
-    incidents: mpsc::UnboundedSender<Incident>,
     counters: Arc<CaptureCounters>,
     metrics: Option<Arc<PipelineMetrics>>,
 }
@@ -112,55 +120,44 @@ impl CaptureObserver for PlatformObserver {
             m.slot_lag_bytes.set(lag_bytes);
         }
     }
-    fn incident(&self, incident: &Incident) {
+    fn incident(&self, _incident: &Incident) {
         self.counters
             .incidents
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let _ = self.incidents.send(incident.clone());
     }
 }
 
-/// The observer, and the tasks writing what it sees (they end, after a last
-/// write, once the observer is dropped).
-fn observer(
-    platform: Platform,
+/// Saves capture checkpoints until `stop` (when capture ends first, its
+/// last position is saved and the writer waits for `stop`, so that its end
+/// is never mistaken for a failure).
+async fn save_checkpoints(
+    platform: Arc<Platform>,
     source: String,
     slot: String,
-    counters: Arc<CaptureCounters>,
-    metrics: Option<Arc<PipelineMetrics>>,
-) -> (Arc<PlatformObserver>, Vec<JoinHandle<()>>) {
-    let (confirmed, mut confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
-    let (incidents, mut incidents_rx) = mpsc::unbounded_channel::<Incident>();
-    let p = platform.clone();
-    let (s, sl) = (source.clone(), slot.clone());
-    let saver = tokio::spawn(async move {
-        while confirmed_rx.changed().await.is_ok() {
-            let lsn = *confirmed_rx.borrow_and_update();
-            if let Err(e) = p.save_checkpoint(&s, &sl, lsn, None).await {
-                tracing::warn!(error = %e, "could not save the capture checkpoint");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    });
-    let recorder = tokio::spawn(async move {
-        while let Some(i) = incidents_rx.recv().await {
-            if let Err(e) = platform
-                .record_incidents(&source, std::slice::from_ref(&i))
-                .await
-            {
-                tracing::warn!(error = %e, "could not store a capture incident");
+    mut confirmed: tokio::sync::watch::Receiver<Lsn>,
+    stop: CancellationToken,
+) -> Result<(), Stopped> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            changed = confirmed.changed() => {
+                if changed.is_err() {
+                    stop.cancelled().await;
+                    return Ok(());
+                }
             }
         }
-    });
-    (
-        Arc::new(PlatformObserver {
-            confirmed,
-            incidents,
-            counters,
-            metrics,
-        }),
-        vec![saver, recorder],
-    )
+        if failpoint::hit("capture.checkpoint") {
+            return Ok(());
+        }
+        let lsn = *confirmed.borrow_and_update();
+        // A checkpoint is informational (the slot is the truth): a failed
+        // write is retried with the next position.
+        if let Err(e) = platform.save_checkpoint(&source, &slot, lsn, None).await {
+            tracing::warn!(error = %e, "could not save the capture checkpoint");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Starts every stage; `shutdown` stops them in order.
@@ -187,23 +184,37 @@ pub async fn start_observed(
     platform
         .upsert_event_types(&cfg.source.name, source.event_types())
         .await?;
+    let platform = Arc::new(platform);
+
+    // Cancelled by the caller, or by any task that fails or ends too early.
+    let stop_all = shutdown.child_token();
+    let supervisor = Supervisor::new(stop_all.clone());
 
     let directory = Arc::new(SubscriptionCache::default());
     directory
-        .load(&platform)
+        .load(&*platform)
         .await
         .context("cannot load endpoints")?;
-    let refresh_stop = CancellationToken::new();
-    {
-        let directory = directory.clone();
-        let platform = platform.clone();
-        let stop = refresh_stop.clone();
-        tokio::spawn(async move {
-            directory
-                .refresh(platform, Duration::from_millis(200), stop)
-                .await
-        });
+    // A key missing at start-up is a configuration mistake, not one broken
+    // endpoint: refuse to run rather than quarantine every endpoint it
+    // sealed.
+    if let Some(key) = directory.snapshot().missing_keys().first() {
+        anyhow::bail!(
+            "endpoint secrets are sealed under master key {key}, which is not configured: add that key to \
+             [secrets].old_key_files (or WALHOOK_OLD_MASTER_KEYS) until `walhook secrets rotate` has re-sealed every row"
+        );
     }
+    let refresh_stop = CancellationToken::new();
+    let refresher = {
+        let (directory, platform, stop) =
+            (directory.clone(), (*platform).clone(), refresh_stop.clone());
+        supervisor.spawn("the endpoint directory refresher", async move {
+            directory
+                .refresh(platform, RefreshSettings::default(), stop)
+                .await;
+            Ok::<(), Stopped>(())
+        })
+    };
 
     let log = EmbeddedLog::new([
         TopicSpec {
@@ -220,19 +231,6 @@ pub async fn start_observed(
         },
     ]);
     let counters = Arc::new(Counters::default());
-    let platform = Arc::new(platform);
-    // Cancelled by the caller, or by any stage that fails for good.
-    let stop_all = shutdown.child_token();
-    let failure: Arc<parking_lot::Mutex<Option<anyhow::Error>>> = Arc::default();
-    let fail = {
-        let stop_all = stop_all.clone();
-        let failure = failure.clone();
-        move |e: anyhow::Error| {
-            tracing::error!(error = %format!("{e:#}"), "a stage failed; stopping");
-            failure.lock().get_or_insert(e);
-            stop_all.cancel();
-        }
-    };
 
     // Dispatch.
     let settings = DispatchSettings {
@@ -249,34 +247,33 @@ pub async fn start_observed(
         drain_timeout: cfg.dispatch.drain_timeout,
         ..DispatchSettings::default()
     };
-    let egress = Arc::new(MeteredEgress::new(
-        HttpEgress::new(cfg.egress.clone())?,
-        metrics.clone(),
-    ));
+    let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
     let (jobs_tx, jobs_rx) = mpsc::channel::<DeliveryJob>(4096);
     let dispatch_stop = CancellationToken::new();
-    let dispatcher = Dispatcher::new(
+    let mut dispatcher = Dispatcher::new(
         egress,
         platform.clone(),
         directory.clone(),
         settings,
         counters.dispatch.clone(),
     );
+    if let Some(m) = &metrics {
+        dispatcher = dispatcher.with_observer(Arc::new(MetricsObserver::new(m.clone())));
+    }
     let dispatch_task = {
-        let fail = fail.clone();
         let stop = dispatch_stop.clone();
-        tokio::spawn(async move {
-            if let Err(e) = dispatcher.run(jobs_rx, stop).await {
-                fail(e.into());
-            }
-        })
+        supervisor.spawn("dispatch", dispatcher.run(jobs_rx, stop))
     };
     let forward_stop = CancellationToken::new();
+    let mut forwarders = Vec::new();
     for p in 0..log.partitions("deliveries")? {
         let consumer = log
             .consumer::<DeliveryJob>("deliveries", p, "dispatch")
             .await?;
-        tokio::spawn(forward(consumer, jobs_tx.clone(), forward_stop.clone()));
+        forwarders.push(supervisor.spawn(
+            format!("the forwarder of deliveries partition {p}"),
+            forward(consumer, jobs_tx.clone(), forward_stop.clone()),
+        ));
     }
     drop(jobs_tx);
 
@@ -297,28 +294,39 @@ pub async fn start_observed(
                 lease: cfg.dispatch.lease,
             },
         );
-        let (fail, stop, counters) = (fail.clone(), fanout_stop.clone(), counters.fanout.clone());
-        fanout_tasks.push(tokio::spawn(async move {
-            if let Err(e) = op.run(counters, stop).await {
-                fail(e.into());
-            }
-        }));
+        let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
+        fanout_tasks.push(
+            supervisor.spawn(format!("fan-out of events partition {p}"), async move {
+                op.run(counters, stop).await
+            }),
+        );
     }
 
     // Capture, restarted after transient errors.
-    let (observer, observer_tasks) = observer(
-        (*platform).clone(),
-        cfg.source.name.clone(),
-        cfg.source.slot.clone(),
-        counters.capture.clone(),
+    let (confirmed, confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
+    let observer = Arc::new(PlatformObserver {
+        confirmed,
+        counters: counters.capture.clone(),
         metrics,
+    });
+    let checkpoints_stop = CancellationToken::new();
+    let checkpoints = supervisor.spawn(
+        "the capture checkpoint writer",
+        save_checkpoints(
+            platform.clone(),
+            cfg.source.name.clone(),
+            cfg.source.slot.clone(),
+            confirmed_rx,
+            checkpoints_stop.clone(),
+        ),
     );
     let events = log.producer::<Event>("events")?;
     let capture_stop = stop_all.clone();
+    let incident_store = platform.clone();
     let capture_task = tokio::spawn(async move {
         let mut backoff = Duration::from_millis(200);
         loop {
-            let sink = LogSink::new(events.clone());
+            let sink = RecordingSink::new(LogSink::new(events.clone()), incident_store.clone());
             let result = source
                 .run(
                     sink,
@@ -346,28 +354,33 @@ pub async fn start_observed(
     });
 
     let task = tokio::spawn(async move {
-        // Capture runs until shutdown, or until it or another stage fails.
-        match capture_task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => fail(anyhow::Error::new(e).context("capture stopped")),
-            Err(e) => fail(anyhow::anyhow!("capture panicked: {e}")),
-        }
-        // Then the rest, upstream first.
+        // Capture runs until shutdown, or until it or another task fails.
+        let capture_failure = match capture_task.await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(anyhow::Error::new(e).context("capture stopped")),
+            Err(e) => Some(anyhow::anyhow!("capture panicked: {e}")),
+        };
+        // Then the rest, upstream first; tasks ending now end on purpose.
+        supervisor.stopping();
         fanout_stop.cancel();
         for t in fanout_tasks {
             let _ = t.await;
         }
         forward_stop.cancel();
+        for t in forwarders {
+            let _ = t.await;
+        }
         dispatch_stop.cancel();
         let _ = dispatch_task.await;
         refresh_stop.cancel();
+        let _ = refresher.await;
         log.close();
-        for t in observer_tasks {
-            let _ = t.await;
-        }
-        match failure.lock().take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        checkpoints_stop.cancel();
+        let _ = checkpoints.await;
+        match (supervisor.take_failure(), capture_failure) {
+            (Some(e), _) => Err(anyhow::Error::new(e)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(()),
         }
     });
     Ok(Running {
@@ -377,22 +390,24 @@ pub async fn start_observed(
     })
 }
 
-/// Moves jobs from a deliveries partition to the dispatcher.
+/// Moves jobs from a deliveries partition to the dispatcher, until `stop`,
+/// the log's close or the dispatcher's end (the supervisor tells the last
+/// apart from an orderly stop).
 async fn forward<C: Consumer<DeliveryJob>>(
     mut consumer: C,
     out: mpsc::Sender<DeliveryJob>,
     stop: CancellationToken,
-) {
+) -> Result<(), LogError> {
     loop {
+        if failpoint::hit("dispatch.forward") {
+            return Ok(());
+        }
         let records = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return Ok(()),
             r = consumer.poll(256) => match r {
                 Ok(r) => r,
-                Err(LogError::Closed) => return,
-                Err(e) => {
-                    tracing::error!(error = %e, "deliveries partition failed");
-                    return;
-                }
+                Err(LogError::Closed) => return Ok(()),
+                Err(e) => return Err(e),
             },
         };
         let Some(last) = records.last().map(|r| r.offset) else {
@@ -400,10 +415,10 @@ async fn forward<C: Consumer<DeliveryJob>>(
         };
         for r in records {
             if out.send(r.message).await.is_err() {
-                return;
+                return Ok(());
             }
         }
         // The deliveries table holds the truth; the log only carries jobs.
-        let _ = consumer.commit(Offset(last.0 + 1)).await;
+        consumer.commit(Offset(last.0 + 1)).await?;
     }
 }

@@ -20,6 +20,7 @@ use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher}
 use walhook_pipeline::endpoint::{Directory, EndpointConfig, SubscriptionCache};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::incident::{IncidentStore, StageIncident};
 use walhook_pipeline::signing::SigningSecret;
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
 use walhook_pipeline::time::Timestamp;
@@ -29,6 +30,12 @@ struct Memory {
     attempts: Mutex<Vec<AttemptRecord>>,
     states: Mutex<HashMap<DeliveryId, (DeliveryStatus, u32, Timestamp)>>,
     disabled: Mutex<Vec<(EndpointId, String)>>,
+}
+
+impl IncidentStore for Memory {
+    async fn record_incidents(&self, _: &[StageIncident]) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 impl DispatchStore for Memory {
@@ -53,6 +60,12 @@ impl DispatchStore for Memory {
         }
         Ok(())
     }
+    async fn node_started(&self, _: &str, _: Duration) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+    async fn node_stopped(&self, _: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
     async fn heartbeat(&self, _: &str, _: Duration) -> Result<(), StoreError> {
         Ok(())
     }
@@ -69,6 +82,7 @@ impl DispatchStore for Memory {
         _: &str,
         _: Option<DeliveryId>,
         _: usize,
+        _: bool,
     ) -> Result<Vec<DeliveryJob>, StoreError> {
         Ok(Vec::new())
     }
@@ -136,6 +150,8 @@ impl Harness {
                 max_in_flight: None,
                 secrets: vec![secret],
                 created_at: Timestamp(0),
+                quarantine: None,
+                history: vec![],
             }],
         ));
         let clock = ManualClock::new(Timestamp::now());
@@ -199,6 +215,8 @@ impl Harness {
                 event_type: EventType::new("invoice.paid").unwrap(),
                 payload: bytes::Bytes::from(format!("{{\"n\":{n}}}")),
                 attempt_count: 0,
+                manual_attempt_count: 0,
+                after_unknown: false,
                 created_at: now,
                 next_attempt_at: now,
                 expires_at: now.plus(Duration::from_secs(24 * 3600)),

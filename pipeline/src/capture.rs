@@ -33,6 +33,23 @@ pub struct Incident {
     pub detail: String,
 }
 
+impl Incident {
+    /// The incident with its texts cleaned (no NUL or control characters:
+    /// they may quote row data) and bounded, so that it can be stored and
+    /// logged whatever the row held.
+    pub fn bounded(mut self) -> Self {
+        use crate::sanitize::{Lines, clean_str};
+        self.detail = clean_str(
+            &self.detail,
+            Lines::Escape,
+            crate::incident::MAX_DETAIL_BYTES,
+        );
+        self.rule = self.rule.map(|r| clean_str(&r, Lines::Escape, 256));
+        self.table = self.table.map(|t| clean_str(&t, Lines::Escape, 512));
+        self
+    }
+}
+
 /// The kinds of [`Incident`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,6 +66,11 @@ pub enum IncidentKind {
     InvalidMessage,
     /// A condition could not be decided because a value was not in the WAL.
     UndecidedCondition,
+    /// The event would be larger than `[source].max_event_bytes`.
+    OversizedEvent,
+    /// Further incidents of one transaction, past the number stored one by
+    /// one, counted in a single row.
+    Summarised,
 }
 
 impl IncidentKind {
@@ -60,6 +82,8 @@ impl IncidentKind {
             IncidentKind::InvalidRow => "invalid_row",
             IncidentKind::InvalidMessage => "invalid_message",
             IncidentKind::UndecidedCondition => "undecided_condition",
+            IncidentKind::OversizedEvent => "oversized_event",
+            IncidentKind::Summarised => "incidents_summarised",
         }
     }
 }
@@ -95,6 +119,20 @@ pub enum SinkError {
     /// The sink is shutting down.
     #[error("the sink is closed")]
     Closed,
+    /// The transaction's incidents could not be stored.
+    #[error("could not store capture incidents")]
+    Store(#[source] crate::store::StoreError),
+}
+
+impl SinkError {
+    /// Whether handing the transaction off again may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SinkError::Store(e) => e.is_transient(),
+            SinkError::Log(e) => e.is_transient() || matches!(e, LogError::Closed),
+            SinkError::Io(_) | SinkError::Closed => true,
+        }
+    }
 }
 
 /// Takes captured transactions downstream.
@@ -135,6 +173,61 @@ impl<P: Producer<Event>> TransactionSink for LogSink<P> {
             .map(|e| (e.tenant_id.as_str().as_bytes().to_vec(), e))
             .collect();
         Ok(self.producer.send_all(records).await?)
+    }
+}
+
+/// Where capture's incidents are stored (the platform database).
+pub trait CaptureIncidentStore: Send + Sync + 'static {
+    /// Stores `incidents` of `source`; one stored before (the slot was read
+    /// again after a crash) is kept once. Durable when it resolves `Ok`.
+    fn record_capture_incidents(
+        &self,
+        source: &str,
+        incidents: &[Incident],
+    ) -> impl Future<Output = Result<(), crate::store::StoreError>> + Send;
+}
+
+/// Stores each transaction's incidents, then hands its events to `inner`.
+/// The incidents are durable before the receipt exists, so the slot never
+/// moves past a change whose incident could still be lost.
+pub struct RecordingSink<S, R> {
+    inner: S,
+    store: Arc<R>,
+}
+
+impl<S, R> RecordingSink<S, R> {
+    /// Wraps `inner`, storing incidents in `store`.
+    pub fn new(inner: S, store: Arc<R>) -> Self {
+        RecordingSink { inner, store }
+    }
+}
+
+impl<S: TransactionSink, R: CaptureIncidentStore> TransactionSink for RecordingSink<S, R> {
+    async fn hand_off(&mut self, tx: CapturedTransaction) -> Result<Receipt, SinkError> {
+        if !tx.incidents.is_empty() {
+            // Transient trouble is retried for a while (capture waits,
+            // which is back-pressure); past that, capture restarts and
+            // reads the transaction again.
+            let mut backoff = std::time::Duration::from_millis(50);
+            let mut tries = 0;
+            loop {
+                match self
+                    .store
+                    .record_capture_incidents(&tx.source, &tx.incidents)
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) if e.is_transient() && tries < 10 => {
+                        tracing::warn!(error = %e.chain(), retry_in = ?backoff, "could not store capture incidents; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                        tries += 1;
+                    }
+                    Err(e) => return Err(SinkError::Store(e)),
+                }
+            }
+        }
+        self.inner.hand_off(tx).await
     }
 }
 

@@ -105,8 +105,15 @@ pub struct DeliveryJob {
     pub event_type: EventType,
     /// The event body, sent unchanged.
     pub payload: Bytes,
-    /// Automatic attempts already made.
+    /// Automatic attempts already made (what the retry policy counts).
     pub attempt_count: u32,
+    /// Manual attempts already made (replays; for a replay, its own
+    /// included). Attempt numbers count both kinds.
+    pub manual_attempt_count: u32,
+    /// The dispatcher that held this delivery stopped without a clean
+    /// drain: an attempt may have been sent and not recorded, so the next
+    /// attempt skips a number and says so ([`ATTEMPT_NOTE_UNKNOWN`]).
+    pub after_unknown: bool,
     /// When it was made.
     pub created_at: Timestamp,
     /// When the next attempt is due.
@@ -128,8 +135,22 @@ pub struct DeliveryJob {
 pub struct Replay {
     /// The replay request's id.
     pub request_id: i64,
-    /// The manual attempt's number (from 1, separate from automatic ones).
+    /// The manual attempt's number, in the delivery's one sequence of
+    /// attempts (automatic and manual): never 1 unless it is the first.
     pub number: u32,
+}
+
+/// The note on an attempt made after one whose outcome is unknown (sent,
+/// perhaps received, never recorded: its dispatcher stopped first).
+pub const ATTEMPT_NOTE_UNKNOWN: &str = "previous_outcome_unknown";
+
+impl DeliveryJob {
+    /// The number the next automatic attempt takes from what is recorded:
+    /// one past every recorded attempt, automatic and manual, and one more
+    /// when an unrecorded attempt may have gone out.
+    pub fn next_auto_number(&self) -> u32 {
+        self.attempt_count + self.manual_attempt_count + 1 + u32::from(self.after_unknown)
+    }
 }
 
 /// What started an attempt.
@@ -155,7 +176,7 @@ impl Trigger {
 /// One finished attempt and the delivery's state after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptRecord {
-    /// `AttemptId::derive(delivery, number)` (manual numbers are offset).
+    /// `AttemptId::derive(delivery, number)`.
     pub attempt_id: AttemptId,
     /// The delivery.
     pub delivery_id: DeliveryId,
@@ -163,7 +184,8 @@ pub struct AttemptRecord {
     pub endpoint_id: EndpointId,
     /// The tenant.
     pub tenant_id: TenantId,
-    /// The attempt's number (automatic from 1; manual from 1_000_001).
+    /// The attempt's number: unique and increasing per delivery across
+    /// automatic and manual attempts.
     pub number: u32,
     /// What started it.
     pub trigger: Trigger,
@@ -196,6 +218,8 @@ pub struct AttemptRecord {
     pub hold_until: Option<Timestamp>,
     /// For a manual attempt: the replay request it answers.
     pub replay_request: Option<i64>,
+    /// Why the attempt is special, when it is ([`ATTEMPT_NOTE_UNKNOWN`]).
+    pub note: Option<&'static str>,
 }
 
 mod codec {
@@ -244,7 +268,7 @@ mod codec {
 
     impl Message for DeliveryJob {
         fn encode(&self, out: &mut Vec<u8>) {
-            out.push(1);
+            out.push(2);
             out.extend_from_slice(&self.delivery_id.0);
             out.extend_from_slice(&self.event_id.0);
             out.extend_from_slice(&self.endpoint_id.0);
@@ -270,11 +294,14 @@ mod codec {
                     out.extend_from_slice(&r.number.to_be_bytes());
                 }
             }
+            out.extend_from_slice(&self.manual_attempt_count.to_be_bytes());
+            out.push(u8::from(self.after_unknown));
         }
 
         fn decode(bytes: &[u8]) -> Result<Self, LogError> {
             let mut c = Cursor(bytes);
-            if c.take(1)? != [1] {
+            let version = c.take(1)?[0];
+            if !matches!(version, 1 | 2) {
                 return Err(LogError::Decode("unknown delivery job version".into()));
             }
             let delivery_id = DeliveryId(c.arr16()?);
@@ -298,6 +325,10 @@ mod codec {
                     number: c.u32()?,
                 }),
             };
+            let (manual_attempt_count, after_unknown) = match version {
+                1 => (0, false),
+                _ => (c.u32()?, c.take(1)? != [0]),
+            };
             Ok(DeliveryJob {
                 delivery_id,
                 event_id,
@@ -306,6 +337,8 @@ mod codec {
                 event_type,
                 payload,
                 attempt_count,
+                manual_attempt_count,
+                after_unknown,
                 created_at,
                 next_attempt_at,
                 expires_at,
@@ -331,6 +364,8 @@ mod codec {
                 event_type: EventType::new("a.b").unwrap(),
                 payload: Bytes::from_static(b"{\"x\":1}"),
                 attempt_count: 2,
+                manual_attempt_count: 1,
+                after_unknown: true,
                 created_at: Timestamp(5),
                 next_attempt_at: Timestamp(6),
                 expires_at: Timestamp(7),

@@ -21,6 +21,33 @@ use crate::canonical::JsonWriter;
 use crate::ids::{EventId, IdError, Lsn, TenantId};
 use crate::time::Timestamp;
 
+/// The longest object id an event carries, in bytes.
+pub const MAX_OBJECT_ID_BYTES: usize = 512;
+
+/// The longest object version an event carries (its JSON text), in bytes.
+pub const MAX_OBJECT_VERSION_BYTES: usize = 256;
+
+/// Checks an object id from a row or a message: at most
+/// [`MAX_OBJECT_ID_BYTES`], no NUL or other control character (it is stored
+/// as text, sent in the body and shown in logs and the API). The error
+/// names the problem and where it is.
+pub fn check_object_id(id: &str) -> Result<(), String> {
+    if id.len() > MAX_OBJECT_ID_BYTES {
+        return Err(format!(
+            "the object id is {} bytes long; at most {MAX_OBJECT_ID_BYTES} are allowed",
+            id.len()
+        ));
+    }
+    match crate::sanitize::first_unsafe(id, crate::sanitize::Lines::Escape) {
+        Some((at, c)) => Err(format!(
+            "the object id holds the control character U+{:04X} at byte {at}; object ids must be \
+             text without control characters",
+            c as u32
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A dotted event type name such as `invoice.paid`.
 #[derive(
     Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
@@ -44,10 +71,7 @@ impl EventType {
         if ok {
             Ok(EventType(name.into()))
         } else {
-            Err(IdError::Malformed {
-                kind: "event type",
-                value: name.to_owned(),
-            })
+            Err(IdError::malformed("event type", name))
         }
     }
 

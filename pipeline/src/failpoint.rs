@@ -6,7 +6,10 @@
 //! the child dies exactly there. Unset, a failpoint costs one atomic load.
 //!
 //! Actions: `abort` (SIGABRT, no clean-up, like a crash), `exit` (status 86),
-//! `sleep(MS)`. An optional `@N` fires on the N-th hit only.
+//! `sleep(MS)`, `panic` (the task at the failpoint panics) and `end` (the
+//! task at the failpoint returns as if its work were over: [`hit`] returns
+//! `true`, and the caller ends its loop). An optional `@N` fires on the
+//! N-th hit only.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -21,6 +24,8 @@ enum Action {
     Abort,
     Exit,
     Sleep(Duration),
+    Panic,
+    End,
 }
 
 #[derive(Debug)]
@@ -57,6 +62,8 @@ fn parse(spec: &str) -> HashMap<String, Point> {
         let action = match action {
             "abort" => Action::Abort,
             "exit" => Action::Exit,
+            "panic" => Action::Panic,
+            "end" => Action::End,
             other => match other
                 .strip_prefix("sleep(")
                 .and_then(|s| s.strip_suffix(')'))
@@ -80,14 +87,16 @@ fn parse(spec: &str) -> HashMap<String, Point> {
     points
 }
 
-/// Fires the failpoint `name` if the environment configured it.
-pub fn hit(name: &str) {
+/// Fires the failpoint `name` if the environment configured it; `true`
+/// when its action is `end` (the caller stops its task there; failpoints
+/// whose caller cannot end ignore it).
+pub fn hit(name: &str) -> bool {
     let Some(point) = registry().get(name) else {
-        return;
+        return false;
     };
     let n = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
     if point.at_hit.is_some_and(|at| at != n) {
-        return;
+        return false;
     }
     match point.action {
         Action::Abort => {
@@ -99,7 +108,13 @@ pub fn hit(name: &str) {
             std::process::exit(86);
         }
         Action::Sleep(d) => std::thread::sleep(d),
+        Action::Panic => panic!("failpoint {name}: panicking (hit {n})"),
+        Action::End => {
+            eprintln!("failpoint {name}: ending its task (hit {n})");
+            return true;
+        }
     }
+    false
 }
 
 #[cfg(test)]
@@ -108,7 +123,9 @@ mod tests {
 
     #[test]
     fn parses_actions_and_hit_counts() {
-        let points = parse("a=abort@3; b=sleep(5),c=exit, bad, d=launch");
+        let points = parse("a=abort@3; b=sleep(5),c=exit, bad, d=launch, e=end@2, f=panic");
+        assert!(matches!(points["e"].action, Action::End));
+        assert!(matches!(points["f"].action, Action::Panic));
         assert!(matches!(points["a"].action, Action::Abort));
         assert_eq!(points["a"].at_hit, Some(3));
         assert!(matches!(points["b"].action, Action::Sleep(d) if d == Duration::from_millis(5)));

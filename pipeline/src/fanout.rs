@@ -9,8 +9,18 @@
 //!
 //! Delivery ids are derived from (event, endpoint), so fanning out the same
 //! events again (after a crash before the commit) only fills gaps: existing
-//! rows stay as they are and only new ones become jobs. The subscription
-//! directory is read once per batch.
+//! rows stay as they are and only new ones become jobs.
+//!
+//! The directory is never older than the events it decides for: after a
+//! poll, fan-out waits until a directory check that began after the poll
+//! succeeded ([`SubscriptionCache::fresh_since`]), so an endpoint created,
+//! changed or deleted before an event's commit is honoured for that event.
+//!
+//! One bad event never stops the stage: when the platform database refuses
+//! a batch's values (a data error), the batch is split until the event at
+//! fault is found; it becomes an incident and the rest is stored. Events of
+//! a tenant that is not registered are stored, reach no endpoint, and are
+//! counted in one incident per tenant.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +28,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{DeliveryJob, NewDelivery};
-use crate::endpoint::SubscriptionCache;
+use crate::endpoint::{SubscriptionCache, TenantStatus};
 use crate::event::Event;
 use crate::failpoint;
-use crate::ids::{DeliveryId, Offset};
+use crate::ids::{DeliveryId, EventId, Offset};
+use crate::incident::{IncidentKind, Stage, StageIncident};
 use crate::log::{Consumer, LogError, Producer};
 use crate::store::{FanoutStore, StoreError};
 use crate::time::Timestamp;
@@ -71,6 +82,8 @@ pub struct FanoutCounters {
     pub events: std::sync::atomic::AtomicU64,
     /// Deliveries made.
     pub deliveries: std::sync::atomic::AtomicU64,
+    /// Events set aside as incidents (refused by the platform database).
+    pub incidents: std::sync::atomic::AtomicU64,
 }
 
 impl<C, P, S> FanoutOperator<C, P, S>
@@ -104,6 +117,10 @@ where
         shutdown: CancellationToken,
     ) -> Result<(), FanoutError> {
         loop {
+            // Supervision tests end the operator here.
+            if failpoint::hit("fanout.poll") {
+                return Ok(());
+            }
             let records = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 polled = self.consumer.poll(self.settings.batch_size) => match polled {
@@ -112,6 +129,12 @@ where
                     Err(e) => return Err(e.into()),
                 },
             };
+            // Every endpoint change committed before these events' commits
+            // was committed before this instant.
+            let polled_at = std::time::Instant::now();
+            if !self.directory.fresh_since(polled_at, &shutdown).await {
+                return Ok(());
+            }
             // Bounded transactions: an event for a tenant with a thousand
             // endpoints goes in a transaction of its own instead of holding
             // up the events polled with it.
@@ -150,9 +173,27 @@ where
         };
         let events: Vec<Event> = records.into_iter().map(|r| r.message).collect();
         let (deliveries, jobs) = self.plan(&events);
+        let mut incidents = self.unknown_tenants(&events);
         let made = self
-            .materialize_with_retry(&events, &deliveries, shutdown)
+            .materialize_isolating(&events, &deliveries, &mut incidents, shutdown)
             .await?;
+        // Incidents are durable before the offset moves past their events.
+        if !incidents.is_empty() {
+            counters.incidents.fetch_add(
+                incidents
+                    .iter()
+                    .filter(|i| i.kind == IncidentKind::UnstorableEvent)
+                    .count() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            for i in &incidents {
+                i.log();
+            }
+            retry_transient(shutdown, "record fan-out incidents", || {
+                self.store.record_incidents(&incidents)
+            })
+            .await?;
+        }
         failpoint::hit("fanout.after_materialize");
         self.consumer.commit(Offset(last.0 + 1)).await?;
         counters
@@ -175,6 +216,33 @@ where
         Ok(())
     }
 
+    /// One incident per tenant that is not registered, counting its events
+    /// in this chunk.
+    fn unknown_tenants(&self, events: &[Event]) -> Vec<StageIncident> {
+        let directory = self.directory.snapshot();
+        let mut out: Vec<StageIncident> = Vec::new();
+        for e in events {
+            if directory.tenant(&e.tenant_id) != TenantStatus::Unknown {
+                continue;
+            }
+            match out.iter_mut().find(|i| i.subject == e.tenant_id.as_str()) {
+                Some(i) => i.occurrences += 1,
+                None => out.push(StageIncident::new(
+                    Stage::Fanout,
+                    IncidentKind::UnknownTenant,
+                    e.tenant_id.as_str(),
+                    &format!(
+                        "events for tenant {:?} (the latest {}, type {}) reach no endpoint: the tenant is \
+                         not registered; create it (POST /v1/tenants) or fix the capture rule's tenant column",
+                        e.tenant_id.as_str(),
+                        e.id,
+                        e.event_type
+                    ),
+                )),
+            }
+        }
+        out
+    }
     /// The deliveries and jobs for `events` under the current directory.
     fn plan(&self, events: &[Event]) -> (Vec<NewDelivery>, Vec<DeliveryJob>) {
         let directory = self.directory.snapshot();
@@ -188,7 +256,7 @@ where
         let mut deliveries = Vec::new();
         let mut jobs = Vec::new();
         for event in events {
-            for endpoint in
+            for (endpoint, config_version) in
                 directory.subscribers(&event.tenant_id, &event.event_type, event.occurred_at)
             {
                 let id = DeliveryId::derive(event.id, endpoint.id);
@@ -199,7 +267,7 @@ where
                     tenant_id: event.tenant_id.clone(),
                     event_type: event.event_type.clone(),
                     event_occurred_at: event.occurred_at,
-                    endpoint_config_version: endpoint.config_version,
+                    endpoint_config_version: config_version,
                     created_at: now,
                     expires_at,
                     lease_owner: self.settings.lease_owner.clone(),
@@ -213,11 +281,13 @@ where
                     event_type: event.event_type.clone(),
                     payload: event.payload.clone(),
                     attempt_count: 0,
+                    manual_attempt_count: 0,
+                    after_unknown: false,
                     created_at: now,
                     next_attempt_at: now,
                     expires_at,
                     lease_version: 1,
-                    endpoint_config_version: endpoint.config_version,
+                    endpoint_config_version: config_version,
                     event_occurred_at: event.occurred_at,
                     replay: None,
                 });
@@ -226,23 +296,104 @@ where
         (deliveries, jobs)
     }
 
-    async fn materialize_with_retry(
+    /// Stores `events` and `deliveries`; when the database refuses a
+    /// value, splits the chunk until the events at fault are found, sets
+    /// them aside as incidents and stores the rest. Returns the deliveries
+    /// made.
+    async fn materialize_isolating(
         &self,
         events: &[Event],
         deliveries: &[NewDelivery],
+        incidents: &mut Vec<StageIncident>,
         shutdown: &CancellationToken,
     ) -> Result<Vec<DeliveryId>, FanoutError> {
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match self.store.materialize(events, deliveries).await {
-                Ok(made) => return Ok(made),
-                Err(e) if e.transient && !shutdown.is_cancelled() => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "fan-out could not write; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e.into()),
+        let first = retry_transient(shutdown, "store events and deliveries", || {
+            self.store.materialize(events, deliveries)
+        })
+        .await;
+        let whole = match first {
+            Ok(made) => return Ok(made),
+            Err(FanoutError::Store(e)) if e.is_data() => {
+                tracing::warn!(error = %e.chain(), events = events.len(), "the platform database refused a fan-out batch; looking for the events at fault");
+                e.chain()
             }
+            Err(e) => return Err(e),
+        };
+        // Rare: split by halves (ranges of `events`) until each refused
+        // range is one event.
+        let mut made = Vec::new();
+        let mut todo: Vec<std::ops::Range<usize>> = Vec::new();
+        todo.push(0..events.len());
+        while let Some(range) = todo.pop() {
+            let part = &events[range.clone()];
+            let ids: std::collections::HashSet<EventId> = part.iter().map(|e| e.id).collect();
+            let dels: Vec<NewDelivery> = deliveries
+                .iter()
+                .filter(|d| ids.contains(&d.event_id))
+                .cloned()
+                .collect();
+            let result = if range.len() == events.len() {
+                // Already known to fail as a whole.
+                Err(FanoutError::Store(StoreError::data(whole.clone())))
+            } else {
+                retry_transient(shutdown, "store events and deliveries", || {
+                    self.store.materialize(part, &dels)
+                })
+                .await
+            };
+            match result {
+                Ok(ids) => made.extend(ids),
+                Err(FanoutError::Store(e)) if e.is_data() && range.len() > 1 => {
+                    let mid = range.start + range.len() / 2;
+                    todo.push(mid..range.end);
+                    todo.push(range.start..mid);
+                }
+                Err(FanoutError::Store(e)) if e.is_data() => {
+                    let event = &part[0];
+                    incidents.push(StageIncident::new(
+                        Stage::Fanout,
+                        IncidentKind::UnstorableEvent,
+                        &event.id.to_string(),
+                        &format!(
+                            "event {} (tenant {:?}, type {}, commit LSN {}) was refused by the platform \
+                             database and set aside with its {} deliveries: {}",
+                            event.id,
+                            event.tenant_id.as_str(),
+                            event.event_type,
+                            event.key.commit_lsn,
+                            dels.len(),
+                            e.chain()
+                        ),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(made)
+    }
+}
+
+/// Runs `op` until it succeeds or fails for a reason other than a
+/// transient one, backing off between tries; shutdown ends the retries.
+async fn retry_transient<T, F, Fut>(
+    shutdown: &CancellationToken,
+    what: &str,
+    mut op: F,
+) -> Result<T, FanoutError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                tracing::warn!(error = %e.chain(), retry_in = ?backoff, "fan-out could not {what}; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }

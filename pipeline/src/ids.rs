@@ -38,10 +38,7 @@ impl FromStr for Lsn {
     type Err = IdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || IdError::Malformed {
-            kind: "LSN",
-            value: s.to_owned(),
-        };
+        let bad = || IdError::malformed("LSN", s);
         let (hi, lo) = s.split_once('/').ok_or_else(bad)?;
         let hi = u32::from_str_radix(hi, 16).map_err(|_| bad())?;
         let lo = u32::from_str_radix(lo, 16).map_err(|_| bad())?;
@@ -67,9 +64,21 @@ pub enum IdError {
     Malformed {
         /// What kind of id was expected.
         kind: &'static str,
-        /// The text that was given.
+        /// The text that was given: cleaned (no NUL or control characters)
+        /// and cut to 80 bytes, since it may be hostile input that ends up
+        /// in a log line, an incident or an API answer.
         value: String,
     },
+}
+
+impl IdError {
+    /// A malformed `kind` made of `value` (cleaned and bounded).
+    pub fn malformed(kind: &'static str, value: &str) -> Self {
+        IdError::Malformed {
+            kind,
+            value: crate::sanitize::clean_str(value, crate::sanitize::Lines::Escape, 80),
+        }
+    }
 }
 
 const CROCKFORD: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
@@ -139,7 +148,7 @@ macro_rules! prefixed_id {
                 s.strip_prefix(Self::PREFIX)
                     .and_then(decode_base32)
                     .map($name)
-                    .ok_or_else(|| IdError::Malformed { kind: $kind, value: s.to_owned() })
+                    .ok_or_else(|| IdError::malformed($kind, s))
             }
         }
 
@@ -290,10 +299,7 @@ impl TenantId {
     pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
         let value = value.into();
         if value.is_empty() || value.len() > Self::MAX_LEN || value.chars().any(char::is_control) {
-            return Err(IdError::Malformed {
-                kind: "tenant id",
-                value,
-            });
+            return Err(IdError::malformed("tenant id", &value));
         }
         Ok(TenantId(value))
     }

@@ -12,14 +12,57 @@ use crate::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, NewDelivery};
 use crate::event::Event;
 use crate::ids::DeliveryId;
 
+/// What a failure means for the caller, decided once where the error is
+/// made (from the SQLSTATE or the error's kind, never from its text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Retrying may succeed: the connection dropped, the server is starting
+    /// or shutting down, a serialization failure, a deadlock, a timeout, a
+    /// resource ran short.
+    Transient,
+    /// One record's values were refused (SQLSTATE classes 22 "data
+    /// exception", 23 "integrity constraint violation" and 54 "program
+    /// limit exceeded"): retrying the same record fails again, the others
+    /// may proceed without it.
+    Data,
+    /// Retrying cannot help (a missing table, a permission, a bug): the
+    /// operator must act.
+    Definite,
+}
+
+impl ErrorKind {
+    /// The kind of a Postgres SQLSTATE (five characters).
+    pub fn of_sqlstate(code: &str) -> ErrorKind {
+        let class = code.get(..2).unwrap_or("");
+        match class {
+            // Data exceptions, integrity violations, program limits (a row or
+            // an index entry too big).
+            "22" | "23" | "54" => ErrorKind::Data,
+            // Connection exceptions, insufficient resources, system errors.
+            "08" | "53" | "58" => ErrorKind::Transient,
+            // Serialization failure, deadlock; statement timeout and
+            // cancellation; shutdown and start-up; lock not available; an
+            // object (a slot) still in use by a session that is ending.
+            _ if matches!(
+                code,
+                "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" | "55P03" | "55006"
+            ) =>
+            {
+                ErrorKind::Transient
+            }
+            _ => ErrorKind::Definite,
+        }
+    }
+}
+
 /// A platform database error, classified where it was made.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct StoreError {
     /// What failed, for the log.
     pub message: String,
-    /// Whether retrying may succeed.
-    pub transient: bool,
+    /// What the failure means for the caller.
+    pub kind: ErrorKind,
     /// The cause.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
@@ -33,7 +76,7 @@ impl StoreError {
     ) -> Self {
         StoreError {
             message: message.into(),
-            transient: true,
+            kind: ErrorKind::Transient,
             source: Some(Box::new(source)),
         }
     }
@@ -42,14 +85,45 @@ impl StoreError {
     pub fn definite(message: impl Into<String>) -> Self {
         StoreError {
             message: message.into(),
-            transient: false,
+            kind: ErrorKind::Definite,
             source: None,
         }
+    }
+
+    /// A record whose values the store refused.
+    pub fn data(message: impl Into<String>) -> Self {
+        StoreError {
+            message: message.into(),
+            kind: ErrorKind::Data,
+            source: None,
+        }
+    }
+
+    /// Whether retrying may succeed.
+    pub fn is_transient(&self) -> bool {
+        self.kind == ErrorKind::Transient
+    }
+
+    /// Whether one record's values were refused (isolate it, go on).
+    pub fn is_data(&self) -> bool {
+        self.kind == ErrorKind::Data
+    }
+
+    /// The message and every source, on one line (for incidents and logs).
+    pub fn chain(&self) -> String {
+        let mut text = self.message.clone();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
     }
 }
 
 /// Fan-out's writes.
-pub trait FanoutStore: Send + Sync + 'static {
+pub trait FanoutStore: crate::incident::IncidentStore + Send + Sync + 'static {
     /// Stores `events` and `deliveries` in one transaction; returns the ids
     /// of the deliveries that did not exist before.
     fn materialize(
@@ -60,7 +134,7 @@ pub trait FanoutStore: Send + Sync + 'static {
 }
 
 /// Dispatch's reads and writes.
-pub trait DispatchStore: Send + Sync + 'static {
+pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static {
     /// Records attempts and, under their leases, the deliveries' new states.
     /// Returns the deliveries whose lease had moved on (stale results).
     fn record(
@@ -75,6 +149,18 @@ pub trait DispatchStore: Send + Sync + 'static {
         changes: &[Transition],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// This node starts: renews its lease and returns whether its previous
+    /// run stopped cleanly (every attempt it started was recorded). A node
+    /// never seen before counts as clean.
+    fn node_started(
+        &self,
+        node: &str,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// This node stopped cleanly: every attempt it started is recorded.
+    fn node_stopped(&self, node: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Renews this node's lease: the deliveries it holds stay its own until
     /// `lease` from now. Called more often than `lease`.
     fn heartbeat(
@@ -86,7 +172,10 @@ pub trait DispatchStore: Send + Sync + 'static {
     /// Claims up to `limit` pending deliveries that are due and held by no
     /// live node (released retries, operational events, and everything of
     /// nodes whose lease lapsed), bumping each lease version. Due deliveries
-    /// of `exclude` (open circuits) are left alone.
+    /// of `exclude` (open circuits) are left alone. Deliveries taken from a
+    /// node that did not stop cleanly come with `after_unknown` set. A row
+    /// that cannot be read back is ended as failed with an incident, never
+    /// left claimed.
     fn claim_due(
         &self,
         node: &str,
@@ -95,20 +184,24 @@ pub trait DispatchStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
     /// After a restart: claims the pending deliveries this node held, in id
-    /// order after `after`, bumping each lease version.
+    /// order after `after`, bumping each lease version; `after_unknown`
+    /// when the previous run did not stop cleanly.
     fn reclaim_own(
         &self,
         node: &str,
         after: Option<DeliveryId>,
         limit: usize,
+        after_unknown: bool,
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
     /// Hands held deliveries back (no attempt): they stay pending, become
     /// due no earlier than the given time, and any node may claim them then.
     fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Claims up to `limit` open replay requests (one per delivery),
-    /// numbering their manual attempts.
+    /// Claims up to `limit` open replay requests (one per delivery, none of
+    /// a pending delivery that another live node holds: every attempt of a
+    /// delivery goes through its holder), numbering their manual attempts
+    /// in the delivery's one sequence of attempts.
     fn claim_replays(
         &self,
         node: &str,

@@ -1,7 +1,7 @@
 //! What capture keeps in the platform database: checkpoints, incidents and
 //! the event-type catalog.
 
-use walhook_pipeline::capture::Incident;
+use walhook_pipeline::capture::{CaptureIncidentStore, Incident};
 use walhook_pipeline::ids::Lsn;
 
 use crate::{Platform, StoreError};
@@ -41,32 +41,28 @@ impl Platform {
             return Ok(());
         }
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let kinds: Vec<&str> = incidents.iter().map(|i| i.kind.as_str()).collect();
+        let lsns: Vec<Option<String>> = incidents
+            .iter()
+            .map(|i| i.commit_lsn.map(|l| l.to_string()))
+            .collect();
+        let ordinals: Vec<Option<i32>> = incidents
+            .iter()
+            .map(|i| i.tx_ordinal.map(|o| o as i32))
+            .collect();
+        let rules: Vec<Option<&str>> = incidents.iter().map(|i| i.rule.as_deref()).collect();
+        let tables: Vec<Option<&str>> = incidents.iter().map(|i| i.table.as_deref()).collect();
+        let details: Vec<&str> = incidents.iter().map(|i| i.detail.as_str()).collect();
+        client
+            .execute(
                 "INSERT INTO walhook.capture_incidents (source, kind, commit_lsn, tx_ordinal, rule, table_name, detail) \
-                 VALUES ($1, $2, $3::text::pg_lsn, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                 SELECT $1, k, l::pg_lsn, o, r, t, d \
+                 FROM unnest($2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], $7::text[]) AS u(k, l, o, r, t, d) \
+                 ON CONFLICT DO NOTHING",
+                &[&source, &kinds, &lsns, &ordinals, &rules, &tables, &details],
             )
             .await
-            .map_err(StoreError::query("prepare an incident insert"))?;
-        for i in incidents {
-            let ordinal = i.tx_ordinal.map(|o| o as i32);
-            let lsn = i.commit_lsn.map(|l| l.to_string());
-            client
-                .execute(
-                    &stmt,
-                    &[
-                        &source,
-                        &i.kind.as_str(),
-                        &lsn,
-                        &ordinal,
-                        &i.rule,
-                        &i.table,
-                        &i.detail,
-                    ],
-                )
-                .await
-                .map_err(StoreError::query("record a capture incident"))?;
-        }
+            .map_err(StoreError::query("record capture incidents"))?;
         Ok(())
     }
 
@@ -89,5 +85,15 @@ impl Platform {
                 .map_err(StoreError::query("record an event type"))?;
         }
         Ok(())
+    }
+}
+
+impl CaptureIncidentStore for Platform {
+    async fn record_capture_incidents(
+        &self,
+        source: &str,
+        incidents: &[Incident],
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        Ok(self.record_incidents(source, incidents).await?)
     }
 }

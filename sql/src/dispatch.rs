@@ -16,12 +16,13 @@ use crate::{Platform, StoreError};
 const INSERT_ATTEMPTS: &str = "\
 INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
                               endpoint_config_version, started_at, finished_at, http_status, latency_ms, \
-                              outcome, error_class, response_sha256, response_excerpt) \
+                              outcome, error_class, response_sha256, response_excerpt, note) \
 SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
-       greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt \
+       greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
-            $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], $14::text[]) \
-     AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt) \
+            $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], $14::text[], \
+            $15::text[]) \
+     AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note) \
 ON CONFLICT DO NOTHING";
 
 const UPDATE_DELIVERIES: &str = "\
@@ -39,11 +40,19 @@ FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::timestamp
 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
 RETURNING d.id";
 
+/// Replay requests, one per delivery, of deliveries no other live node
+/// holds (every attempt of a delivery goes through its holder, which keeps
+/// attempt numbers unique); the manual attempt takes the next number of the
+/// delivery's one sequence (automatic + manual attempts recorded).
 const CLAIM_REPLAYS: &str = "\
 WITH open AS ( \
-    SELECT DISTINCT ON (delivery_id) id, delivery_id FROM walhook.replay_requests \
-    WHERE done_at IS NULL AND (claimed_until IS NULL OR claimed_until < now()) \
-    ORDER BY delivery_id, id \
+    SELECT DISTINCT ON (q.delivery_id) q.id, q.delivery_id FROM walhook.replay_requests q \
+    JOIN walhook.deliveries d ON d.id = q.delivery_id \
+    WHERE q.done_at IS NULL AND (q.claimed_until IS NULL OR q.claimed_until < now()) \
+      AND (d.status <> 'pending' OR d.lease_owner IS NULL OR d.lease_owner = $1 \
+           OR NOT EXISTS (SELECT 1 FROM walhook.dispatch_nodes n \
+                          WHERE n.node_id = d.lease_owner AND n.lease_until >= now())) \
+    ORDER BY q.delivery_id, q.id \
     LIMIT $2), \
 claimed AS ( \
     UPDATE walhook.replay_requests q SET claimed_by = $1, \
@@ -54,9 +63,10 @@ FROM claimed, walhook.events e \
 WHERE d.id = claimed.delivery_id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, claimed.id, d.manual_attempt_count";
+          d.event_occurred_at, d.manual_attempt_count, false, claimed.id";
 
-/// The claim update shared by both claims: `due` names the rows.
+/// The claim update shared by the claims: `due` names the rows and says
+/// whether an unrecorded attempt may have gone out (`after_unknown`).
 const CLAIM_UPDATE: &str = "\
 UPDATE walhook.deliveries d SET \
     lease_version = d.lease_version + 1, lease_owner = $1, lease_expires_at = NULL \
@@ -64,29 +74,33 @@ FROM due, walhook.events e \
 WHERE d.id = due.id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at";
+          d.event_occurred_at, d.manual_attempt_count, due.after_unknown";
 
 /// Due, unheld deliveries (the `deliveries_due` index), then those of nodes
-/// whose lease lapsed (the `deliveries_held` index).
+/// whose lease lapsed (the `deliveries_held` index). A delivery is unheld
+/// only once its holder recorded it, so nothing of it is unknown.
 const CLAIM_UNHELD: &str = "\
 WITH due AS ( \
-    SELECT id FROM walhook.deliveries \
+    SELECT id, false AS after_unknown FROM walhook.deliveries \
     WHERE status = 'pending' AND lease_owner IS NULL AND next_attempt_at <= now() \
       AND endpoint_id <> ALL($3::uuid[]) \
     ORDER BY next_attempt_at \
     LIMIT $2 \
     FOR UPDATE SKIP LOCKED) ";
 
+/// A lapsed node that did not record a clean stop may have had attempts
+/// out.
 const CLAIM_ORPHANS: &str = "\
 WITH due AS ( \
-    SELECT id FROM walhook.deliveries \
-    WHERE status = 'pending' AND lease_owner = ANY($3::text[]) \
+    SELECT d.id, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
+    FROM walhook.deliveries d LEFT JOIN walhook.dispatch_nodes n ON n.node_id = d.lease_owner \
+    WHERE d.status = 'pending' AND d.lease_owner = ANY($3::text[]) \
     LIMIT $2 \
-    FOR UPDATE SKIP LOCKED) ";
+    FOR UPDATE OF d SKIP LOCKED) ";
 
 const RECLAIM_OWN: &str = "\
 WITH due AS ( \
-    SELECT id FROM walhook.deliveries \
+    SELECT id, $4::bool AS after_unknown FROM walhook.deliveries \
     WHERE status = 'pending' AND lease_owner = $1 AND id > $3 \
     ORDER BY id \
     LIMIT $2 \
@@ -126,6 +140,7 @@ impl DispatchStore for Platform {
             .map(|x| x.response_sha256.as_ref().map(|h| h.as_slice()))
             .collect();
         let excerpts: Vec<Option<&str>> = a.iter().map(|x| x.response_excerpt.as_deref()).collect();
+        let notes: Vec<Option<&str>> = a.iter().map(|x| x.note).collect();
         let stmt = tx
             .prepare_cached(INSERT_ATTEMPTS)
             .await
@@ -147,6 +162,7 @@ impl DispatchStore for Platform {
                 &errors,
                 &shas,
                 &excerpts,
+                &notes,
             ],
         )
         .await
@@ -258,6 +274,41 @@ impl DispatchStore for Platform {
         Ok(())
     }
 
+    async fn node_started(
+        &self,
+        node: &str,
+        lease: Duration,
+    ) -> Result<bool, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        // The previous row's `stopped_at`, read before this start clears it.
+        let row = client
+            .query_one(
+                "WITH before AS (SELECT stopped_at FROM walhook.dispatch_nodes WHERE node_id = $1), \
+                 up AS (INSERT INTO walhook.dispatch_nodes (node_id, lease_until, started_at) \
+                        VALUES ($1, now() + $2 * interval '1 millisecond', now()) \
+                        ON CONFLICT (node_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, \
+                          started_at = now(), stopped_at = NULL, updated_at = now()) \
+                 SELECT coalesce((SELECT stopped_at IS NOT NULL FROM before), \
+                                 NOT EXISTS (SELECT 1 FROM before))",
+                &[&node, &(lease.as_millis() as f64)],
+            )
+            .await
+            .map_err(StoreError::query("register the dispatcher node"))?;
+        Ok(row.get(0))
+    }
+
+    async fn node_stopped(&self, node: &str) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE walhook.dispatch_nodes SET stopped_at = now(), updated_at = now() WHERE node_id = $1",
+                &[&node],
+            )
+            .await
+            .map_err(StoreError::query("record the node's clean stop"))?;
+        Ok(())
+    }
+
     async fn heartbeat(
         &self,
         node: &str,
@@ -268,7 +319,7 @@ impl DispatchStore for Platform {
             .execute(
                 "INSERT INTO walhook.dispatch_nodes (node_id, lease_until) \
                  VALUES ($1, now() + $2 * interval '1 millisecond') \
-                 ON CONFLICT (node_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, updated_at = now()",
+                 ON CONFLICT (node_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, stopped_at = NULL, updated_at = now()",
                 &[&node, &(lease.as_millis() as f64)],
             )
             .await
@@ -306,7 +357,7 @@ impl DispatchStore for Platform {
             if !rows.is_empty() {
                 tracing::warn!(nodes = ?dead, count = rows.len(), "took over deliveries of dispatcher nodes whose lease lapsed");
             }
-            jobs = jobs_from_rows(rows, false);
+            jobs = self.jobs_from_rows(&client, rows, false).await?;
         }
         if jobs.len() < limit {
             let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
@@ -318,7 +369,7 @@ impl DispatchStore for Platform {
                 .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &excluded])
                 .await
                 .map_err(StoreError::query("claim due deliveries"))?;
-            jobs.extend(jobs_from_rows(rows, false));
+            jobs.extend(self.jobs_from_rows(&client, rows, false).await?);
         }
         Ok(jobs)
     }
@@ -328,6 +379,7 @@ impl DispatchStore for Platform {
         node: &str,
         after: Option<DeliveryId>,
         limit: usize,
+        after_unknown: bool,
     ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
         let stmt = client
@@ -336,10 +388,10 @@ impl DispatchStore for Platform {
             .map_err(StoreError::query("prepare the reclaim"))?;
         let after = uuid16(&after.map_or([0; 16], |d| d.0));
         let rows = client
-            .query(&stmt, &[&node, &(limit as i64), &after])
+            .query(&stmt, &[&node, &(limit as i64), &after, &after_unknown])
             .await
             .map_err(StoreError::query("reclaim this node's deliveries"))?;
-        Ok(jobs_from_rows(rows, false))
+        Ok(self.jobs_from_rows(&client, rows, false).await?)
     }
 
     async fn release(
@@ -384,7 +436,7 @@ impl DispatchStore for Platform {
             )
             .await
             .map_err(StoreError::query("claim replay requests"))?;
-        Ok(jobs_from_rows(rows, true))
+        Ok(self.jobs_from_rows(&client, rows, true).await?)
     }
 
     async fn reject_replay(
@@ -492,28 +544,44 @@ impl DispatchStore for Platform {
     }
 }
 
-/// Jobs from rows of `CLAIM` or `CLAIM_REPLAYS` (the latter with the
-/// request id and manual number in columns 13 and 14).
-fn jobs_from_rows(rows: Vec<tokio_postgres::Row>, replays: bool) -> Vec<DeliveryJob> {
-    {
+impl Platform {
+    /// Jobs from rows of `CLAIM_UPDATE` or `CLAIM_REPLAYS` (the latter
+    /// with the replay request id last). A row that cannot be read back
+    /// (its tenant or type no longer valid) would otherwise stay claimed by
+    /// this node forever: it is ended as failed, with an incident.
+    async fn jobs_from_rows(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        rows: Vec<tokio_postgres::Row>,
+        replays: bool,
+    ) -> Result<Vec<DeliveryJob>, StoreError> {
         let mut jobs = Vec::with_capacity(rows.len());
+        let mut unreadable: Vec<(Uuid, i64, String)> = Vec::new();
         for r in rows {
+            let id: Uuid = r.get(0);
             let tenant: String = r.get(3);
             let etype: String = r.get(4);
-            let (Ok(tenant_id), Ok(event_type)) = (TenantId::new(tenant), EventType::new(&etype))
-            else {
-                continue;
+            let (tenant_id, event_type) = match (TenantId::new(tenant), EventType::new(&etype)) {
+                (Ok(t), Ok(e)) => (t, e),
+                (Err(e), _) | (_, Err(e)) => {
+                    unreadable.push((id, r.get(10), e.to_string()));
+                    continue;
+                }
             };
             let payload: Vec<u8> = r.get(5);
             let ts = |i: usize| Timestamp::from_system_time(r.get::<_, SystemTime>(i));
+            let manual_attempt_count = r.get::<_, i32>(13).max(0) as u32;
+            let attempt_count = r.get::<_, i32>(6).max(0) as u32;
             jobs.push(DeliveryJob {
-                delivery_id: DeliveryId(*r.get::<_, Uuid>(0).as_bytes()),
+                delivery_id: DeliveryId(*id.as_bytes()),
                 event_id: EventId(*r.get::<_, Uuid>(1).as_bytes()),
                 endpoint_id: EndpointId(*r.get::<_, Uuid>(2).as_bytes()),
                 tenant_id,
                 event_type,
                 payload: payload.into(),
-                attempt_count: r.get::<_, i32>(6) as u32,
+                attempt_count,
+                manual_attempt_count,
+                after_unknown: r.get(14),
                 created_at: ts(7),
                 next_attempt_at: ts(8),
                 expires_at: ts(9),
@@ -521,11 +589,69 @@ fn jobs_from_rows(rows: Vec<tokio_postgres::Row>, replays: bool) -> Vec<Delivery
                 endpoint_config_version: r.get(11),
                 event_occurred_at: ts(12),
                 replay: replays.then(|| Replay {
-                    request_id: r.get(13),
-                    number: r.get::<_, i32>(14).max(1) as u32,
+                    request_id: r.get(15),
+                    number: attempt_count + manual_attempt_count,
                 }),
             });
         }
-        jobs
+        if !unreadable.is_empty() {
+            self.end_unreadable(client, &unreadable, replays).await?;
+        }
+        Ok(jobs)
+    }
+
+    async fn end_unreadable(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        rows: &[(Uuid, i64, String)],
+        replays: bool,
+    ) -> Result<(), StoreError> {
+        use walhook_pipeline::incident::{IncidentKind, Stage, StageIncident};
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+        let leases: Vec<i64> = rows.iter().map(|r| r.1).collect();
+        if replays {
+            client
+                .execute(
+                    "UPDATE walhook.replay_requests SET done_at = now(), \
+                       error = 'the delivery cannot be read back; see the incidents' \
+                     WHERE delivery_id = ANY($1::uuid[]) AND done_at IS NULL",
+                    &[&ids],
+                )
+                .await
+                .map_err(StoreError::query(
+                    "close replay requests of unreadable deliveries",
+                ))?;
+        } else {
+            client
+                .execute(
+                    "UPDATE walhook.deliveries d SET status = 'failed', last_error_class = 'unreadable', \
+                       lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                     FROM unnest($1::uuid[], $2::int8[]) AS u(id, lease) \
+                     WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                    &[&ids, &leases],
+                )
+                .await
+                .map_err(StoreError::query("end unreadable deliveries"))?;
+        }
+        let incidents: Vec<StageIncident> = rows
+            .iter()
+            .map(|(id, _, why)| {
+                let delivery = DeliveryId(*id.as_bytes());
+                StageIncident::new(
+                    Stage::Dispatch,
+                    IncidentKind::UnreadableDelivery,
+                    &delivery.to_string(),
+                    &format!(
+                        "delivery {delivery} could not be read back after it was claimed ({why}); it was \
+                         ended as failed instead of being held forever"
+                    ),
+                )
+            })
+            .collect();
+        for i in &incidents {
+            i.log();
+        }
+        self.upsert_incidents(client, &incidents).await?;
+        Ok(())
     }
 }

@@ -24,6 +24,7 @@ pub mod endpoints;
 pub mod fanout;
 pub mod gauges;
 pub mod idempotency;
+pub mod incidents;
 pub mod migrate;
 pub mod replay;
 pub mod secrets;
@@ -34,6 +35,7 @@ pub use secrets::Keyring;
 use std::str::FromStr;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use walhook_pipeline::store::ErrorKind;
 
 /// Errors talking to the platform database.
 #[derive(Debug, thiserror::Error)]
@@ -70,20 +72,34 @@ impl StoreError {
         move |source| StoreError::Query { what, source }
     }
 
-    /// Whether retrying may help (connection trouble, serialization
-    /// failures) rather than the operator having to act.
-    pub fn is_transient(&self) -> bool {
+    /// What the failure means for the caller, from the SQLSTATE (or, for
+    /// errors without one, from their kind): see
+    /// [`walhook_pipeline::store::ErrorKind`].
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            StoreError::Pool(_) => true,
-            StoreError::Query { source, .. } => match source.code() {
-                None => true,
-                Some(code) => {
-                    let c = code.code();
-                    c.starts_with("08") || c == "40001" || c == "40P01" || c == "57P01"
-                }
-            },
-            _ => false,
+            StoreError::Pool(deadpool_postgres::PoolError::Backend(e)) => kind_of(e),
+            StoreError::Pool(deadpool_postgres::PoolError::Closed) => ErrorKind::Definite,
+            StoreError::Pool(_) => ErrorKind::Transient,
+            StoreError::Query { source, .. } => kind_of(source),
+            StoreError::Url(_) | StoreError::Schema(_) | StoreError::Secrets(_) => {
+                ErrorKind::Definite
+            }
         }
+    }
+
+    /// Whether retrying may help (connection trouble, serialization
+    /// failures, timeouts) rather than the operator having to act.
+    pub fn is_transient(&self) -> bool {
+        self.kind() == ErrorKind::Transient
+    }
+}
+
+/// The kind of a tokio-postgres error: by SQLSTATE when the server sent
+/// one; an error without one is the connection's (closed, reset, I/O).
+pub fn kind_of(e: &tokio_postgres::Error) -> ErrorKind {
+    match e.code() {
+        Some(code) => ErrorKind::of_sqlstate(code.code()),
+        None => ErrorKind::Transient,
     }
 }
 
@@ -168,10 +184,9 @@ impl Platform {
 
 impl From<StoreError> for walhook_pipeline::store::StoreError {
     fn from(e: StoreError) -> Self {
-        let transient = e.is_transient();
         walhook_pipeline::store::StoreError {
             message: e.to_string(),
-            transient,
+            kind: e.kind(),
             source: Some(Box::new(e)),
         }
     }

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "api",
         sql: include_str!("../migrations/0005_api.sql"),
     },
+    Migration {
+        version: 6,
+        name: "incidents",
+        sql: include_str!("../migrations/0006_incidents.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod api;
+pub mod hostile;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -174,6 +177,32 @@ impl World {
         id
     }
 
+    /// Registers an endpoint of `tenant` at any `url` (no signature
+    /// checks); returns its id.
+    pub async fn endpoint_at(&self, tenant: &str, url: &str, types: &[&str]) -> EndpointId {
+        let tenant_id = TenantId::new(tenant).unwrap();
+        self.platform
+            .create_tenant(&tenant_id, tenant)
+            .await
+            .unwrap();
+        self.platform
+            .create_endpoint(
+                &NewEndpoint {
+                    tenant_id,
+                    url: url.to_owned(),
+                    event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
+                    description: String::new(),
+                    rate_limit_per_sec: None,
+                    max_in_flight: None,
+                    enabled: true,
+                },
+                "test",
+            )
+            .await
+            .unwrap()
+            .0
+    }
+
     /// Waits until `walhook run` streams from the slot (writes before the
     /// slot exists are not captured).
     pub async fn wait_streaming(&self) {
@@ -193,6 +222,22 @@ impl World {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("walhook did not start streaming within 30 s");
+    }
+
+    /// Polls the platform database until `sql` (one `int8`) reaches `want`;
+    /// panics after 60 s naming `what` and the state.
+    pub async fn wait_count(&self, what: &str, sql: &str, want: i64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let n: i64 = self.platform_sql.query_one(sql, &[]).await.unwrap().get(0);
+            if n >= want {
+                return;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("{what}: {n} of {want} after 60 s; {}", self.state().await);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Counts of the platform's tables and the receiver's requests, for
@@ -291,6 +336,38 @@ impl Child {
             .spawn()
             .expect("cannot start walhook run");
         Child(child)
+    }
+
+    /// Starts `walhook run --config cfg` with `env` added, its stderr (the
+    /// log) written to `log`.
+    pub fn run_logged(cfg: &Path, env: &[(&str, &str)], log: &Path) -> Child {
+        let file = std::fs::File::create(log).unwrap();
+        let child = walhook()
+            .args(["run", "--config"])
+            .arg(cfg)
+            .env("WALHOOK_LOG", "warn")
+            .envs(env.iter().copied())
+            .stderr(file)
+            .spawn()
+            .expect("cannot start walhook run");
+        Child(child)
+    }
+
+    /// Waits up to `limit` for the process to exit by itself.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
     }
 
     /// SIGKILL, no clean-up.

@@ -49,7 +49,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // this config's types before the first request.
     let api = match &metrics {
         Some(metrics) => {
-            metrics.register_collector(Box::new(PipelineCollector::new(running.counters.clone())));
+            metrics.register_collector(Box::new(PipelineCollector::new(
+                running.counters.clone(),
+                running.directory.clone(),
+            )));
             match super::api::spawn(&cfg, platform, metrics.clone(), shutdown.clone()).await {
                 Ok(task) => Some(task),
                 Err(e) => {

@@ -30,8 +30,11 @@ use super::observe::{EgressObserver, LogObserver};
 use super::policy::{Refusal, UrlPolicy, VettedHost, check_url};
 use super::resolve::{Lookup, SystemLookup, TrustedProxy, VettingResolver};
 
-/// Characters of the response body kept as an excerpt.
-const EXCERPT_CHARS: usize = 1024;
+/// Bytes of the response body kept for the excerpt (before cleaning).
+const EXCERPT_READ_BYTES: usize = 4096;
+
+/// The longest excerpt stored, in bytes of cleaned text.
+pub const EXCERPT_MAX_BYTES: usize = 1024;
 
 /// How long an idle pooled connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -227,6 +230,16 @@ fn blocked() -> EgressResult {
     EgressResult::bare(classify_failure(ErrorClass::Blocked))
 }
 
+/// The stored form of a response body's first bytes: see
+/// [`walhook_pipeline::sanitize`].
+pub fn response_excerpt(body: &[u8]) -> String {
+    walhook_pipeline::sanitize::clean_text(
+        body,
+        walhook_pipeline::sanitize::Lines::Keep,
+        EXCERPT_MAX_BYTES,
+    )
+}
+
 impl Egress for HttpEgress {
     async fn send(&self, request: Outbound) -> EgressResult {
         let vetted = match check_url(&request.url, &self.policy) {
@@ -269,8 +282,8 @@ impl Egress for HttpEgress {
                 Some(Ok(chunk)) => {
                     let take = chunk.len().min(self.settings.max_response_bytes - read);
                     hasher.update(&chunk[..take]);
-                    if kept.len() < EXCERPT_CHARS * 4 {
-                        kept.extend_from_slice(&chunk[..take.min(EXCERPT_CHARS * 4 - kept.len())]);
+                    if kept.len() < EXCERPT_READ_BYTES {
+                        kept.extend_from_slice(&chunk[..take.min(EXCERPT_READ_BYTES - kept.len())]);
                     }
                     read += take;
                 }
@@ -279,10 +292,10 @@ impl Egress for HttpEgress {
                 Some(Err(_)) | None => break,
             }
         }
-        let excerpt: String = String::from_utf8_lossy(&kept)
-            .chars()
-            .take(EXCERPT_CHARS)
-            .collect();
+        // The receiver chose these bytes: NUL, invalid UTF-8 and control
+        // characters are made storable here, where they enter, so that no
+        // response can fail the recorder (Postgres text refuses NUL).
+        let excerpt = response_excerpt(&kept);
         EgressResult {
             outcome: classify_status(status, retry_after),
             response_sha256: Some(hasher.finalize().into()),

@@ -33,6 +33,10 @@ pub const DEFAULT_PUBLICATION: &str = "walhook";
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 /// Default interval between standby status updates.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// Default largest event body (1 MiB): a bigger one becomes an incident.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+/// The largest `max_event_bytes` accepted (256 MiB).
+pub const MAX_MAX_EVENT_BYTES: usize = 256 << 20;
 
 /// Where and how to capture.
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +74,15 @@ pub struct SourceConfig {
     /// Warn when the slot retains more WAL than this many bytes.
     #[serde(default = "default_lag_warning")]
     pub lag_warning_bytes: u64,
+    /// The largest event body (the JSON envelope) capture makes; a change
+    /// that would make a bigger one becomes an incident naming its LSN and
+    /// size, and capture goes on.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: usize,
+}
+
+fn default_max_event_bytes() -> usize {
+    DEFAULT_MAX_EVENT_BYTES
 }
 
 fn default_name() -> String {
@@ -546,6 +559,16 @@ impl SourceConfig {
                 "(source)",
                 "source.name",
                 "must not be empty",
+            ));
+        }
+        if !(1024..=MAX_MAX_EVENT_BYTES).contains(&self.max_event_bytes) {
+            return Err(RuleError::new(
+                "(source)",
+                "source.max_event_bytes",
+                format!(
+                    "{} is out of range: give a size from 1024 to {MAX_MAX_EVENT_BYTES} bytes (default {DEFAULT_MAX_EVENT_BYTES})",
+                    self.max_event_bytes
+                ),
             ));
         }
         if rules.is_empty() {

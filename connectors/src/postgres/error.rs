@@ -1,5 +1,7 @@
 //! Capture's errors, each transient (retry) or definite (the operator acts).
 
+use walhook_pipeline::store::ErrorKind;
+
 use super::config::RuleError;
 
 /// Why capture stopped or could not start.
@@ -40,21 +42,50 @@ impl CaptureError {
         move |source| CaptureError::Query { what, source }
     }
 
-    /// Whether restarting capture may succeed without the operator.
+    /// Whether restarting capture may succeed without the operator: decided
+    /// from the SQLSTATE of a server error (see
+    /// [`ErrorKind::of_sqlstate`]), or from the kind of a connection error.
     pub fn is_transient(&self) -> bool {
         match self {
-            CaptureError::Query { source, .. } => {
-                source.as_db_error().is_none() || source.is_closed()
-            }
-            CaptureError::Stream(e) => {
-                let text = e.to_string();
-                e.is_transient()
-                    || text.contains("is active for PID")
-                    || text.contains("terminating connection")
-                    || text.contains("the database system is")
-            }
-            CaptureError::Sink(_) => true,
+            CaptureError::Query { source, .. } => match source.code() {
+                Some(code) => ErrorKind::of_sqlstate(code.code()) == ErrorKind::Transient,
+                None => true,
+            },
+            CaptureError::Stream(e) => match e {
+                pgwire_replication::PgWireError::Server(text) => sqlstate_in(text)
+                    .is_some_and(|c| ErrorKind::of_sqlstate(c) == ErrorKind::Transient),
+                e => e.is_transient(),
+            },
+            CaptureError::Sink(e) => e.is_transient(),
             _ => false,
         }
+    }
+}
+
+/// The SQLSTATE of a server error as pgwire-replication renders it
+/// (`… (SQLSTATE 55006)`): the crate keeps the code only in its text.
+fn sqlstate_in(text: &str) -> Option<&str> {
+    let at = text.rfind("SQLSTATE ")? + "SQLSTATE ".len();
+    let code = text.get(at..at + 5)?;
+    code.bytes()
+        .all(|b| b.is_ascii_alphanumeric())
+        .then_some(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_are_classified_by_sqlstate() {
+        let err = |t: &str| CaptureError::Stream(pgwire_replication::PgWireError::Server(t.into()));
+        assert!(err("replication slot \"s\" is active for PID 7 (SQLSTATE 55006)").is_transient());
+        assert!(
+            err("terminating connection due to administrator command (SQLSTATE 57P01)")
+                .is_transient()
+        );
+        assert!(!err("publication \"p\" does not exist (SQLSTATE 42704)").is_transient());
+        assert!(!err("no code at all").is_transient());
+        assert_eq!(sqlstate_in("x (SQLSTATE 57P03)"), Some("57P03"));
     }
 }

@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use walhook_pipeline::canonical::{JsonWriter, canonical_members};
 use walhook_pipeline::capture::{Incident, IncidentKind};
-use walhook_pipeline::event::{Envelope, Event, EventKey, EventType};
+use walhook_pipeline::event::{
+    Envelope, Event, EventKey, EventType, MAX_OBJECT_VERSION_BYTES, check_object_id,
+};
 use walhook_pipeline::ids::{EventId, Lsn, TenantId};
 use walhook_pipeline::time::Timestamp;
 
@@ -574,6 +576,8 @@ pub struct TxContext<'a> {
     pub commit_lsn: Lsn,
     /// The commit time.
     pub commit_time: Timestamp,
+    /// The largest event body allowed (`[source].max_event_bytes`).
+    pub max_event_bytes: usize,
 }
 
 /// What applying a rule to a change gave.
@@ -674,7 +678,36 @@ impl CompiledRule {
                 );
             }
         };
+        // Raw values bigger than an event may be are refused before any
+        // envelope is built from them (memory stays bounded).
+        let raw: usize = self
+            .payload
+            .iter()
+            .map(|(_, i, _)| match rows.data(*i) {
+                Val::Text(t) => t.len(),
+                _ => 0,
+            })
+            .chain(self.outbox.map(|(_, p, _)| match rows.data(p) {
+                Val::Text(t) => t.len(),
+                _ => 0,
+            }))
+            .sum();
+        if raw > tx.max_event_bytes {
+            return self.incident(
+                IncidentKind::OversizedEvent,
+                tx,
+                ordinal,
+                format!(
+                    "the row's payload values are {raw} bytes, over [source].max_event_bytes = {}; \
+                     include fewer or smaller columns, or raise the limit",
+                    tx.max_event_bytes
+                ),
+            );
+        }
         let object_id = self.object_id.and_then(|i| text_of(rows.data(i)));
+        if let Some(Err(problem)) = object_id.as_deref().map(check_object_id) {
+            return self.incident(IncidentKind::InvalidRow, tx, ordinal, problem);
+        }
         let object_version = match &self.version {
             None => None,
             Some(VersionSource::Lsn) => Some(tx.commit_lsn.0.to_string()),
@@ -851,6 +884,20 @@ impl MessageRule {
                 detail,
             })
         };
+        if content.len() > tx.max_event_bytes {
+            return Outcome::Incident(Incident {
+                kind: IncidentKind::OversizedEvent,
+                commit_lsn: Some(tx.commit_lsn),
+                tx_ordinal: Some(ordinal),
+                rule: Some(self.name.to_string()),
+                table: None,
+                detail: format!(
+                    "the message is {} bytes, over [source].max_event_bytes = {}",
+                    content.len(),
+                    tx.max_event_bytes
+                ),
+            });
+        }
         let Ok(text) = std::str::from_utf8(content) else {
             return incident("the message content is not UTF-8".into());
         };
@@ -865,19 +912,42 @@ impl MessageRule {
                 .map(|(_, v)| v.as_str())
         };
         let string = |k: &str| get(k).and_then(|v| serde_json::from_str::<String>(v).ok());
-        let Some(event_type) = string("type").and_then(|t| EventType::new(&t).ok()) else {
-            return incident("\"type\" must be a valid event type string".into());
+        let event_type = match string("type").map(|t| EventType::new(&t)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                return incident(format!(
+                    "\"type\": {e}: start with a letter, then letters, digits, `.`, `_`, `-`"
+                ));
+            }
+            None => return incident("\"type\" must be a string".into()),
         };
-        let Some(tenant) = string("tenant_id").and_then(|t| TenantId::new(t).ok()) else {
-            return incident("\"tenant_id\" must be a non-empty string".into());
+        let tenant = match string("tenant_id").map(TenantId::new) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                return incident(format!(
+                    "\"tenant_id\": {e}: use 1 to 128 characters without control characters"
+                ));
+            }
+            None => return incident("\"tenant_id\" must be a string".into()),
         };
         let Some(data) = get("data") else {
             return incident("\"data\" is missing".into());
         };
         let object_id = string("object_id");
+        if let Some(Err(problem)) = object_id.as_deref().map(check_object_id) {
+            return incident(format!("\"object_id\": {problem}"));
+        }
         let object_version = get("object_version")
             .filter(|v| *v != "null")
             .map(str::to_owned);
+        if let Some(v) = &object_version
+            && v.len() > MAX_OBJECT_VERSION_BYTES
+        {
+            return incident(format!(
+                "\"object_version\" is {} bytes of JSON; at most {MAX_OBJECT_VERSION_BYTES} are allowed",
+                v.len()
+            ));
+        }
         for (key, _) in &members {
             if !matches!(
                 key.as_str(),
@@ -955,6 +1025,7 @@ mod tests {
         source: "main",
         commit_lsn: Lsn(0x100),
         commit_time: Timestamp(0),
+        max_event_bytes: 1 << 20,
     };
 
     #[test]

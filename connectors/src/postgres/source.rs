@@ -43,6 +43,15 @@ const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c intervals
 /// Events handed off per chunk of a large transaction.
 const CHUNK_EVENTS: usize = 4096;
 
+/// Event bytes handed off per chunk of a large transaction: memory stays
+/// bounded however large the events are.
+const CHUNK_BYTES: usize = 16 << 20;
+
+/// Incidents of one transaction stored one by one; past this, they are
+/// counted in one `incidents_summarised` incident at its commit (a
+/// transaction of a million bad rows must not hold a million in memory).
+const MAX_INCIDENTS_PER_TX: u32 = 1000;
+
 /// Observes capture for checkpoints, incidents and metrics. Called on the
 /// capture task: implementations must not block.
 pub trait CaptureObserver: Send + Sync {
@@ -476,7 +485,13 @@ struct OpenTx {
     commit_time: Timestamp,
     ordinal: u32,
     pending: CapturedTransaction,
+    /// Payload bytes of `pending.events`.
+    pending_bytes: usize,
     receipts: Vec<Receipt>,
+    /// Incidents seen in the whole transaction.
+    incident_count: u32,
+    /// Of them, those counted but not stored one by one, by kind.
+    summarised: Vec<(IncidentKind, u32)>,
 }
 
 struct StreamState<'s> {
@@ -507,11 +522,51 @@ impl<'s> StreamState<'s> {
     }
 
     fn incident(&mut self, incident: Incident) {
-        tracing::warn!(kind = incident.kind.as_str(), commit_lsn = ?incident.commit_lsn.map(|l| l.to_string()), rule = ?incident.rule, table = ?incident.table, "{}", incident.detail);
-        self.observer.incident(&incident);
+        // Details may quote row data: cleaned and bounded before anything
+        // logs or stores them.
+        let incident = incident.bounded();
         self.incidents += 1;
         if let Some(tx) = self.tx.as_mut() {
+            tx.incident_count += 1;
+            if tx.incident_count > MAX_INCIDENTS_PER_TX {
+                match tx.summarised.iter_mut().find(|(k, _)| *k == incident.kind) {
+                    Some((_, n)) => *n += 1,
+                    None => tx.summarised.push((incident.kind, 1)),
+                }
+                self.observer.incident(&incident);
+                return;
+            }
+        }
+        tracing::warn!(kind = incident.kind.as_str(), commit_lsn = ?incident.commit_lsn.map(|l| l.to_string()), rule = ?incident.rule, table = ?incident.table, "{}", incident.detail);
+        self.observer.incident(&incident);
+        if let Some(tx) = self.tx.as_mut() {
             tx.pending.incidents.push(incident);
+        }
+    }
+
+    /// Takes an event a rule made, unless it is larger than an event may
+    /// be (then it is an incident naming its id and size).
+    fn push_event(&mut self, event: walhook_pipeline::event::Event) {
+        let max = self.source.cfg.max_event_bytes;
+        if event.payload.len() > max {
+            self.incident(Incident {
+                kind: IncidentKind::OversizedEvent,
+                commit_lsn: Some(event.key.commit_lsn),
+                tx_ordinal: Some(event.key.tx_ordinal),
+                rule: None,
+                table: None,
+                detail: format!(
+                    "event {} ({}) would be {} bytes, over [source].max_event_bytes = {max}; it was not made",
+                    event.id,
+                    event.event_type,
+                    event.payload.len()
+                ),
+            });
+            return;
+        }
+        if let Some(tx) = self.tx.as_mut() {
+            tx.pending_bytes += event.payload.len();
+            tx.pending.events.push(event);
         }
     }
 
@@ -534,16 +589,20 @@ impl<'s> StreamState<'s> {
                     commit_time,
                     ordinal: 0,
                     pending: self.empty_tx(commit_lsn, commit_time),
+                    pending_bytes: 0,
                     receipts: Vec::new(),
+                    incident_count: 0,
+                    summarised: Vec::new(),
                 });
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let msg = pgoutput::decode(&data).map_err(CaptureError::Decode)?;
                 self.on_message(msg)?;
-                let full = self
-                    .tx
-                    .as_ref()
-                    .is_some_and(|t| t.pending.events.len() >= CHUNK_EVENTS);
+                let full = self.tx.as_ref().is_some_and(|t| {
+                    t.pending.events.len() >= CHUNK_EVENTS
+                        || t.pending_bytes >= CHUNK_BYTES
+                        || t.pending.incidents.len() >= MAX_INCIDENTS_PER_TX as usize
+                });
                 if full {
                     self.hand_off_chunk(sink).await?;
                 }
@@ -584,6 +643,7 @@ impl<'s> StreamState<'s> {
                             source: &self.name,
                             commit_lsn: tx.commit_lsn,
                             commit_time: tx.commit_time,
+                            max_event_bytes: self.source.cfg.max_event_bytes,
                         };
                         rule.apply(&content, &ctx, ordinal)
                     }
@@ -601,11 +661,7 @@ impl<'s> StreamState<'s> {
                 };
                 self.changes += u64::from(transactional);
                 match outcome {
-                    Outcome::Event(e) => {
-                        if let Some(tx) = self.tx.as_mut() {
-                            tx.pending.events.push(*e);
-                        }
-                    }
+                    Outcome::Event(e) => self.push_event(*e),
                     Outcome::Incident(i) => self.incident(i),
                     Outcome::Skip => {}
                 }
@@ -614,6 +670,27 @@ impl<'s> StreamState<'s> {
                 let Some(mut tx) = self.tx.take() else {
                     return Ok(Flow::Continue);
                 };
+                if !tx.summarised.is_empty() {
+                    let counted: Vec<String> = tx
+                        .summarised
+                        .iter()
+                        .map(|(k, n)| format!("{} ×{n}", k.as_str()))
+                        .collect();
+                    let summary = Incident {
+                        kind: IncidentKind::Summarised,
+                        commit_lsn: Some(tx.commit_lsn),
+                        tx_ordinal: None,
+                        rule: None,
+                        table: None,
+                        detail: format!(
+                            "this transaction had more than {MAX_INCIDENTS_PER_TX} incidents; the further ones \
+                             were counted, not stored one by one: {}",
+                            counted.join(", ")
+                        ),
+                    };
+                    tracing::warn!(kind = summary.kind.as_str(), commit_lsn = %tx.commit_lsn, "{}", summary.detail);
+                    tx.pending.incidents.push(summary);
+                }
                 let end_lsn = Lsn(end_lsn.as_u64());
                 tx.pending.end_lsn = end_lsn;
                 self.transactions += 1;
@@ -662,6 +739,7 @@ impl<'s> StreamState<'s> {
         };
         let tx = self.tx.as_mut().expect("checked by the caller");
         let chunk = std::mem::replace(&mut tx.pending, fresh);
+        tx.pending_bytes = 0;
         self.events += chunk.events.len() as u64;
         let receipt = sink.hand_off(chunk).await?;
         tx.receipts.push(receipt);
@@ -776,17 +854,21 @@ impl<'s> StreamState<'s> {
             source: &self.name,
             commit_lsn: tx.commit_lsn,
             commit_time: tx.commit_time,
+            max_event_bytes: self.source.cfg.max_event_bytes,
         };
-        let mut incidents = Vec::new();
+        let mut outcomes = Vec::new();
         for rule in &table.rules {
             match rule.apply(change, &table.keys, &ctx, ordinal) {
-                Outcome::Event(e) => tx.pending.events.push(*e),
-                Outcome::Incident(i) => incidents.push(i),
                 Outcome::Skip => {}
+                other => outcomes.push(other),
             }
         }
-        for i in incidents {
-            self.incident(i);
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Event(e) => self.push_event(*e),
+                Outcome::Incident(i) => self.incident(i),
+                Outcome::Skip => {}
+            }
         }
         Ok(())
     }

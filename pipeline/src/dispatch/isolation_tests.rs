@@ -58,6 +58,8 @@ fn job(n: u32, endpoint: EndpointId, tenant: &str, now: Timestamp) -> DeliveryJo
         event_type: EventType::new("x.y").unwrap(),
         payload: bytes::Bytes::new(),
         attempt_count: 0,
+        manual_attempt_count: 0,
+        after_unknown: false,
         created_at: now,
         next_attempt_at: now,
         expires_at: now.plus(Duration::from_secs(24 * 3600)),

@@ -13,15 +13,26 @@
 //! with `WHERE lease_version = held`, so a worker whose lease moved on cannot
 //! overwrite a newer state. Everything needed to resume lives in Postgres: a
 //! restarted dispatcher reclaims what its node held and what is due.
+//!
+//! The recorder and the sweeper are watched: if either ends while dispatch
+//! runs, dispatch stops with an error naming it (results it could not write
+//! are attempted again after the restart). Attempt numbers are one sequence
+//! per delivery across automatic and manual attempts ([`numbering`]). At a
+//! clean stop, attempts still in flight after the drain timeout are recorded
+//! with an unknown outcome; after an unclean one, the next attempt of every
+//! reclaimed delivery notes that an earlier one may have gone out.
 
 pub mod breaker;
 pub mod bucket;
 pub mod clock;
 pub mod egress;
+mod health;
 #[cfg(test)]
 mod isolation_tests;
 #[cfg(test)]
 mod model_tests;
+pub mod numbering;
+pub mod observe;
 pub mod outcome;
 pub mod policy;
 pub mod recorder;
@@ -38,18 +49,20 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use self::breaker::{BreakerConfig, Circuit, Health, Transition as CircuitChange};
+use self::breaker::{BreakerConfig, Circuit, Health};
 use self::clock::Clock;
 use self::egress::{Egress, EgressResult, build_request};
+use self::numbering::Numbering;
+use self::observe::{AttemptObserver, AttemptSeen, NoObserver};
 use self::outcome::{AttemptOutcome, ErrorClass};
 use self::policy::{DeliveryState, RetryPolicy};
 use self::recorder::Record;
 use self::scheduler::{Limits, Scheduler, SchedulerConfig};
 use self::sweeper::Claimed;
-use crate::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
+use crate::delivery::{ATTEMPT_NOTE_UNKNOWN, AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
 use crate::endpoint::SubscriptionCache;
 use crate::ids::{AttemptId, EndpointId};
-use crate::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
+use crate::store::{DispatchStore, Release, StoreError, Transition};
 use crate::time::Timestamp;
 
 /// Dispatch settings.
@@ -133,6 +146,9 @@ pub struct DispatchCounters {
     pub circuits_opened: AtomicU64,
     /// Endpoints disabled by dispatch (410, failing too long).
     pub endpoints_disabled: AtomicU64,
+    /// Results the platform database refused (incidents; the delivery was
+    /// handed back to be attempted again).
+    pub unstorable: AtomicU64,
 }
 
 /// Why dispatch stopped.
@@ -141,6 +157,15 @@ pub enum DispatchError {
     /// The store failed with an error retrying cannot fix.
     #[error("dispatch: platform database error")]
     Store(#[from] StoreError),
+    /// One of dispatch's own tasks ended while dispatch was running.
+    #[error("dispatch: the {task} stopped while dispatch was running")]
+    TaskEnded {
+        /// `recorder` or `sweeper`.
+        task: &'static str,
+        /// Why, when it said.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 struct Finished {
@@ -152,6 +177,14 @@ struct Finished {
     result: EgressResult,
 }
 
+/// An attempt out, as known before its outcome.
+struct InFlight {
+    job: DeliveryJob,
+    number: u32,
+    config_version: i32,
+    started_at: Timestamp,
+}
+
 /// The dispatcher of one node.
 pub struct Dispatcher<E, S> {
     egress: Arc<E>,
@@ -159,6 +192,7 @@ pub struct Dispatcher<E, S> {
     directory: Arc<SubscriptionCache>,
     settings: DispatchSettings,
     counters: Arc<DispatchCounters>,
+    observer: Arc<dyn AttemptObserver>,
 }
 
 /// Mutable state of a run, beside the schedule.
@@ -171,6 +205,10 @@ struct RunState {
     /// Shared with the sweeper: endpoints whose deliveries it leaves alone
     /// until their circuit may probe.
     exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
+    /// Attempt numbers started and not yet settled.
+    numbering: Numbering,
+    /// Attempts out, by task.
+    in_flight: HashMap<tokio::task::Id, InFlight>,
 }
 
 fn health_of(outcome: &AttemptOutcome) -> Health {
@@ -178,6 +216,32 @@ fn health_of(outcome: &AttemptOutcome) -> Health {
         AttemptOutcome::Delivered { .. } => Health::Success,
         AttemptOutcome::Retryable { .. } => Health::Failure,
         AttemptOutcome::Rejected { .. } | AttemptOutcome::Gone => Health::Neutral,
+    }
+}
+
+/// Hands `record` to the recorder. When the recorder is gone, the run loop
+/// notices its end and stops dispatch with its error; the result is not
+/// lost either way: the delivery is still pending under this node's lease
+/// and is attempted again after the restart.
+async fn send(tx: &mpsc::Sender<Record>, record: Record) {
+    if tx.send(record).await.is_err() {
+        tracing::error!(
+            "the dispatch recorder has stopped; this result will be redone after a restart"
+        );
+    }
+}
+
+fn seen(job: &DeliveryJob, number: u32, started_at: Timestamp) -> AttemptSeen<'_> {
+    AttemptSeen {
+        job,
+        trigger: if job.replay.is_some() {
+            Trigger::Manual
+        } else {
+            Trigger::Auto
+        },
+        number,
+        first: job.replay.is_none() && job.attempt_count == 0,
+        started_at,
     }
 }
 
@@ -196,7 +260,14 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             directory,
             settings,
             counters,
+            observer: Arc::new(NoObserver),
         }
+    }
+
+    /// The same dispatcher, telling `observer` about every attempt.
+    pub fn with_observer(mut self, observer: Arc<dyn AttemptObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     fn now(&self) -> Timestamp {
@@ -210,8 +281,19 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         mut jobs: mpsc::Receiver<DeliveryJob>,
         shutdown: CancellationToken,
     ) -> Result<(), DispatchError> {
+        let node = self.settings.node_id.clone();
+        // Whether the previous run of this node drained cleanly decides
+        // whether what it held may have had attempts out.
+        let previous_clean = match self.store.node_started(&node, self.settings.lease).await {
+            Ok(clean) => clean,
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e.chain(), "could not read how this node stopped last; assuming it did not drain");
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (record_tx, record_rx) = mpsc::channel::<Record>(8192);
-        let recorder = tokio::spawn(recorder::run(
+        let mut recorder = tokio::spawn(recorder::run(
             self.store.clone(),
             record_rx,
             self.counters.clone(),
@@ -226,15 +308,18 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             failing_since: HashMap::new(),
             disabling: Default::default(),
             exclude: Arc::default(),
+            numbering: Numbering::default(),
+            in_flight: HashMap::new(),
         };
         self.restore_health(&mut state).await;
         let (claimed_tx, mut claimed_rx) = mpsc::channel::<Claimed>(4);
         let sweep_stop = CancellationToken::new();
-        let sweeper = tokio::spawn(sweeper::run(
+        let mut sweeper = tokio::spawn(sweeper::run(
             self.store.clone(),
             self.settings.clone(),
             claimed_tx,
             state.exclude.clone(),
+            !previous_clean,
             sweep_stop.clone(),
         ));
 
@@ -262,10 +347,27 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     draining = Some(Instant::now());
                     sweep_stop.cancel();
                 }
-                Some(done) = attempts.join_next(), if !attempts.is_empty() => {
+                ended = &mut recorder => {
+                    return Err(task_ended("recorder", ended));
+                }
+                ended = &mut sweeper, if !sweep_stop.is_cancelled() => {
+                    let ended = ended.map(Ok::<(), DispatchError>);
+                    return Err(task_ended("sweeper", ended));
+                }
+                Some(done) = attempts.join_next_with_id(), if !attempts.is_empty() => {
                     match done {
-                        Ok(f) => self.on_finished(&mut state, f, &record_tx).await,
-                        Err(e) => tracing::error!(error = %e, "an attempt task failed"),
+                        Ok((id, f)) => {
+                            state.in_flight.remove(&id);
+                            self.on_finished(&mut state, f, &record_tx).await;
+                        }
+                        Err(e) => {
+                            // A panic while sending: the attempt is as good
+                            // as one whose outcome is unknown.
+                            tracing::error!(error = %e, "an attempt task failed");
+                            if let Some(out) = state.in_flight.remove(&e.id()) {
+                                self.record_unknown(&mut state, out, &record_tx).await;
+                            }
+                        }
                     }
                 }
                 job = jobs.recv(), if room => match job {
@@ -294,20 +396,36 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         if !attempts.is_empty() {
             tracing::warn!(
                 in_flight = attempts.len(),
-                "attempts still in flight at shutdown; they will be retried"
+                "attempts still in flight at shutdown: recorded with an unknown outcome; they will be retried"
             );
             attempts.abort_all();
-        }
-        sweep_stop.cancel();
-        let _ = sweeper.await;
-        drop(record_tx);
-        match recorder.await {
-            Ok(result) => result,
-            Err(e) => {
-                tracing::error!(error = %e, "the recorder failed");
-                Ok(())
+            while attempts.join_next().await.is_some() {}
+            let out: Vec<InFlight> = state.in_flight.drain().map(|(_, f)| f).collect();
+            for f in out {
+                self.record_unknown(&mut state, f, &record_tx).await;
             }
         }
+        sweep_stop.cancel();
+        if let Err(e) = (&mut sweeper).await {
+            tracing::error!(error = %e, "the sweeper panicked");
+        }
+        drop(record_tx);
+        match recorder.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => {
+                return Err(DispatchError::TaskEnded {
+                    task: "recorder",
+                    source: Some(Box::new(e)),
+                });
+            }
+        }
+        // Everything this run started is recorded: the next start of this
+        // node need not suspect unrecorded attempts.
+        if let Err(e) = self.store.node_stopped(&node).await {
+            tracing::warn!(error = %e.chain(), "could not record this node's clean stop; its next start will note possible unrecorded attempts");
+        }
+        Ok(())
     }
 
     async fn restore_health(&self, state: &mut RunState) {
@@ -356,7 +474,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 lease_version: job.lease_version,
                 not_before: until,
             };
-            let _ = record_tx.send(Record::Release(release)).await;
+            send(record_tx, Record::Release(release)).await;
             return;
         }
         state.sched.add(job, self.now());
@@ -394,7 +512,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             let endpoint = directory.endpoint(&job.endpoint_id).cloned();
             let usable = endpoint
                 .as_ref()
-                .filter(|e| e.enabled && !e.secrets.is_empty());
+                .filter(|e| e.enabled && e.quarantine.is_none() && !e.secrets.is_empty());
             let Some(endpoint) = usable else {
                 let held = manual.is_none().then_some(job.delivery_id);
                 state
@@ -403,46 +521,59 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 let why = match &endpoint {
                     None => "the endpoint was deleted",
                     Some(e) if !e.enabled => "the endpoint is disabled",
+                    Some(e) if e.quarantine.is_some() => {
+                        "the endpoint is quarantined (its configuration cannot be loaded)"
+                    }
                     Some(_) => "the endpoint has no active secret",
                 };
                 if let Some(replay) = manual {
-                    let _ = record_tx
-                        .send(Record::RejectReplay(replay.request_id, why.into()))
-                        .await;
+                    send(
+                        record_tx,
+                        Record::RejectReplay(replay.request_id, why.into()),
+                    )
+                    .await;
                 } else if endpoint.is_none() || now >= job.expires_at {
                     // Deleted, or paused past its deadline: it ends here.
+                    state.numbering.forget(job.delivery_id);
                     let (status, reason) = if endpoint.is_none() {
                         (DeliveryStatus::Cancelled, "endpoint_deleted")
                     } else {
                         (DeliveryStatus::Exhausted, "deadline_while_paused")
                     };
-                    let _ = record_tx
-                        .send(Record::Transition(Transition {
+                    send(
+                        record_tx,
+                        Record::Transition(Transition {
                             delivery_id: job.delivery_id,
                             lease_version: job.lease_version,
                             status,
                             reason,
-                        }))
-                        .await;
+                        }),
+                    )
+                    .await;
                 } else {
-                    // Disabled: the delivery stays pending and visible.
+                    // Disabled or quarantined: the delivery stays pending
+                    // and visible.
                     state
                         .sched
                         .reschedule(job, now.plus(self.settings.pause_recheck));
                 }
                 continue;
             };
-            let number = match manual {
-                Some(r) => r.number,
-                None => job.attempt_count + 1,
-            };
+            let number = state.numbering.start(&job);
             let url = endpoint.url.clone();
             let secrets = endpoint.secrets.clone();
             let config_version = endpoint.config_version;
             let egress = self.egress.clone();
             let clock = self.settings.clock.clone();
-            attempts.spawn(async move {
-                let started_at = clock.now();
+            let started_at = clock.now();
+            self.observer.started(&seen(&job, number, started_at));
+            let out = InFlight {
+                job: job.clone(),
+                number,
+                config_version,
+                started_at,
+            };
+            let handle = attempts.spawn(async move {
                 let request =
                     build_request(&job, &url, &secrets, number, started_at.unix_seconds());
                 let result = egress.send(request).await;
@@ -459,7 +590,33 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     result,
                 }
             });
+            state.in_flight.insert(handle.id(), out);
         }
+    }
+
+    /// Records an attempt whose outcome nobody will know (still out at the
+    /// end of the drain, or its task failed): the delivery is attempted
+    /// again, and the history says this one may have reached the receiver.
+    async fn record_unknown(
+        &self,
+        state: &mut RunState,
+        out: InFlight,
+        record_tx: &mpsc::Sender<Record>,
+    ) {
+        let now = self.now();
+        let f = Finished {
+            job: out.job,
+            number: out.number,
+            config_version: out.config_version,
+            started_at: out.started_at,
+            finished_at: now,
+            result: EgressResult::bare(AttemptOutcome::Retryable {
+                status: None,
+                class: ErrorClass::Shutdown,
+                retry_after: None,
+            }),
+        };
+        self.on_finished(state, f, record_tx).await;
     }
 
     async fn on_finished(
@@ -479,6 +636,8 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         }
         let job = &f.job;
         let outcome = f.result.outcome;
+        self.observer
+            .finished(&seen(job, f.number, f.started_at), &outcome, f.finished_at);
         let health = health_of(&outcome);
         let manual = job.replay;
         let report = state.sched.finished(
@@ -495,10 +654,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         }
 
         let base = AttemptRecord {
-            attempt_id: match manual {
-                Some(r) => AttemptId::derive_manual(job.delivery_id, r.number),
-                None => AttemptId::derive(job.delivery_id, f.number),
-            },
+            attempt_id: AttemptId::derive(job.delivery_id, f.number),
             delivery_id: job.delivery_id,
             endpoint_id: job.endpoint_id,
             tenant_id: job.tenant_id.clone(),
@@ -522,11 +678,14 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             lease_version: job.lease_version,
             hold_until: None,
             replay_request: manual.map(|r| r.request_id),
+            note: job.after_unknown.then_some(ATTEMPT_NOTE_UNKNOWN),
         };
         if manual.is_some() {
             // A replay leaves the automatic schedule as it is.
             self.counters.manual.fetch_add(1, Ordering::Relaxed);
-            let _ = record_tx.send(Record::Attempt(base)).await;
+            let held = state.sched.holds(&job.delivery_id);
+            state.numbering.finish(job.delivery_id, held);
+            send(record_tx, Record::Attempt(base)).await;
             return;
         }
         if f.number > 1 {
@@ -559,92 +718,29 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             hold_until: hold.then(|| next.next_attempt_at.plus(self.settings.lease)),
             ..base
         };
-        let _ = record_tx.send(Record::Attempt(record)).await;
+        send(record_tx, Record::Attempt(record)).await;
+        state.numbering.finish(f.job.delivery_id, hold);
         if hold {
             let mut job = f.job;
             job.attempt_count = next.attempts;
+            // Recorded now: the next attempt follows this one.
+            job.after_unknown = false;
             state.sched.reschedule(job, next.next_attempt_at);
         }
     }
+}
 
-    /// Follows how long an endpoint has failed, circuit changes, and
-    /// disables an endpoint that failed for `disable_after`.
-    async fn track_health(
-        &self,
-        state: &mut RunState,
-        job: &DeliveryJob,
-        health: Health,
-        report: &scheduler::EndpointReport,
-        now: Timestamp,
-        record_tx: &mpsc::Sender<Record>,
-    ) {
-        let id = job.endpoint_id;
-        let mut changed = report.transition.is_some();
-        match health {
-            Health::Success => changed |= state.failing_since.remove(&id).is_some(),
-            Health::Failure => {
-                if let std::collections::hash_map::Entry::Vacant(v) = state.failing_since.entry(id)
-                {
-                    v.insert(now);
-                    changed = true;
-                }
-            }
-            Health::Neutral => {}
-        }
-        match report.transition {
-            Some(CircuitChange::Opened(until)) => {
-                self.counters
-                    .circuits_opened
-                    .fetch_add(1, Ordering::Relaxed);
-                state.exclude.lock().insert(id, until);
-                tracing::warn!(endpoint_id = %id, until = %until, "circuit opened: the endpoint keeps failing; its deliveries wait");
-            }
-            Some(CircuitChange::Closed) => {
-                state.exclude.lock().remove(&id);
-                tracing::info!(endpoint_id = %id, "circuit closed: the endpoint answers again");
-            }
-            None => {}
-        }
-        if changed {
-            let (circuit, open_until, failures) = match report.circuit {
-                Circuit::Open { until, .. } => ("open", Some(until), 0),
-                Circuit::HalfOpen { .. } => ("half_open", None, 0),
-                Circuit::Closed { failures } => ("closed", None, failures),
-            };
-            let _ = record_tx
-                .send(Record::Health(EndpointHealth {
-                    endpoint_id: id,
-                    tenant_id: job.tenant_id.clone(),
-                    failing_since: state.failing_since.get(&id).copied(),
-                    consecutive_failures: failures,
-                    circuit,
-                    open_until,
-                }))
-                .await;
-        }
-        if let Some(since) = state.failing_since.get(&id).copied()
-            && now.since(since) >= self.settings.disable_after
-        {
-            let why = format!("the endpoint failed without a success since {since}");
-            self.disable(state, job, &why, record_tx).await;
-        }
-    }
-
-    async fn disable(
-        &self,
-        state: &mut RunState,
-        job: &DeliveryJob,
-        why: &str,
-        record_tx: &mpsc::Sender<Record>,
-    ) {
-        if state.disabling.insert(job.endpoint_id) {
-            self.counters
-                .endpoints_disabled
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(endpoint_id = %job.endpoint_id, tenant_id = %job.tenant_id, reason = why, "disabling endpoint");
-            let _ = record_tx
-                .send(Record::Disable(job.endpoint_id, why.to_owned()))
-                .await;
-        }
-    }
+/// The error for a dispatch task that ended while dispatch ran.
+fn task_ended(
+    task: &'static str,
+    ended: Result<Result<(), DispatchError>, tokio::task::JoinError>,
+) -> DispatchError {
+    let source: Option<Box<dyn std::error::Error + Send + Sync>> = match ended {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(Box::new(e)),
+        Err(e) => Some(Box::new(e)),
+    };
+    let err = DispatchError::TaskEnded { task, source };
+    tracing::error!(error = %crate::supervise::error_chain(&err), "dispatch stops");
+    err
 }

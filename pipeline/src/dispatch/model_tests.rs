@@ -156,6 +156,8 @@ fn job(n: u32, endpoint: u8, tenant: u8, now: Timestamp) -> DeliveryJob {
         event_type: EventType::new("x.y").unwrap(),
         payload: bytes::Bytes::new(),
         attempt_count: 0,
+        manual_attempt_count: 0,
+        after_unknown: false,
         created_at: now,
         next_attempt_at: now,
         expires_at: now.plus(policy().deadline),

@@ -46,6 +46,10 @@ pub enum ErrorClass {
     Timeout,
     /// The endpoint is disabled, deleted, or has no secret.
     EndpointUnavailable,
+    /// The dispatcher stopped before the response arrived: the request may
+    /// have been received; the outcome is unknown and the delivery is
+    /// attempted again.
+    Shutdown,
 }
 
 impl ErrorClass {
@@ -66,6 +70,7 @@ impl ErrorClass {
             ErrorClass::Reset => "reset",
             ErrorClass::Timeout => "timeout",
             ErrorClass::EndpointUnavailable => "endpoint_unavailable",
+            ErrorClass::Shutdown => "shutdown",
         }
     }
 }

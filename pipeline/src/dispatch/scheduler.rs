@@ -471,7 +471,7 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::event::EventType;
     use crate::ids::EventId;
@@ -487,6 +487,8 @@ mod tests {
             event_type: EventType::new("a").unwrap(),
             payload: bytes::Bytes::new(),
             attempt_count: 0,
+            manual_attempt_count: 0,
+            after_unknown: false,
             created_at: Timestamp(0),
             next_attempt_at: Timestamp(at),
             expires_at: Timestamp(i64::MAX),

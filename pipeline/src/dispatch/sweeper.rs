@@ -30,11 +30,15 @@ pub enum Claimed {
 /// Runs until `stop`; `exclude` lists endpoints whose due deliveries it
 /// leaves alone until the given time (open circuits: their deliveries wait
 /// for the probe; after it, claims resume so that a probe can go at all).
+/// `after_unknown`: this node's previous run did not stop cleanly, so what
+/// it held may have had attempts out. A failpoint `dispatch.sweeper` with
+/// the action `end` ends it (supervision tests).
 pub async fn run<S: DispatchStore>(
     store: Arc<S>,
     settings: DispatchSettings,
     out: mpsc::Sender<Claimed>,
     exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
+    after_unknown: bool,
     stop: CancellationToken,
 ) {
     if let Err(e) = store.heartbeat(&settings.node_id, settings.lease).await {
@@ -45,7 +49,12 @@ pub async fn run<S: DispatchStore>(
     let mut after = None;
     loop {
         match store
-            .reclaim_own(&settings.node_id, after, settings.sweep_batch)
+            .reclaim_own(
+                &settings.node_id,
+                after,
+                settings.sweep_batch,
+                after_unknown,
+            )
             .await
         {
             Ok(jobs) => {
@@ -68,6 +77,9 @@ pub async fn run<S: DispatchStore>(
         }
     }
     loop {
+        if crate::failpoint::hit("dispatch.sweeper") {
+            return;
+        }
         if last_heartbeat.elapsed() >= settings.lease / 4 {
             match store.heartbeat(&settings.node_id, settings.lease).await {
                 Ok(()) => last_heartbeat = std::time::Instant::now(),
