@@ -70,6 +70,17 @@ pub struct TlsOptions {
 }
 
 impl TlsOptions {
+    /// A policy made in code (tools, tests); a CA file given makes
+    /// `require` check the chain, as libpq does.
+    pub fn new(mode: SslMode, roots: Roots) -> Self {
+        let root_given = matches!(roots, Roots::File(_));
+        TlsOptions {
+            mode,
+            roots,
+            root_given,
+        }
+    }
+
     /// What the connector checks.
     pub fn verification(&self) -> Verification {
         match self.mode {
