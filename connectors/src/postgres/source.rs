@@ -331,6 +331,11 @@ impl PostgresSource {
         sql: &tokio_postgres::Client,
         e: pgwire_replication::PgWireError,
     ) -> CaptureError {
+        // The stream connects in the background, so its TLS failures
+        // arrive here, with its first message.
+        if e.is_tls() {
+            return stream_tls_error(e, &self.options);
+        }
         // When Postgres invalidates a slot it first terminates the session
         // reading it, then marks the slot lost: look for a short while.
         for attempt in 0..30 {
