@@ -459,6 +459,55 @@ mod tests {
 }
 
 #[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    const CONFIG: &str = "[platform]\nurl = \"postgres://walhook:pl4tf0rm-pw@db:5432/walhook?sslmode=verify-full\"\n\
+        sslrootcert = \"ca.pem\"\n\n[source]\nurl = \"host=shop user=cap password='s0urce pw' dbname=shop\"\n\n\
+        [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n";
+
+    #[test]
+    fn database_passwords_never_print() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("walhook.toml");
+        std::fs::write(&path, CONFIG).unwrap();
+        let cfg = Config::load(&path).unwrap();
+        let shown = format!("{cfg:?} {cfg:#?}");
+        for secret in ["pl4tf0rm-pw", "s0urce pw", "s0urce"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("postgres://walhook:***@db:5432/walhook?sslmode=verify-full"));
+        // The section's CA file is read from the config's folder.
+        let p = cfg.platform().unwrap();
+        assert_eq!(
+            p.sslrootcert.as_deref(),
+            Some(dir.path().join("ca.pem").as_path())
+        );
+        assert!(!format!("{:?}", p.connect_options().unwrap()).contains("pl4tf0rm-pw"));
+
+        // Errors about the URLs name the field, never the URL.
+        let bad = CONFIG.replace("sslmode=verify-full", "sslmode=verify-fully");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("verify-fully") && !err.contains("pl4tf0rm-pw"),
+            "{err}"
+        );
+        let bad = CONFIG.replace("dbname=shop", "dbname=shop bogus=1");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("[source].url") && !err.contains("s0urce"),
+            "{err}"
+        );
+        let bad = CONFIG.replace("sslrootcert = \"ca.pem\"", "sslmode = \"require\"");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("[platform].sslmode") && !err.contains("pl4tf0rm-pw"),
+            "{err}"
+        );
+    }
+}
+
+#[cfg(test)]
 mod api_tests {
     use super::*;
 
