@@ -46,9 +46,6 @@ pub enum PgError {
     /// The server did not accept connections in time.
     #[error("Postgres did not become ready within {0:?}; its log is in {1}")]
     NotReady(Duration, PathBuf),
-    /// A TLS certificate could not be made.
-    #[error(transparent)]
-    Certificate(#[from] crate::tls::CertError),
     /// File system trouble.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),

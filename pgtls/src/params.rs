@@ -106,66 +106,63 @@ fn url_params(url: &str) -> Parsed {
     }
 }
 
-/// libpq's `key = value` form: values bare up to white space, or single
-/// quoted with `\'` and `\\` escapes.
+/// libpq's `key = value` form, read as tokio-postgres reads it: values
+/// bare up to white space or single quoted, `\\` escaping the next
+/// character in both.
 fn keyword_params(conn: &str) -> Option<Vec<Param>> {
-    let bytes = conn.as_bytes();
+    let mut it = conn.char_indices().peekable();
     let mut found = Vec::new();
-    let mut i = 0;
+    let skip_ws = |it: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        while it.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+    };
     loop {
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if i == bytes.len() {
+        skip_ws(&mut it);
+        let Some(&(start, _)) = it.peek() else {
             return Some(found);
+        };
+        let mut key_end = start;
+        while let Some((i, c)) = it.next_if(|(_, c)| !c.is_whitespace() && *c != '=') {
+            key_end = i + c.len_utf8();
         }
-        let start = i;
-        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let key = &conn[start..i];
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if key.is_empty() || bytes.get(i) != Some(&b'=') {
+        let key = &conn[start..key_end];
+        skip_ws(&mut it);
+        if key.is_empty() || it.next().map(|(_, c)| c) != Some('=') {
             return None;
         }
-        i += 1;
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
+        skip_ws(&mut it);
         let mut value = String::new();
-        if bytes.get(i) == Some(&b'\'') {
-            i += 1;
+        let mut end = conn.len();
+        if it.next_if(|(_, c)| *c == '\'').is_some() {
             loop {
-                match bytes.get(i)? {
-                    b'\'' => {
-                        i += 1;
+                match it.next()? {
+                    (i, '\'') => {
+                        end = i + 1;
                         break;
                     }
-                    b'\\' => {
-                        let c = conn[i + 1..].chars().next()?;
-                        value.push(c);
-                        i += 1 + c.len_utf8();
-                    }
-                    _ => {
-                        let c = conn[i..].chars().next()?;
-                        value.push(c);
-                        i += c.len_utf8();
-                    }
+                    (_, '\\') => value.push(it.next()?.1),
+                    (_, c) => value.push(c),
                 }
             }
         } else {
-            let v_start = i;
-            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
-                i += 1;
+            while let Some((i, c)) = it.next_if(|(_, c)| !c.is_whitespace()) {
+                end = i + c.len_utf8();
+                if c == '\\' {
+                    if let Some((j, escaped)) = it.next() {
+                        end = j + escaped.len_utf8();
+                        value.push(escaped);
+                    }
+                } else {
+                    value.push(c);
+                }
             }
-            value.push_str(&conn[v_start..i]);
+            if value.is_empty() {
+                return None;
+            }
         }
         found.push(Param {
             key: key.to_owned(),
             value,
-            span: start..i,
+            span: start..end,
         });
     }
 }
@@ -236,7 +233,14 @@ mod tests {
                 ("sslrootcert".to_owned(), "/my ca/'x'.pem".to_owned()),
             ]
         );
+        let (rest, taken) = strip("host=h sslrootcert=/my\\ ca.pem\u{3000}dbname=d");
+        assert_eq!(rest, "host=h \u{3000}dbname=d");
+        assert_eq!(
+            taken,
+            vec![("sslrootcert".to_owned(), "/my ca.pem".to_owned())]
+        );
         assert!(parse("host=h sslmode").is_none());
+        assert!(parse("host=h sslmode=").is_none());
         assert!(parse("host='unterminated").is_none());
         assert!(parse("host=h x='\\").is_none());
     }

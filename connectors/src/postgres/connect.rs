@@ -107,8 +107,8 @@ fn wire_tls(mode: SslMode, verification: Verification, roots: &Roots) -> TlsConf
     }
 }
 
-/// Whether the stream's failure is about TLS; the message then says what to
-/// check.
+/// The capture error for a failure of the stream; a TLS failure says which
+/// mode and roots were in force and what to check.
 pub(crate) fn stream_tls_error(
     e: pgwire_replication::PgWireError,
     options: &ConnectOptions,
