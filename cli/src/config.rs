@@ -13,7 +13,9 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use walhook_connectors::http::EgressSettings;
 use walhook_connectors::postgres::{RuleConfig, SourceConfig};
+use walhook_pgtls::{ConnectError, ConnectOptions, SslMode, TlsFields};
 use walhook_pipeline::dispatch::policy::RetryPolicy;
+use walhook_pipeline::redact::DatabaseUrl;
 use walhook_sql::Keyring;
 use walhook_sql::secrets::MasterKey;
 
@@ -287,11 +289,39 @@ impl Default for DispatchConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlatformConfig {
-    /// `postgres://…` of the platform database.
-    pub url: String,
+    /// `postgres://…` of the platform database, with libpq's `sslmode` and
+    /// `sslrootcert` parameters if wanted. Its password never prints.
+    pub url: DatabaseUrl,
+    /// `sslmode`, when not in the URL (both only when alike).
+    #[serde(default)]
+    pub sslmode: Option<SslMode>,
+    /// `sslrootcert` (a CA file, or `system`), when not in the URL.
+    /// Relative paths are read from the config file's folder.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
     /// Connections in the pool.
     #[serde(default = "default_connections")]
     pub max_connections: usize,
+}
+
+impl PlatformConfig {
+    /// The connection settings of `url` and the TLS fields.
+    pub fn connect_options(&self) -> Result<ConnectOptions, ConnectError> {
+        let fields = TlsFields {
+            sslmode: self.sslmode,
+            sslrootcert: self.sslrootcert.clone(),
+        };
+        ConnectOptions::parse(&self.url, "[platform]", &fields)
+    }
+
+    /// The platform database's pool (reads `sslrootcert`; connects
+    /// nothing yet).
+    pub fn platform(&self) -> anyhow::Result<walhook_sql::Platform> {
+        Ok(walhook_sql::Platform::from_options(
+            &self.connect_options()?,
+            self.max_connections,
+        )?)
+    }
 }
 
 fn default_connections() -> usize {
@@ -307,6 +337,21 @@ impl Config {
             Self::parse(&text).with_context(|| format!("config file {}", path.display()))?;
         if let Some(dir) = path.parent() {
             cfg.secrets.resolve_paths(dir);
+            // The sections' CA files, like key files, are read from the
+            // config's folder; an `sslrootcert` in a URL stays as libpq
+            // reads it (from the working directory).
+            let resolve = |p: &mut Option<PathBuf>| {
+                if let Some(p) = p.as_mut()
+                    && p.is_relative()
+                    && p != Path::new(walhook_pgtls::SYSTEM_ROOTS)
+                {
+                    *p = dir.join(&*p);
+                }
+            };
+            resolve(&mut cfg.source.sslrootcert);
+            if let Some(platform) = cfg.platform.as_mut() {
+                resolve(&mut platform.sslrootcert);
+            }
         }
         Ok(cfg)
     }
@@ -316,14 +361,17 @@ impl Config {
         let mut cfg: Config =
             toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         if let Ok(url) = std::env::var("WALHOOK_SOURCE_URL") {
-            cfg.source.url = url;
+            cfg.source.url = DatabaseUrl::new(url);
         }
         if let Ok(url) = std::env::var("WALHOOK_PLATFORM_URL") {
+            let url = DatabaseUrl::new(url);
             match cfg.platform.as_mut() {
                 Some(p) => p.url = url,
                 None => {
                     cfg.platform = Some(PlatformConfig {
                         url,
+                        sslmode: None,
+                        sslrootcert: None,
                         max_connections: default_connections(),
                     })
                 }
@@ -335,6 +383,10 @@ impl Config {
             api.operator_token = Some(token);
         }
         cfg.source.validate(&cfg.rules)?;
+        cfg.source.connect_options()?;
+        if let Some(p) = &cfg.platform {
+            p.connect_options()?;
+        }
         if let Some(api) = &cfg.api {
             api.validate()?;
         }
@@ -402,6 +454,55 @@ mod tests {
         assert_eq!(
             cfg.retry.deadline,
             std::time::Duration::from_secs(24 * 3600)
+        );
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    const CONFIG: &str = "[platform]\nurl = \"postgres://walhook:pl4tf0rm-pw@db:5432/walhook?sslmode=verify-full\"\n\
+        sslrootcert = \"ca.pem\"\n\n[source]\nurl = \"host=shop user=cap password='s0urce pw' dbname=shop\"\n\n\
+        [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n";
+
+    #[test]
+    fn database_passwords_never_print() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("walhook.toml");
+        std::fs::write(&path, CONFIG).unwrap();
+        let cfg = Config::load(&path).unwrap();
+        let shown = format!("{cfg:?} {cfg:#?}");
+        for secret in ["pl4tf0rm-pw", "s0urce pw", "s0urce"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("postgres://walhook:***@db:5432/walhook?sslmode=verify-full"));
+        // The section's CA file is read from the config's folder.
+        let p = cfg.platform().unwrap();
+        assert_eq!(
+            p.sslrootcert.as_deref(),
+            Some(dir.path().join("ca.pem").as_path())
+        );
+        assert!(!format!("{:?}", p.connect_options().unwrap()).contains("pl4tf0rm-pw"));
+
+        // Errors about the URLs name the field, never the URL.
+        let bad = CONFIG.replace("sslmode=verify-full", "sslmode=verify-fully");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("verify-fully") && !err.contains("pl4tf0rm-pw"),
+            "{err}"
+        );
+        let bad = CONFIG.replace("dbname=shop", "dbname=shop bogus=1");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("[source].url") && !err.contains("s0urce"),
+            "{err}"
+        );
+        let bad = CONFIG.replace("sslrootcert = \"ca.pem\"", "sslmode = \"require\"");
+        let err = format!("{:#}", Config::parse(&bad).unwrap_err());
+        assert!(
+            err.contains("[platform].sslmode") && !err.contains("pl4tf0rm-pw"),
+            "{err}"
         );
     }
 }

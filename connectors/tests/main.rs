@@ -3,3 +3,4 @@
 
 mod capture;
 mod dispatch;
+mod tls;

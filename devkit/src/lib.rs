@@ -3,9 +3,14 @@
 //! - [`postgres`]: a throwaway Postgres cluster started from the machine's
 //!   binaries (`initdb`, `postgres`), with `wal_level=logical`, on a free
 //!   loopback port, removed when dropped. There is no Docker here.
+//!   [`postgres::Builder::tls`] turns TLS on with a certificate from
+//!   [`tls`].
+//! - [`tls`]: a certificate authority and server certificates made in the
+//!   test (rcgen), for `sslmode=verify-full` against a real server.
 //! - [`receiver`]: HTTP receivers on `127.0.0.1:0` that record what arrives,
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
 
 pub mod postgres;
 pub mod receiver;
+pub mod tls;

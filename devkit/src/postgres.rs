@@ -19,6 +19,10 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use walhook_pgtls::{Roots, RustlsConnector, SslMode, TlsOptions};
+
+use crate::tls::{ServerCert, ServerTls};
+
 /// Why a cluster could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
@@ -267,6 +271,7 @@ fn free_port() -> io::Result<u16> {
 #[derive(Debug, Default, Clone)]
 pub struct Builder {
     settings: Vec<(String, String)>,
+    tls: Option<ServerTls>,
 }
 
 impl Builder {
@@ -277,9 +282,26 @@ impl Builder {
         self
     }
 
+    /// Turns TLS on (`ssl = on`) with `cert`, a certificate for
+    /// `localhost`/`127.0.0.1` from a [`crate::tls::TestCa`]. Plain
+    /// connections are still accepted unless [`Builder::tls_only`].
+    pub fn tls(mut self, cert: ServerCert) -> Self {
+        self.tls = Some(ServerTls { cert, only: false });
+        self
+    }
+
+    /// Accepts TCP connections over TLS only (`hostssl` in `pg_hba.conf`),
+    /// like a server that requires TLS; needs [`Builder::tls`] first.
+    pub fn tls_only(mut self) -> Self {
+        if let Some(tls) = self.tls.as_mut() {
+            tls.only = true;
+        }
+        self
+    }
+
     /// Starts the cluster.
     pub async fn start(self) -> Result<LocalPostgres, PgError> {
-        tokio::task::spawn_blocking(move || LocalPostgres::start_blocking(self.settings))
+        tokio::task::spawn_blocking(move || LocalPostgres::start_blocking(self.settings, self.tls))
             .await
             .map_err(|e| PgError::Command {
                 what: "start".into(),
@@ -296,6 +318,9 @@ pub struct LocalPostgres {
     stop: Option<mpsc::Sender<()>>,
     keeper: Option<JoinHandle<()>>,
     bin: PathBuf,
+    /// For a cluster with TLS: the connector devkit's own sessions use
+    /// (encrypted, unverified: tests check verification themselves).
+    tls: Option<RustlsConnector>,
 }
 
 impl LocalPostgres {
@@ -309,12 +334,28 @@ impl LocalPostgres {
         Builder::default()
     }
 
-    fn start_blocking(extra: Vec<(String, String)>) -> Result<Self, PgError> {
+    fn start_blocking(
+        mut extra: Vec<(String, String)>,
+        tls: Option<ServerTls>,
+    ) -> Result<Self, PgError> {
         let bin = find_bin_dir()?;
         let template = ensure_template(&bin)?;
         let dir = tempfile::Builder::new().prefix("walhook-pg-").tempdir()?;
         let data = dir.path().join("data");
         copy_tree(&template, &data)?;
+        let connector = match &tls {
+            Some(tls) => {
+                extra.splice(0..0, tls.install(&data)?);
+                let options = TlsOptions::new(SslMode::Require, Roots::BuiltIn);
+                Some(
+                    RustlsConnector::new(&options).map_err(|e| PgError::Command {
+                        what: "make devkit's TLS connector".into(),
+                        detail: e.to_string(),
+                    })?,
+                )
+            }
+            None => None,
+        };
         let mut conf = String::from("\n# walhook devkit\n");
         // For profiling: `WALHOOK_PG_SETTINGS="shared_preload_libraries =
         // 'pg_stat_statements'; log_min_duration_statement = 100"` adds
@@ -353,6 +394,7 @@ impl LocalPostgres {
                         stop: Some(stop),
                         keeper: Some(keeper),
                         bin,
+                        tls: connector,
                     });
                 }
                 Err(e) => last_error = Some(e),
@@ -506,18 +548,25 @@ impl LocalPostgres {
     }
 
     /// A `tokio-postgres` connection to `database`, its connection task
-    /// spawned.
+    /// spawned (over TLS, unverified, when the cluster has TLS).
     pub async fn connect(
         &self,
         database: &str,
     ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let (client, conn) =
-            tokio_postgres::connect(&self.url(database), tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "devkit connection ended");
+        let mut config: tokio_postgres::Config = self.url(database).parse()?;
+        let client = match &self.tls {
+            Some(connector) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, conn) = config.connect(connector.clone()).await?;
+                tokio::spawn(watch_connection(conn));
+                client
             }
-        });
+            None => {
+                let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+                tokio::spawn(watch_connection(conn));
+                client
+            }
+        };
         Ok(client)
     }
 
@@ -531,6 +580,17 @@ impl LocalPostgres {
             ))
             .await?;
         Ok(self.url(name))
+    }
+}
+
+/// Runs a devkit session's connection until it ends.
+async fn watch_connection<S, T>(conn: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "devkit connection ended");
     }
 }
 

@@ -11,7 +11,8 @@
 //! - [`Platform`]: a connection pool and the queries each stage runs; one
 //!   module per stage ([`capture`], [`fanout`], [`dispatch`]) and for the
 //!   control plane ([`tenants`], [`endpoint_admin`], [`deliveries`],
-//!   [`audit`], [`idempotency`], [`gauges`]).
+//!   [`audit`], [`idempotency`], [`gauges`]). Its connections honour
+//!   libpq's `sslmode`/`sslrootcert` through [`walhook_pgtls`] (rustls).
 //! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
 //!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
@@ -32,19 +33,22 @@ pub mod tenants;
 
 pub use secrets::Keyring;
 
-use std::str::FromStr;
-
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use walhook_pgtls::{ConnectError, ConnectOptions, TlsFields};
+use walhook_pipeline::redact::DatabaseUrl;
 use walhook_pipeline::store::ErrorKind;
 
 /// Errors talking to the platform database.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The URL is not a Postgres URL.
-    #[error(
-        "the platform database URL is invalid ({0}); write postgres://user:password@host:port/database"
-    )]
-    Url(String),
+    /// The URL or its TLS settings cannot be used (the message names the
+    /// parameter or file; it never quotes the URL, which may hold a
+    /// password).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The pool could not be built.
+    #[error("cannot build the platform database's connection pool")]
+    PoolBuild(#[source] deadpool_postgres::BuildError),
     /// No connection could be made or kept.
     #[error("cannot reach the platform database")]
     Pool(#[from] deadpool_postgres::PoolError),
@@ -77,13 +81,12 @@ impl StoreError {
     /// [`walhook_pipeline::store::ErrorKind`].
     pub fn kind(&self) -> ErrorKind {
         match self {
-            StoreError::Pool(deadpool_postgres::PoolError::Backend(e)) => kind_of(e),
+            StoreError::Pool(deadpool_postgres::PoolError::Backend(e)) => connect_kind(e),
             StoreError::Pool(deadpool_postgres::PoolError::Closed) => ErrorKind::Definite,
             StoreError::Pool(_) => ErrorKind::Transient,
             StoreError::Query { source, .. } => kind_of(source),
-            StoreError::Url(_) | StoreError::Schema(_) | StoreError::Secrets(_) => {
-                ErrorKind::Definite
-            }
+            StoreError::Connect(e) if e.is_transient() => ErrorKind::Transient,
+            _ => ErrorKind::Definite,
         }
     }
 
@@ -101,6 +104,23 @@ pub fn kind_of(e: &tokio_postgres::Error) -> ErrorKind {
         Some(code) => ErrorKind::of_sqlstate(code.code()),
         None => ErrorKind::Transient,
     }
+}
+
+/// Whether a failed connection may succeed when tried again: not when the
+/// server's certificate did not verify or the settings are wrong
+/// ([`ConnectError::is_transient`]), nor when the server refused the
+/// client (SQLSTATE class 28, e.g. `pg_hba.conf` demands TLS or the
+/// password is wrong: [`ErrorKind::of_sqlstate`] says definite); the
+/// operator acts then.
+fn connect_kind(e: &tokio_postgres::Error) -> ErrorKind {
+    if let Some(c) = walhook_pgtls::find_connect_error(e) {
+        return if c.is_transient() {
+            ErrorKind::Transient
+        } else {
+            ErrorKind::Definite
+        };
+    }
+    kind_of(e)
 }
 
 /// The platform database: a pool of connections, and the keyring that
@@ -128,18 +148,30 @@ impl std::fmt::Debug for Platform {
 }
 
 impl Platform {
-    /// A pool of up to `max_connections` connections to `url`. Nothing is
-    /// connected until first use; [`Platform::check`] connects at once.
+    /// A pool of up to `max_connections` connections to `url`, with the
+    /// TLS settings of its parameters (`?sslmode=verify-full&sslrootcert=…`,
+    /// see [`walhook_pgtls`]). Nothing is connected until first use;
+    /// [`Platform::check`] connects at once.
     ///
     /// Without [`Platform::with_keyring`], everything that touches endpoint
     /// secrets (creating an endpoint, rotating or loading secrets) fails
     /// with [`secrets::SecretsError::NoKeyring`].
     pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
-        let cfg =
-            tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Url(e.to_string()))?;
+        let options =
+            ConnectOptions::parse(&DatabaseUrl::new(url), "[platform]", &TlsFields::default())?;
+        Self::from_options(&options, max_connections)
+    }
+
+    /// A pool of up to `max_connections` connections made with `options`
+    /// (a URL and the `[platform]` section's TLS fields). Reads
+    /// `sslrootcert` now, so that a missing file stops start-up.
+    pub fn from_options(
+        options: &ConnectOptions,
+        max_connections: usize,
+    ) -> Result<Self, StoreError> {
         let manager = Manager::from_config(
-            cfg,
-            tokio_postgres::NoTls,
+            options.config().clone(),
+            options.connector()?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -147,7 +179,7 @@ impl Platform {
         let pool = Pool::builder(manager)
             .max_size(max_connections.max(1))
             .build()
-            .map_err(|e| StoreError::Url(e.to_string()))?;
+            .map_err(StoreError::PoolBuild)?;
         Ok(Platform {
             pool,
             keyring: None,

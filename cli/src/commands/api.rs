@@ -67,7 +67,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .secrets
         .keyring()
         .context("walhook api needs the master key that seals endpoint secrets")?;
-    let platform = Platform::new(&p.url, p.max_connections)?.with_keyring(keyring);
+    let platform = p.platform()?.with_keyring(keyring);
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;

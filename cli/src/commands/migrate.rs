@@ -18,8 +18,10 @@ pub struct Args {
 /// Applies pending migrations and reports what it did.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
-    let url = &cfg.platform()?.url;
-    let (mut client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let options = cfg.platform()?.connect_options()?;
+    let (mut client, conn) = options
+        .config()
+        .connect(options.connector()?)
         .await
         .with_context(|| "cannot connect to the platform database ([platform].url); is Postgres running and the URL right?")?;
     tokio::spawn(conn);

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use walhook_api::Metrics;
-use walhook_sql::Platform;
 
 use crate::config::Config;
 use crate::metrics::PipelineCollector;
@@ -34,7 +33,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         keys = keyring.key_ids().len(),
         "master keys loaded"
     );
-    let platform = Platform::new(&p.url, p.max_connections)?.with_keyring(keyring);
+    let platform = p.platform()?.with_keyring(keyring);
     let shutdown = super::shutdown_on_signals();
     let metrics = cfg.api.as_ref().map(|_| Arc::new(Metrics::new()));
     let running = crate::pipeline::start_observed(

@@ -20,10 +20,13 @@
 //! when capture starts (`rules.rs`).
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use walhook_pgtls::{ConnectError, ConnectOptions, SslMode, TlsFields};
 use walhook_pipeline::event::EventType;
+use walhook_pipeline::redact::DatabaseUrl;
 
 /// Default replication slot name.
 pub const DEFAULT_SLOT: &str = "walhook";
@@ -47,8 +50,19 @@ pub struct SourceConfig {
     #[serde(default = "default_name")]
     pub name: String,
     /// `postgres://user:password@host:port/database` of the business
-    /// database. The user needs the REPLICATION attribute.
-    pub url: String,
+    /// database. The user needs the REPLICATION attribute. libpq's
+    /// `sslmode` and `sslrootcert` parameters apply to the SQL session and
+    /// the replication stream alike. Its password never prints.
+    pub url: DatabaseUrl,
+    /// `sslmode` (`disable`, `prefer` (default), `require`, `verify-ca`,
+    /// `verify-full`), when not in the URL; both may be given only alike.
+    #[serde(default)]
+    pub sslmode: Option<SslMode>,
+    /// `sslrootcert`: the PEM file of the CA that signed the server's
+    /// certificate (or `system` for the built-in roots), when not in the
+    /// URL.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
     /// The logical replication slot.
     #[serde(default = "default_slot")]
     pub slot: String,
@@ -529,6 +543,16 @@ impl RuleConfig {
 }
 
 impl SourceConfig {
+    /// The connection settings of `url` and the TLS fields (checked, no
+    /// file read).
+    pub fn connect_options(&self) -> Result<ConnectOptions, ConnectError> {
+        let fields = TlsFields {
+            sslmode: self.sslmode,
+            sslrootcert: self.sslrootcert.clone(),
+        };
+        ConnectOptions::parse(&self.url, "[source]", &fields)
+    }
+
     /// Checks the source and its rules without touching a database.
     pub fn validate(&self, rules: &[RuleConfig]) -> Result<(), RuleError> {
         let ident_ok = |s: &str| {

@@ -25,6 +25,25 @@ pub enum CaptureError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The `[source]` connection settings cannot be used, or the SQL
+    /// session's TLS setup failed before connecting (a missing
+    /// `sslrootcert`).
+    #[error(transparent)]
+    Connect(#[from] walhook_pgtls::ConnectError),
+    /// The replication stream's TLS failed (the SQL session, connected
+    /// first with the same policy, gets walhook's own detailed errors).
+    #[error(
+        "TLS on the replication connection failed (sslmode={mode}, trusting {roots}); check sslrootcert, the server's certificate and its host name as for the SQL session"
+    )]
+    ReplicationTls {
+        /// The mode in force.
+        mode: walhook_pgtls::SslMode,
+        /// The roots, described.
+        roots: String,
+        /// pgwire-replication's error.
+        #[source]
+        source: pgwire_replication::PgWireError,
+    },
     /// The replication stream failed.
     #[error("the replication stream failed")]
     Stream(#[source] pgwire_replication::PgWireError),
@@ -47,10 +66,18 @@ impl CaptureError {
     /// [`ErrorKind::of_sqlstate`]), or from the kind of a connection error.
     pub fn is_transient(&self) -> bool {
         match self {
-            CaptureError::Query { source, .. } => match source.code() {
-                Some(code) => ErrorKind::of_sqlstate(code.code()) == ErrorKind::Transient,
-                None => true,
-            },
+            CaptureError::Query { source, .. } => {
+                // A certificate that does not verify stays so until the
+                // operator acts; the connector's error says so by type.
+                if let Some(e) = walhook_pgtls::find_connect_error(source) {
+                    return e.is_transient();
+                }
+                match source.code() {
+                    Some(code) => ErrorKind::of_sqlstate(code.code()) == ErrorKind::Transient,
+                    None => true,
+                }
+            }
+            CaptureError::Connect(e) => e.is_transient(),
             CaptureError::Stream(e) => match e {
                 pgwire_replication::PgWireError::Server(text) => sqlstate_in(text)
                     .is_some_and(|c| ErrorKind::of_sqlstate(c) == ErrorKind::Transient),

@@ -10,6 +10,8 @@
 //!
 //! - [`config`]: the `[source]` section and `[[rules]]`, validated without a
 //!   database.
+//! - [`connect`]: the SQL session and the replication stream under the
+//!   `[source]` TLS policy (`sslmode`, `sslrootcert`).
 //! - [`catalog`]: start-up checks, slot and publication management.
 //! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
 //! - [`value`]: Postgres text values as typed canonical JSON.
@@ -18,6 +20,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod connect;
 pub mod error;
 pub mod pgoutput;
 pub mod rules;

@@ -18,7 +18,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use walhook_pipeline::capture::{CapturedTransaction, Incident, IncidentKind, TransactionSink};
@@ -29,6 +29,7 @@ use walhook_pipeline::time::Timestamp;
 
 use super::catalog;
 use super::config::{RuleConfig, RuleKind, SourceConfig, split_table};
+use super::connect::{connect_sql, replication_config, stream_tls_error};
 use super::error::CaptureError;
 use super::pgoutput::{self, Message};
 use super::rules::{Change, CompiledRule, MessageRule, Outcome, TableInfo, TxContext, compile};
@@ -98,6 +99,8 @@ pub struct RunStats {
 /// A validated source, ready to run.
 pub struct PostgresSource {
     cfg: SourceConfig,
+    /// The URL and TLS policy of `cfg`, parsed once.
+    options: walhook_pgtls::ConnectOptions,
     /// Table rules by (schema, table).
     table_rules: HashMap<(String, String), Vec<RuleConfig>>,
     message_rules: Vec<MessageRule>,
@@ -107,56 +110,13 @@ pub struct PostgresSource {
     pub warnings: Vec<String>,
 }
 
-/// The connection parameters of a `postgres://` URL.
-struct ConnParams {
-    host: String,
-    port: u16,
-    user: String,
-    password: String,
-    dbname: String,
-}
-
-fn conn_params(url: &str) -> Result<ConnParams, CaptureError> {
-    let cfg = tokio_postgres::Config::from_str(url).map_err(|e| {
-        CaptureError::Definite(format!("[source].url is not a valid Postgres URL ({e}); write postgres://user:password@host:port/database"))
-    })?;
-    let host = match cfg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "127.0.0.1".into(),
-    };
-    Ok(ConnParams {
-        host,
-        port: cfg.get_ports().first().copied().unwrap_or(5432),
-        user: cfg.get_user().unwrap_or("postgres").to_owned(),
-        password: cfg
-            .get_password()
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .unwrap_or_default(),
-        dbname: cfg.get_dbname().unwrap_or("postgres").to_owned(),
-    })
-}
-
-/// Connects a plain SQL session to the captured database.
-pub async fn connect_sql(url: &str) -> Result<tokio_postgres::Client, CaptureError> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(CaptureError::query("connect to the captured database"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "capture SQL connection ended");
-        }
-    });
-    Ok(client)
-}
-
 impl PostgresSource {
     /// Validates the config, checks the database, and creates the slot and
     /// publication when the config asks for it.
     pub async fn prepare(cfg: SourceConfig, rules: Vec<RuleConfig>) -> Result<Self, CaptureError> {
         cfg.validate(&rules)?;
-        conn_params(&cfg.url)?;
-        let client = connect_sql(&cfg.url).await?;
+        let options = cfg.connect_options()?;
+        let client = connect_sql(&options).await?;
         catalog::check_wal_level(&client).await?;
         let tables = catalog::rule_tables(&rules);
         let infos = catalog::load_tables(&client, &tables).await?;
@@ -216,6 +176,7 @@ impl PostgresSource {
         event_types.dedup();
         Ok(PostgresSource {
             cfg,
+            options,
             table_rules,
             message_rules,
             event_types,
@@ -243,25 +204,16 @@ impl PostgresSource {
         options: RunOptions,
         shutdown: CancellationToken,
     ) -> Result<RunStats, CaptureError> {
-        let sql = connect_sql(&self.cfg.url).await?;
+        let sql = connect_sql(&self.options).await?;
         let state = catalog::ensure_slot(&sql, &self.cfg).await?;
-        let params = conn_params(&self.cfg.url)?;
-        let mut rcfg = ReplicationConfig::new(
-            params.host,
-            params.user,
-            params.password,
-            params.dbname,
-            self.cfg.slot.clone(),
-            self.cfg.publication.clone(),
-        )
-        .with_port(params.port)
-        .with_start_lsn(pgwire_replication::Lsn::ZERO)
-        .with_ack_lsn(pgwire_replication::Lsn::from_u64(state.confirmed_flush.0))
-        .with_status_interval(self.cfg.status_interval)
-        .with_wakeup_interval(Duration::from_secs(1))
-        .with_buffer_size(4096)
-        .with_options(SESSION_OPTIONS)
-        .with_application_name(format!("walhook-capture-{}", self.cfg.name));
+        let mut rcfg = replication_config(&self.options, &self.cfg.slot, &self.cfg.publication)
+            .with_start_lsn(pgwire_replication::Lsn::ZERO)
+            .with_ack_lsn(pgwire_replication::Lsn::from_u64(state.confirmed_flush.0))
+            .with_status_interval(self.cfg.status_interval)
+            .with_wakeup_interval(Duration::from_secs(1))
+            .with_buffer_size(4096)
+            .with_options(SESSION_OPTIONS)
+            .with_application_name(format!("walhook-capture-{}", self.cfg.name));
         let mut stop_at = None;
         if options.stop_when_caught_up {
             let row = sql
@@ -275,7 +227,7 @@ impl PostgresSource {
         }
         let mut client = ReplicationClient::connect(rcfg)
             .await
-            .map_err(CaptureError::Stream)?;
+            .map_err(|e| stream_tls_error(e, &self.options))?;
         if stop_at.is_some() {
             // Something at or past the stop position must be decoded for
             // the stream to notice it: a heartbeat is.
@@ -388,6 +340,11 @@ impl PostgresSource {
         sql: &tokio_postgres::Client,
         e: pgwire_replication::PgWireError,
     ) -> CaptureError {
+        // The stream connects in the background, so its TLS failures
+        // arrive here, with its first message.
+        if e.is_tls() {
+            return stream_tls_error(e, &self.options);
+        }
         // When Postgres invalidates a slot it first terminates the session
         // reading it, then marks the slot lost: look for a short while.
         for attempt in 0..30 {

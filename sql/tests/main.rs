@@ -1,0 +1,4 @@
+//! Integration tests of the platform database against real Postgres
+//! clusters (devkit), never a fake.
+
+mod tls;
