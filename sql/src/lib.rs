@@ -87,6 +87,38 @@ impl StoreError {
     }
 }
 
+/// Settings every connection of a pool starts with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Postgres cancels a statement that runs longer (`statement_timeout`),
+    /// so that one slow query cannot hold a connection indefinitely.
+    pub statement_timeout: Option<std::time::Duration>,
+    /// Shown in `pg_stat_activity`, so an operator can tell the pools
+    /// apart; a name in the URL wins.
+    pub application_name: Option<String>,
+}
+
+impl SessionOptions {
+    /// Adds the options to `cfg`, after any the URL gave.
+    fn apply(&self, cfg: &mut tokio_postgres::Config) {
+        if let Some(timeout) = self.statement_timeout {
+            let mut options = cfg.get_options().unwrap_or_default().to_owned();
+            if !options.is_empty() {
+                options.push(' ');
+            }
+            // At least 1 ms: 0 would turn the timeout off.
+            let ms = timeout.as_millis().max(1);
+            options.push_str(&format!("-c statement_timeout={ms}"));
+            cfg.options(&options);
+        }
+        if let Some(name) = &self.application_name
+            && cfg.get_application_name().is_none()
+        {
+            cfg.application_name(name);
+        }
+    }
+}
+
 /// The platform database: a pool of connections, and the keyring that
 /// seals and opens endpoint secrets.
 #[derive(Clone)]
@@ -119,8 +151,19 @@ impl Platform {
     /// secrets (creating an endpoint, rotating or loading secrets) fails
     /// with [`secrets::SecretsError::NoKeyring`].
     pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
-        let cfg =
+        Self::with_session(url, max_connections, &SessionOptions::default())
+    }
+
+    /// Like [`Platform::new`], with `session` applied to every connection
+    /// when it is opened (as startup options, so no extra round trip).
+    pub fn with_session(
+        url: &str,
+        max_connections: usize,
+        session: &SessionOptions,
+    ) -> Result<Self, StoreError> {
+        let mut cfg =
             tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Url(e.to_string()))?;
+        session.apply(&mut cfg);
         let manager = Manager::from_config(
             cfg,
             tokio_postgres::NoTls,
@@ -174,5 +217,32 @@ impl From<StoreError> for walhook_pipeline::store::StoreError {
             transient,
             source: Some(Box::new(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_options_join_the_urls() {
+        let session = SessionOptions {
+            statement_timeout: Some(std::time::Duration::from_secs(10)),
+            application_name: Some("walhook-api".into()),
+        };
+        let mut cfg =
+            tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20work_mem%3D4MB")
+                .unwrap();
+        session.apply(&mut cfg);
+        assert_eq!(
+            cfg.get_options(),
+            Some("-c work_mem=4MB -c statement_timeout=10000")
+        );
+        assert_eq!(cfg.get_application_name(), Some("walhook-api"));
+        let mut named =
+            tokio_postgres::Config::from_str("postgres://u@h/d?application_name=mine").unwrap();
+        session.apply(&mut named);
+        assert_eq!(named.get_application_name(), Some("mine"));
+        assert_eq!(named.get_options(), Some("-c statement_timeout=10000"));
     }
 }
