@@ -33,6 +33,21 @@ pub struct NewEndpoint {
     pub enabled: bool,
 }
 
+/// What [`Platform::create_endpoint_within`] did.
+#[derive(Debug)]
+pub enum CreatedEndpoint {
+    /// Created, with this first secret (to show once).
+    Created(SigningSecret),
+    /// An endpoint with this id exists already; it was left as it is.
+    Exists,
+    /// The tenant has this many endpoints, the most allowed; nothing was
+    /// created.
+    QuotaReached {
+        /// The tenant's endpoints (not deleted).
+        count: i64,
+    },
+}
+
 /// A change to an endpoint; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default)]
 pub struct EndpointChange {
@@ -117,6 +132,23 @@ impl Platform {
         ep: &NewEndpoint,
         actor: &str,
     ) -> Result<Option<SigningSecret>, StoreError> {
+        Ok(match self.create_endpoint_within(id, ep, actor, None).await? {
+            CreatedEndpoint::Created(secret) => Some(secret),
+            CreatedEndpoint::Exists | CreatedEndpoint::QuotaReached { .. } => None,
+        })
+    }
+
+    /// [`Platform::create_endpoint_as`], refusing when the tenant has
+    /// `max_per_tenant` endpoints (deleted ones do not count) already. The
+    /// count and the insert run under a per-tenant lock, so concurrent
+    /// creations cannot pass the limit together.
+    pub async fn create_endpoint_within(
+        &self,
+        id: EndpointId,
+        ep: &NewEndpoint,
+        actor: &str,
+        max_per_tenant: Option<u32>,
+    ) -> Result<CreatedEndpoint, StoreError> {
         let secret = SigningSecret::generate();
         let sealed = self.keyring()?.seal(id, 1, &secret);
         let mut client = self.client().await?;
@@ -125,6 +157,31 @@ impl Platform {
             .await
             .map_err(StoreError::query("begin"))?;
         let uid = Uuid::from_bytes(id.0);
+        if let Some(max) = max_per_tenant {
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('walhook.endpoints:' || $1, 0))",
+                &[&ep.tenant_id.as_str()],
+            )
+            .await
+            .map_err(StoreError::query("lock a tenant's endpoints"))?;
+            // A statement of its own: its snapshot starts after the lock is
+            // held, so it counts what a creation before us committed.
+            let row = tx
+                .query_one(
+                    "SELECT (SELECT count(*) FROM walhook.endpoints WHERE tenant_id = $1 AND deleted_at IS NULL), \
+                            EXISTS (SELECT 1 FROM walhook.endpoints WHERE id = $2)",
+                    &[&ep.tenant_id.as_str(), &uid],
+                )
+                .await
+                .map_err(StoreError::query("count a tenant's endpoints"))?;
+            let (count, exists): (i64, bool) = (row.get(0), row.get(1));
+            if exists {
+                return Ok(CreatedEndpoint::Exists);
+            }
+            if count >= i64::from(max) {
+                return Ok(CreatedEndpoint::QuotaReached { count });
+            }
+        }
         let inserted = tx.execute(
             "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
              rate_limit_per_sec, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -143,7 +200,7 @@ impl Platform {
         .await
         .map_err(StoreError::query("create an endpoint"))?;
         if inserted == 0 {
-            return Ok(None);
+            return Ok(CreatedEndpoint::Exists);
         }
         record_version(&tx, uid, actor).await?;
         tx.execute(
@@ -162,7 +219,7 @@ impl Platform {
         tx.commit()
             .await
             .map_err(StoreError::query("commit an endpoint creation"))?;
-        Ok(Some(secret))
+        Ok(CreatedEndpoint::Created(secret))
     }
 
     /// Applies `change` as a new config version; returns the new version.
