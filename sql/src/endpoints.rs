@@ -1,13 +1,13 @@
-//! Tenants and endpoints: the directory dispatch reads, and the changes the
-//! control plane (and the demo) make. Every endpoint change is a new config
-//! version, kept in `endpoint_versions`, and an audit record.
+//! Tenants and endpoints: the changes the control plane (and the demo)
+//! make; dispatch reads them through [`crate::directory`]. Every endpoint
+//! change is a new config version, kept in `endpoint_versions`, and an
+//! audit record.
 //!
 //! Signing secrets are sealed with the platform's keyring before they are
 //! stored and opened when the directory is loaded (see [`crate::secrets`]);
 //! the database only ever holds ciphertext.
 
 use uuid::Uuid;
-use walhook_pipeline::endpoint::{EndpointConfig, EndpointSource};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::signing::SigningSecret;
@@ -132,10 +132,12 @@ impl Platform {
         ep: &NewEndpoint,
         actor: &str,
     ) -> Result<Option<SigningSecret>, StoreError> {
-        Ok(match self.create_endpoint_within(id, ep, actor, None).await? {
-            CreatedEndpoint::Created(secret) => Some(secret),
-            CreatedEndpoint::Exists | CreatedEndpoint::QuotaReached { .. } => None,
-        })
+        Ok(
+            match self.create_endpoint_within(id, ep, actor, None).await? {
+                CreatedEndpoint::Created(secret) => Some(secret),
+                CreatedEndpoint::Exists | CreatedEndpoint::QuotaReached { .. } => None,
+            },
+        )
     }
 
     /// [`Platform::create_endpoint_as`], refusing when the tenant has
@@ -285,72 +287,6 @@ impl Platform {
             .await
             .map_err(StoreError::query("commit an endpoint change"))?;
         Ok(version)
-    }
-}
-
-impl Platform {
-    /// Makes a new signing secret for `id`; the previous ones keep signing
-    /// for `overlap` (receivers switch without a failed verification).
-    /// Returns the new secret (to show once) and its version.
-    pub async fn rotate_secret(
-        &self,
-        id: EndpointId,
-        overlap: std::time::Duration,
-        actor: &str,
-    ) -> Result<(SigningSecret, i32), StoreError> {
-        let keyring = self.keyring()?;
-        let secret = SigningSecret::generate();
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(StoreError::query("begin"))?;
-        let uid = Uuid::from_bytes(id.0);
-        let row = tx
-            .query_opt(
-                "SELECT tenant_id FROM walhook.endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE",
-                &[&uid],
-            )
-            .await
-            .map_err(StoreError::query("lock an endpoint"))?
-            .ok_or_else(|| StoreError::Schema(format!("endpoint {id} does not exist")))?;
-        let tenant: String = row.get(0);
-        let overlap_ms = overlap.as_millis() as f64;
-        tx.execute(
-            "UPDATE walhook.endpoint_secrets SET expires_at = now() + $2 * interval '1 millisecond' \
-             WHERE endpoint_id = $1 AND (expires_at IS NULL OR expires_at > now() + $2 * interval '1 millisecond')",
-            &[&uid, &overlap_ms],
-        )
-        .await
-        .map_err(StoreError::query("schedule the old secrets' expiry"))?;
-        // The endpoint row is locked: the next version is ours. It is part of
-        // what the seal authenticates, so it is chosen before sealing.
-        let version: i32 = tx
-            .query_one(
-                "SELECT coalesce(max(version), 0) + 1 FROM walhook.endpoint_secrets WHERE endpoint_id = $1",
-                &[&uid],
-            )
-            .await
-            .map_err(StoreError::query("number the new secret"))?
-            .get(0);
-        let sealed = keyring.seal(id, version, &secret);
-        tx.execute(
-            "INSERT INTO walhook.endpoint_secrets (endpoint_id, version, secret, key_id) VALUES ($1, $2, $3, $4)",
-            &[&uid, &version, &sealed.bytes, &sealed.key_id],
-        )
-        .await
-        .map_err(StoreError::query("store the new secret"))?;
-        tx.execute(
-            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
-             VALUES ($1, $2, 'endpoint.secret_rotated', $3, jsonb_build_object('secret_version', $4::int4, 'overlap_ms', $5::float8))",
-            &[&tenant, &actor, &id.to_string(), &version, &overlap_ms],
-        )
-        .await
-        .map_err(StoreError::query("audit a secret rotation"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a secret rotation"))?;
-        Ok((secret, version))
     }
 }
 
@@ -506,101 +442,5 @@ impl Platform {
             .await
             .map_err(StoreError::query("commit an endpoint disable"))?;
         Ok(())
-    }
-}
-
-impl EndpointSource for Platform {
-    /// The epoch bumped by every endpoint, secret or tenant change, mixed
-    /// with the latest secret expiry already passed: a rotation overlap
-    /// ending changes no row, yet the expired secret must stop signing, so
-    /// the directory has to reload then too. Only equality is meaningful.
-    async fn config_epoch(&self) -> Result<i64, walhook_pipeline::store::StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT c.epoch, coalesce((SELECT (extract(epoch FROM max(s.expires_at)) * 1000000)::int8 \
-                 FROM walhook.endpoint_secrets s WHERE s.expires_at <= now()), 0) \
-                 FROM walhook.config_epoch c",
-                &[],
-            )
-            .await
-            .map_err(StoreError::query("read the config epoch"))?;
-        let (epoch, expired_micros): (i64, i64) = (row.get(0), row.get(1));
-        Ok(epoch
-            .wrapping_mul(1_000_000_007)
-            .wrapping_add(expired_micros))
-    }
-
-    async fn load_endpoints(
-        &self,
-    ) -> Result<Vec<EndpointConfig>, walhook_pipeline::store::StoreError> {
-        let keyring = self.keyring()?;
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT e.id, e.tenant_id, e.url, e.event_types, e.enabled, e.config_version, \
-                        e.rate_limit_per_sec, e.max_in_flight, \
-                        s.versions, s.key_ids, s.secrets, e.created_at \
-                 FROM walhook.endpoints e JOIN walhook.tenants t ON t.id = e.tenant_id \
-                 CROSS JOIN LATERAL ( \
-                     SELECT coalesce(array_agg(version ORDER BY version DESC), '{}') AS versions, \
-                            coalesce(array_agg(key_id ORDER BY version DESC), '{}') AS key_ids, \
-                            coalesce(array_agg(secret ORDER BY version DESC), '{}') AS secrets \
-                     FROM walhook.endpoint_secrets \
-                     WHERE endpoint_id = e.id AND (expires_at IS NULL OR expires_at > now())) s \
-                 WHERE e.deleted_at IS NULL AND t.disabled_at IS NULL",
-                &[],
-            )
-            .await
-            .map_err(StoreError::query("load endpoints"))?;
-        let mut out = Vec::with_capacity(rows.len());
-        let mut plain = 0usize;
-        for r in rows {
-            let id: Uuid = r.get(0);
-            let id = EndpointId(*id.as_bytes());
-            let tenant: String = r.get(1);
-            let types: Vec<String> = r.get(3);
-            let rate: Option<i32> = r.get(6);
-            let cap: Option<i32> = r.get(7);
-            let versions: Vec<i32> = r.get(8);
-            let key_ids: Vec<String> = r.get(9);
-            let sealed: Vec<Vec<u8>> = r.get(10);
-            let Ok(tenant_id) = TenantId::new(tenant) else {
-                continue;
-            };
-            // One row that does not open fails the load: the previous
-            // directory stays in use and the error says which key to add.
-            let mut secrets = Vec::with_capacity(sealed.len());
-            for ((version, key_id), bytes) in versions.iter().zip(&key_ids).zip(&sealed) {
-                plain += usize::from(key_id == crate::secrets::PLAIN_KEY_ID);
-                secrets.push(
-                    keyring
-                        .open(id, *version, key_id, bytes)
-                        .map_err(StoreError::from)?,
-                );
-            }
-            out.push(EndpointConfig {
-                id,
-                tenant_id,
-                url: r.get(2),
-                event_types: types
-                    .iter()
-                    .filter_map(|t| EventType::new(t).ok())
-                    .collect(),
-                enabled: r.get(4),
-                config_version: r.get(5),
-                rate_limit_per_sec: rate.map(|n| n.max(1) as u32),
-                max_in_flight: cap.map(|n| n.max(1) as u32),
-                secrets,
-                created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(11)),
-            });
-        }
-        if plain > 0 {
-            tracing::warn!(
-                secrets = plain,
-                "endpoint secrets stored in plaintext (written before encryption); run `walhook secrets rotate` to seal them"
-            );
-        }
-        Ok(out)
     }
 }

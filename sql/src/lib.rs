@@ -11,13 +11,14 @@
 //! - [`Platform`]: a connection pool and the queries each stage runs; one
 //!   module per stage ([`capture`], [`fanout`], [`dispatch`]) and for the
 //!   control plane ([`tenants`], [`endpoint_admin`], [`deliveries`],
-//!   [`audit`], [`idempotency`], [`gauges`]).
+//!   [`replay`], [`rotation`], [`audit`], [`idempotency`], [`gauges`]).
 //! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
 //!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
 pub mod audit;
 pub mod capture;
 pub mod deliveries;
+pub mod directory;
 pub mod dispatch;
 pub mod endpoint_admin;
 pub mod endpoints;
@@ -26,6 +27,7 @@ pub mod gauges;
 pub mod idempotency;
 pub mod migrate;
 pub mod replay;
+pub mod rotation;
 pub mod secrets;
 pub mod tenants;
 
