@@ -4,6 +4,7 @@
 mod support;
 
 mod errors;
+mod hostile;
 mod idempotency;
 mod isolation;
 mod listing;
