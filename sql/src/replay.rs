@@ -45,7 +45,7 @@ async fn lock_endpoint_replays(
     endpoint: Uuid,
 ) -> Result<(), StoreError> {
     tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('walhook.replays:' || $1::text, 0))",
+        "SELECT pg_advisory_xact_lock(hashtextextended('walhook.replays:' || $1::uuid::text, 0))",
         &[&endpoint],
     )
     .await
