@@ -8,4 +8,7 @@ mod hostile;
 mod idempotency;
 mod isolation;
 mod listing;
+mod load;
+mod quotas;
 mod schemathesis;
+mod secrets;
