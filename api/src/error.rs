@@ -76,6 +76,15 @@ pub struct QuotaExceeded {
     pub retry_after_seconds: Option<u64>,
 }
 
+/// Which request limit answered 503 (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// Every request slot stayed taken: nothing was done.
+    Busy,
+    /// The request ran past `[api].request_timeout` and was stopped.
+    Timeout,
+}
+
 /// Why a request was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -123,11 +132,11 @@ pub enum ApiError {
         quota: QuotaExceeded,
     },
     /// The server is saturated or the request took too long: 503 with
-    /// `Retry-After`. Nothing is known to have changed.
+    /// `Retry-After`.
     #[error("{detail}")]
     Overloaded {
-        /// `busy` (no free request slot) or `timeout`.
-        slug: &'static str,
+        /// Which limit.
+        kind: Overload,
         /// What happened and what to do.
         detail: String,
     },
@@ -187,9 +196,13 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => ("media-type", "Unsupported media type"),
             ApiError::QuotaExceeded { .. } => ("quota", "Quota exceeded"),
             ApiError::Overloaded {
-                slug: "timeout", ..
+                kind: Overload::Timeout,
+                ..
             } => ("timeout", "Request timed out"),
-            ApiError::Overloaded { slug, .. } => (*slug, "Server busy"),
+            ApiError::Overloaded {
+                kind: Overload::Busy,
+                ..
+            } => ("busy", "Server busy"),
             ApiError::Store(e) if e.is_transient() => ("unavailable", "Temporarily unavailable"),
             ApiError::Store(_) => ("internal", "Internal error"),
         };

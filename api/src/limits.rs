@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 use walhook_pipeline::sanitize::{Lines, clean_str};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Overload};
 use crate::settings::{ApiLimits, QUEUE_WAIT};
 
 /// The shared state of [`enforce`].
@@ -77,7 +77,7 @@ pub async fn enforce(
                 "request refused: every request slot is taken"
             );
             return ApiError::Overloaded {
-                    slug: "busy",
+                    kind: Overload::Busy,
                     detail: format!(
                         "{} requests are in progress, the most [api].max_concurrent_requests allows, \
                          and none finished within {} ms; nothing was done: retry after Retry-After seconds",
@@ -100,7 +100,7 @@ pub async fn enforce(
                 "request stopped: it took longer than [api].request_timeout"
             );
             ApiError::Overloaded {
-                slug: "timeout",
+                kind: Overload::Timeout,
                 detail: format!(
                     "the request took longer than [api].request_timeout ({} s) and was stopped; \
                      work it had committed stays done. Retry (a POST with the same Idempotency-Key \
