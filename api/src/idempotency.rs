@@ -185,3 +185,35 @@ where
     }
     Ok(json_response(status, body, false))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tenants::{ApiKey, CreatedApiKey};
+
+    #[test]
+    fn a_secret_shown_once_is_neither_stored_nor_printed() {
+        let api_key = ApiKey {
+            id: "key_0".into(),
+            tenant_id: "acme".into(),
+            name: "ci".into(),
+            prefix: "whk_abcdefgh".into(),
+            created_at: chrono::Utc::now(),
+            created_by: "operator".into(),
+            revoked_at: None,
+        };
+        let secret = "whk_abcdefgh-the-rest-of-the-key";
+        let shown = CreatedApiKey::new(api_key, secret.into());
+        let reply = Reply::shown_once(StatusCode::CREATED, &shown);
+        assert!(String::from_utf8_lossy(&reply.body).contains(secret));
+        let stored: serde_json::Value =
+            serde_json::from_slice(reply.stored.as_deref().unwrap()).unwrap();
+        assert!(!stored.to_string().contains(secret), "{stored}");
+        assert!(stored["key"].is_null());
+        assert_eq!(stored["key_withheld"], true);
+        assert!(stored["note"].as_str().unwrap().contains("revoke key_0"));
+        for printed in [format!("{shown:?}"), format!("{reply:?}")] {
+            assert!(!printed.contains(secret), "{printed}");
+        }
+    }
+}
