@@ -119,7 +119,10 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
 /// Authenticates the request.
 pub async fn authenticate(parts: &Parts, state: &ApiState) -> Result<Principal, ApiError> {
     let token = bearer(parts)?;
-    if constant_time_eq(token.as_bytes(), state.settings.operator_token.as_bytes()) {
+    if constant_time_eq(
+        token.as_bytes(),
+        state.settings.operator_token.expose().as_bytes(),
+    ) {
         return Ok(Principal::Operator);
     }
     let invalid = || ApiError::Unauthorized("the API key is unknown or revoked".into());

@@ -44,6 +44,13 @@ pub fn decode(cursor: &str, listing: &str, filters: &str) -> Result<String, ApiE
     }
     let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| not_ours())?;
     let text = String::from_utf8(bytes).map_err(|_| not_ours())?;
+    // Positions go into queries: a forged cursor must not carry NUL (which
+    // Postgres refuses in text) or other control characters there.
+    if walhook_pipeline::sanitize::first_unsafe(&text, walhook_pipeline::sanitize::Lines::Escape)
+        .is_some()
+    {
+        return Err(not_ours());
+    }
     let mut parts = text.splitn(4, '|');
     let (Some("v1"), Some(l), Some(d), Some(position)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -99,6 +106,8 @@ mod tests {
         assert!(decode(&c, "endpoints", "status=failed").is_err());
         assert!(decode("not a cursor!", "deliveries", "").is_err());
         assert!(decode(&URL_SAFE_NO_PAD.encode("v1|deliveries"), "deliveries", "").is_err());
+        let forged = URL_SAFE_NO_PAD.encode(format!("v1|tenants|{}|a\0b", digest("")));
+        assert!(decode(&forged, "tenants", "").is_err());
         let e = decode("zzz", "deliveries", "").unwrap_err().problem();
         assert_eq!(e.status, 422);
         assert_eq!(e.errors[0].field, "query.cursor");

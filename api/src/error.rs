@@ -40,6 +40,49 @@ pub struct Problem {
     /// The fields at fault (validation problems).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<FieldError>,
+    /// The quota or rate used up (429 problems).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaExceeded>,
+}
+
+impl Problem {
+    /// A problem without field errors or quota.
+    pub fn new(slug: &str, title: &str, status: StatusCode, detail: impl Into<String>) -> Self {
+        Problem {
+            kind: format!("urn:walhook:problem:{slug}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            errors: Vec::new(),
+            quota: None,
+        }
+    }
+}
+
+/// A per-tenant quota or rate that a request would exceed (an RFC 9457
+/// extension member of 429 problems).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaExceeded {
+    /// The setting that sets the limit, e.g. `max_endpoints_per_tenant`
+    /// (`[api].max_endpoints_per_tenant` in the config).
+    pub limit_name: String,
+    /// The limit.
+    pub limit: u64,
+    /// Where the tenant stands now.
+    pub current: u64,
+    /// For rates: seconds until a request can succeed (also sent as
+    /// `Retry-After`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
+}
+
+/// Which request limit answered 503 (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// Every request slot stayed taken: nothing was done.
+    Busy,
+    /// The request ran past `[api].request_timeout` and was stopped.
+    Timeout,
 }
 
 /// Why a request was refused or failed.
@@ -79,6 +122,24 @@ pub enum ApiError {
     /// The body is not JSON: 415.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A per-tenant quota or rate is used up: 429 (with `Retry-After` when
+    /// waiting helps).
+    #[error("{detail}")]
+    QuotaExceeded {
+        /// What was refused, the limit and what to do.
+        detail: String,
+        /// The limit, for programs.
+        quota: QuotaExceeded,
+    },
+    /// The server is saturated or the request took too long: 503 with
+    /// `Retry-After`.
+    #[error("{detail}")]
+    Overloaded {
+        /// Which limit.
+        kind: Overload,
+        /// What happened and what to do.
+        detail: String,
+    },
     /// The platform database failed.
     #[error("the platform database failed")]
     Store(#[from] StoreError),
@@ -115,6 +176,8 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -131,6 +194,15 @@ impl ApiError {
             ApiError::Conflict(_) => ("conflict", "Conflict"),
             ApiError::TooLarge(_) => ("too-large", "Request body too large"),
             ApiError::UnsupportedMediaType(_) => ("media-type", "Unsupported media type"),
+            ApiError::QuotaExceeded { .. } => ("quota", "Quota exceeded"),
+            ApiError::Overloaded {
+                kind: Overload::Timeout,
+                ..
+            } => ("timeout", "Request timed out"),
+            ApiError::Overloaded {
+                kind: Overload::Busy,
+                ..
+            } => ("busy", "Server busy"),
             ApiError::Store(e) if e.is_transient() => ("unavailable", "Temporarily unavailable"),
             ApiError::Store(_) => ("internal", "Internal error"),
         };
@@ -148,12 +220,23 @@ impl ApiError {
             ApiError::Store(_) => "an internal error occurred; it was logged".to_owned(),
             other => other.to_string(),
         };
+        let quota = match self {
+            ApiError::QuotaExceeded { quota, .. } => Some(quota.clone()),
+            _ => None,
+        };
         Problem {
-            kind: format!("urn:walhook:problem:{slug}"),
-            title: title.to_owned(),
-            status: self.status().as_u16(),
-            detail,
             errors,
+            quota,
+            ..Problem::new(slug, title, self.status(), detail)
+        }
+    }
+
+    /// Seconds to send as `Retry-After`, when waiting helps.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::QuotaExceeded { quota, .. } => quota.retry_after_seconds,
+            _ if self.status() == StatusCode::SERVICE_UNAVAILABLE => Some(1),
+            _ => None,
         }
     }
 }
@@ -175,19 +258,16 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %e, source = ?std::error::Error::source(e), "request failed on the platform database");
         }
         let mut response = problem_response(status, &self.problem());
-        match status {
-            StatusCode::UNAUTHORIZED => {
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"walhook\""),
-                );
-            }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"walhook\""),
+            );
+        }
+        if let Some(secs) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -220,7 +300,19 @@ pub enum ErrorResponses {
     /// Invalid values; `errors` names each field.
     #[response(status = 422, content_type = "application/problem+json")]
     Invalid(Problem),
-    /// The platform database is unreachable; retry.
+    /// The platform database is unreachable, the server is busy or the
+    /// request took longer than `[api].request_timeout`; retry after
+    /// `Retry-After` seconds.
     #[response(status = 503, content_type = "application/problem+json")]
     Unavailable(Problem),
+}
+
+/// The quota refusal of operations limited per tenant, for the OpenAPI
+/// document.
+#[derive(Debug, utoipa::IntoResponses)]
+pub enum QuotaResponses {
+    /// A per-tenant quota or rate is used up; `quota` names the limit and
+    /// the current value; `Retry-After` says when to retry a rate.
+    #[response(status = 429, content_type = "application/problem+json")]
+    QuotaExceeded(Problem),
 }

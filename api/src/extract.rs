@@ -6,6 +6,11 @@
 //!   path of the field (`event_types[2]`). The raw bytes are kept for the
 //!   idempotency hash.
 //! - [`QueryParams`]: the query string; a repeated parameter is a 400.
+//!
+//! Both refuse, with a 422 naming the field, the character and its
+//! position, any string holding NUL or another control character (line
+//! breaks and tabs aside in bodies, where handlers decide per field), so
+//! that such text never reaches Postgres, which refuses NUL in text.
 //! - [`PathParams`]: path segments; undecodable ones are 404.
 //! - [`IdempotencyKey`]: the optional `Idempotency-Key` header.
 
@@ -15,7 +20,10 @@ use axum::http::header;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
+use walhook_pipeline::sanitize::Lines;
+
 use crate::error::{ApiError, FieldError};
+use crate::routes::validate::unsafe_text;
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -51,6 +59,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         bytes
     };
+    // First every string, wherever it is (member names too), so that no
+    // later message echoes a control character.
+    let tree: serde_json::Value = serde_json::from_slice(text).map_err(|e| json_error(".", &e))?;
+    let mut errors = Vec::new();
+    unsafe_strings(&tree, "", &mut errors);
+    if !errors.is_empty() {
+        return Err(ApiError::fields(errors));
+    }
     let mut de = serde_json::Deserializer::from_slice(text);
     let value = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -59,6 +75,52 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })?;
     de.end().map_err(|e| json_error(".", &e))?;
     Ok(value)
+}
+
+/// Collects the strings (keys too) of `value` that hold NUL or a control
+/// character other than line breaks and tabs, by path.
+fn unsafe_strings(value: &serde_json::Value, path: &str, out: &mut Vec<FieldError>) {
+    use serde_json::Value;
+    let field = |path: &str| {
+        if path.is_empty() {
+            "body".to_owned()
+        } else {
+            path.to_owned()
+        }
+    };
+    match value {
+        Value::String(text) => {
+            if let Some(message) = unsafe_text(text, Lines::Keep) {
+                out.push(FieldError {
+                    field: field(path),
+                    message,
+                });
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                unsafe_strings(item, &format!("{path}[{i}]"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let inner = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                if let Some(message) = unsafe_text(key, Lines::Escape) {
+                    out.push(FieldError {
+                        field: field(path),
+                        message: format!("has a member name that {message}"),
+                    });
+                    continue;
+                }
+                unsafe_strings(item, &inner, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn json_error(path: &str, e: &serde_json::Error) -> ApiError {
@@ -139,6 +201,26 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or_default();
+        // Decoded (`%00` is NUL), each name and value must be storable.
+        if let Ok(pairs) = serde_urlencoded::from_str::<Vec<(String, String)>>(query) {
+            let mut errors = Vec::new();
+            for (name, value) in &pairs {
+                if let Some(message) = unsafe_text(name, Lines::Escape) {
+                    errors.push(FieldError {
+                        field: "query".into(),
+                        message: format!("has a parameter name that {message}"),
+                    });
+                } else if let Some(message) = unsafe_text(value, Lines::Escape) {
+                    errors.push(FieldError {
+                        field: format!("query.{name}"),
+                        message,
+                    });
+                }
+            }
+            if !errors.is_empty() {
+                return Err(ApiError::fields(errors));
+            }
+        }
         serde_urlencoded::from_str(query)
             .map(QueryParams)
             .map_err(|e| ApiError::BadRequest {
@@ -187,8 +269,16 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
                 text.len()
             )));
         }
-        if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(bad("must be visible ASCII characters without spaces".into()));
+        if let Some(at) = text.bytes().position(|b| !b.is_ascii_graphic()) {
+            let byte = text.as_bytes()[at];
+            return Err(bad(format!(
+                "has U+{byte:04X} ({}) at byte {at}; use visible ASCII characters without spaces (a UUID is a good choice)",
+                if byte == b' ' {
+                    "a space"
+                } else {
+                    "a control character"
+                }
+            )));
         }
         Ok(IdempotencyKey(Some(text.to_owned())))
     }
@@ -241,6 +331,22 @@ mod tests {
             (400, "body".into())
         );
         assert!(parse_json::<Body>(br#"{"url": "x"}"#).is_ok());
+    }
+
+    #[test]
+    fn control_characters_in_any_string_are_refused_by_path() {
+        let e = parse_json::<serde_json::Value>(
+            br#"{"url": "https://x/\u0000", "event_types": ["a", "b\u001b"], "description": "two\nlines"}"#,
+        )
+        .unwrap_err()
+        .problem();
+        assert_eq!(e.status, 422);
+        let mut fields: Vec<&str> = e.errors.iter().map(|f| f.field.as_str()).collect();
+        fields.sort();
+        assert_eq!(fields, vec!["event_types[1]", "url"], "{e:?}");
+        let url = e.errors.iter().find(|f| f.field == "url").unwrap();
+        assert!(url.message.contains("U+0000 (NUL) at byte 10"), "{e:?}");
+        assert!(parse_json::<serde_json::Value>(br#"{"a": {"b\u0000": 1}}"#).is_err());
     }
 
     #[test]

@@ -12,13 +12,19 @@
 //! scoped per caller (operator, or one tenant). Refusals of the work (a
 //! 409, a 404) are stored like successes, so a retry gets the same answer;
 //! validation refusals come before the key is claimed (they do not depend
-//! on state, so a retry gets them again anyway); server errors release the
-//! key so a retry can do the work. Records are kept
+//! on state, so a retry gets them again anyway); server errors and quota
+//! refusals (429: a later retry may succeed) release the key so a retry can
+//! do the work. A request stopped by `[api].request_timeout` leaves its
+//! claim open; a retry may take it over after a minute. Records are kept
 //! [`RETENTION_SECS`].
 //!
-//! A response that shows a secret once (a new API key) is stored without
-//! it ([`Reply::stored_without`]); a replay then answers the record
-//! without the key, and the key stays shown only once.
+//! A response that shows a secret once (an endpoint's signing secret, a
+//! rotated secret, a new API key) is a [`ShownOnce`] value: the caller gets
+//! it whole, and the record holds [`ShownOnce::withheld`], the same
+//! response with the secret replaced by `null`, a `…_withheld: true` flag
+//! and a note saying how to get a new one. So the secret exists in
+//! plaintext only in the one response that showed it, never in
+//! `walhook.idempotency_keys`.
 
 use std::future::Future;
 
@@ -39,8 +45,14 @@ pub const RETENTION_SECS: f64 = 24.0 * 3600.0;
 /// The header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
+/// A response that carries a secret to be shown once.
+pub trait ShownOnce: Serialize {
+    /// The same response without the secret: what replays answer.
+    fn withheld(&self) -> Self;
+}
+
 /// A JSON response a POST produced.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Reply {
     /// The status.
     pub status: StatusCode,
@@ -60,11 +72,23 @@ impl Reply {
         }
     }
 
-    /// Stores `value` for replays instead of the body (to leave out a
-    /// secret shown once).
-    pub fn stored_without<T: Serialize>(mut self, value: &T) -> Self {
-        self.stored = Some(serde_json::to_vec(value).unwrap_or_default());
-        self
+    /// `value` as JSON with `status`; replays answer it with the secret
+    /// withheld (see the module docs).
+    pub fn shown_once<T: ShownOnce>(status: StatusCode, value: &T) -> Self {
+        Reply {
+            stored: Some(serde_json::to_vec(&value.withheld()).unwrap_or_default()),
+            ..Reply::json(status, value)
+        }
+    }
+}
+
+impl std::fmt::Debug for Reply {
+    // The body may hold a secret shown once: never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply")
+            .field("status", &self.status)
+            .field("body_bytes", &self.body.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -139,7 +163,7 @@ where
             let stored = reply.stored.clone().unwrap_or_else(|| reply.body.clone());
             (reply.status, reply.body, stored)
         }
-        Err(e) if e.status().is_server_error() => {
+        Err(e) if e.status().is_server_error() || e.status() == StatusCode::TOO_MANY_REQUESTS => {
             if let Err(release) = state.platform.release_idempotency_key(&scope, key).await {
                 tracing::warn!(error = %release, "could not release an idempotency key");
             }
@@ -160,4 +184,36 @@ where
         tracing::warn!(error = %e, "could not store an idempotent response");
     }
     Ok(json_response(status, body, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tenants::{ApiKey, CreatedApiKey};
+
+    #[test]
+    fn a_secret_shown_once_is_neither_stored_nor_printed() {
+        let api_key = ApiKey {
+            id: "key_0".into(),
+            tenant_id: "acme".into(),
+            name: "ci".into(),
+            prefix: "whk_abcdefgh".into(),
+            created_at: chrono::Utc::now(),
+            created_by: "operator".into(),
+            revoked_at: None,
+        };
+        let secret = "whk_abcdefgh-the-rest-of-the-key";
+        let shown = CreatedApiKey::new(api_key, secret.into());
+        let reply = Reply::shown_once(StatusCode::CREATED, &shown);
+        assert!(String::from_utf8_lossy(&reply.body).contains(secret));
+        let stored: serde_json::Value =
+            serde_json::from_slice(reply.stored.as_deref().unwrap()).unwrap();
+        assert!(!stored.to_string().contains(secret), "{stored}");
+        assert!(stored["key"].is_null());
+        assert_eq!(stored["key_withheld"], true);
+        assert!(stored["note"].as_str().unwrap().contains("revoke key_0"));
+        for printed in [format!("{shown:?}"), format!("{reply:?}")] {
+            assert!(!printed.contains(secret), "{printed}");
+        }
+    }
 }

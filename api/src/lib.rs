@@ -13,6 +13,11 @@
 //!
 //! - [`auth`]: bearer tokens; every tenant query is scoped to the caller's
 //!   tenant, so another tenant's object is a 404 like a missing one.
+//! - [`limits`], [`quota`], [`cache`]: what the API may take from the
+//!   process and the database: requests at once and their duration,
+//!   per-tenant quotas, and one database read per interval for the
+//!   unauthenticated `/metrics` and `/readyz`. The API has its own small
+//!   pool ([`connect`]) whose connections carry a `statement_timeout`.
 //! - [`error`]: RFC 9457 problem documents naming the field at fault.
 //! - [`extract`]: JSON bodies and query strings parsed into problems, not
 //!   plain-text rejections.
@@ -26,13 +31,16 @@
 //! `walhook run` start it in-process.
 
 pub mod auth;
+pub mod cache;
 pub mod cursor;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
+pub mod quota;
 pub mod routes;
 pub mod settings;
 pub mod test_event;
@@ -41,21 +49,69 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use walhook_sql::Platform;
+use walhook_sql::{Platform, StoreError};
 
 pub use error::ApiError;
 pub use metrics::Metrics;
-pub use settings::ApiSettings;
+pub use settings::{ApiLimits, ApiSettings};
+
+/// The API's own pool on the platform database at `url`: at most
+/// `limits.max_connections` connections, each with `statement_timeout`
+/// set, so that API traffic cannot take the pipeline's connections or hold
+/// one with an endless query. Add the keyring with
+/// [`Platform::with_keyring`].
+pub fn connect(
+    options: &walhook_pgtls::ConnectOptions,
+    limits: &ApiLimits,
+) -> Result<Platform, StoreError> {
+    Platform::from_options(options, limits.max_connections, &limits.session())
+}
 
 /// What every handler shares.
 #[derive(Clone)]
 pub struct ApiState {
-    /// The platform database.
+    /// The platform database (the API's own pool: [`connect`]).
     pub platform: Platform,
     /// The API's settings.
     pub settings: Arc<ApiSettings>,
     /// The metrics registry served at `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Limits and caches shared by every request.
+    pub(crate) guards: Arc<Guards>,
+}
+
+/// What requests share to stay within the limits.
+#[derive(Debug)]
+pub(crate) struct Guards {
+    /// Requests at once and their duration.
+    pub(crate) requests: Arc<limits::RequestLimits>,
+    /// Test events per tenant and minute.
+    pub(crate) test_events: quota::PerMinute,
+    /// The last readiness check: `Err` holds the cause, for the log only.
+    pub(crate) readiness: cache::TtlCache<Result<(), String>>,
+}
+
+impl ApiState {
+    /// The state of a server on `platform` with `settings`.
+    pub fn new(platform: Platform, settings: ApiSettings, metrics: Arc<Metrics>) -> Self {
+        let limits = settings.limits;
+        ApiState {
+            platform,
+            settings: Arc::new(settings),
+            metrics,
+            guards: Arc::new(Guards {
+                requests: Arc::new(limits::RequestLimits::new(&limits)),
+                test_events: quota::PerMinute::new(limits.test_events_per_minute),
+                readiness: cache::TtlCache::default(),
+            }),
+        }
+    }
+
+    /// How many times `/readyz` asked the database (at most once per
+    /// `[api].metrics_cache`).
+    pub fn readiness_checks(&self) -> u64 {
+        self.guards.readiness.reads()
+    }
 }
 
 impl std::fmt::Debug for ApiState {

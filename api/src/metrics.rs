@@ -8,14 +8,15 @@
 //!                         └─▶ collectors registered by the binary (its atomic counters,
 //!                              read at scrape time)
 //!  /metrics scrape ──SQL──▶ gauges no one process can count: pending deliveries, the
-//!                              oldest one's age, circuits, capture checkpoints
+//!                              oldest one's age, circuits, capture checkpoints (read at
+//!                              most once per [api].metrics_cache, however many scrapes)
 //! ```
 //!
 //! Names are the constants of [`names`]; counters get `_total` when encoded.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
@@ -31,6 +32,7 @@ use prometheus_client::registry::Registry;
 use walhook_sql::Platform;
 
 use crate::ApiState;
+use crate::cache::TtlCache;
 
 /// Metric names.
 pub mod names {
@@ -217,6 +219,8 @@ pub struct Metrics {
     /// Fed by the pipeline in this process.
     pub pipeline: Arc<PipelineMetrics>,
     sql: Arc<SqlGauges>,
+    /// When the SQL gauges were last read.
+    gauge_cache: TtlCache<()>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -317,6 +321,7 @@ impl Metrics {
             api,
             pipeline,
             sql,
+            gauge_cache: TtlCache::default(),
         }
     }
 
@@ -326,42 +331,55 @@ impl Metrics {
         self.registry.lock().register_collector(collector);
     }
 
-    /// Reads the SQL gauges (when a platform is given), then encodes every
-    /// metric in the text exposition format.
-    pub async fn render(&self, platform: Option<&Platform>) -> String {
+    /// Refreshes the SQL gauges from `platform` (when given) if they are
+    /// older than `max_age`, then encodes every metric in the text
+    /// exposition format. However often it is called, the gauges' queries
+    /// run at most once per `max_age` (see [`crate::cache`]).
+    pub async fn render(&self, platform: Option<&Platform>, max_age: Duration) -> String {
         if let Some(platform) = platform {
-            match platform.pipeline_gauges().await {
-                Ok(g) => {
-                    self.sql.pending.set(g.pending);
-                    self.sql.oldest_pending_age.set(g.oldest_pending_age_secs);
-                    self.sql.overdue_unleased.set(g.overdue_unleased);
-                    self.sql.circuits.clear();
-                    for (state, n) in g.circuits {
-                        self.sql
-                            .circuits
-                            .get_or_create(&NameLabel { name: state })
-                            .set(n);
-                    }
-                    self.sql.checkpoint_age.clear();
-                    for (source, _, age) in g.capture {
-                        self.sql
-                            .checkpoint_age
-                            .get_or_create(&NameLabel { name: source })
-                            .set(age);
-                    }
-                    self.sql.database_up.set(1);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics: cannot read the platform database");
-                    self.sql.database_up.set(0);
-                }
-            }
+            self.gauge_cache
+                .get(max_age, || self.read_gauges(platform))
+                .await;
         }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
             tracing::error!(error = %e, "metrics: cannot encode");
         }
         out
+    }
+
+    /// How many times the SQL gauges were read.
+    pub fn gauge_reads(&self) -> u64 {
+        self.gauge_cache.reads()
+    }
+
+    async fn read_gauges(&self, platform: &Platform) {
+        match platform.pipeline_gauges().await {
+            Ok(g) => {
+                self.sql.pending.set(g.pending);
+                self.sql.oldest_pending_age.set(g.oldest_pending_age_secs);
+                self.sql.overdue_unleased.set(g.overdue_unleased);
+                self.sql.circuits.clear();
+                for (state, n) in g.circuits {
+                    self.sql
+                        .circuits
+                        .get_or_create(&NameLabel { name: state })
+                        .set(n);
+                }
+                self.sql.checkpoint_age.clear();
+                for (source, _, age) in g.capture {
+                    self.sql
+                        .checkpoint_age
+                        .get_or_create(&NameLabel { name: source })
+                        .set(age);
+                }
+                self.sql.database_up.set(1);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot read the platform database");
+                self.sql.database_up.set(0);
+            }
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! The API's settings: who the operator is, which URLs endpoints may have,
-//! and the defaults of secret rotation and test deliveries.
+//! the defaults of secret rotation and test deliveries, and the limits that
+//! keep the API from starving the pipeline or the database ([`ApiLimits`]).
 
 use std::time::Duration;
 
 use walhook_connectors::http::policy::UrlPolicy;
+use walhook_pipeline::redact::Redacted;
 
 /// The shortest operator token accepted.
 pub const MIN_OPERATOR_TOKEN_LEN: usize = 32;
@@ -15,11 +17,164 @@ pub const DEFAULT_ROTATION_OVERLAP: Duration = Duration::from_secs(24 * 3600);
 /// The longest overlap a rotation may ask for.
 pub const MAX_ROTATION_OVERLAP: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The default size of the API's own connection pool: small, so that the
+/// API cannot take the connections fan-out and dispatch need.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
+
+/// The default time a request may take before it is answered 503.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default `statement_timeout` of the API's connections: shorter than
+/// the request timeout, so that Postgres stops a slow query before the
+/// caller is answered (a dropped request does not stop the query by
+/// itself).
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default number of requests handled at once.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 64;
+
+/// How long a request waits for a free slot when
+/// `max_concurrent_requests` are in progress, before it is answered 503
+/// with `Retry-After`: long enough to absorb a burst, short enough that a
+/// saturated server says so quickly.
+pub const QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// The default age up to which `/metrics` and `/readyz` reuse what they
+/// last read from the database.
+pub const DEFAULT_METRICS_CACHE: Duration = Duration::from_secs(5);
+
+/// The default number of endpoints a tenant may have (deleted ones do not
+/// count).
+pub const DEFAULT_MAX_ENDPOINTS_PER_TENANT: u32 = 100;
+
+/// The default number of test events a tenant may send per minute.
+pub const DEFAULT_TEST_EVENTS_PER_MINUTE: u32 = 60;
+
+/// The furthest back a recovery may start: older deliveries are past every
+/// retry deadline and most archives' hot window, and a wider window is an
+/// unbounded amount of work.
+pub const MAX_RECOVER_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Limits on what the API may take from the process and the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Connections in the API's own pool (`[api].max_connections`).
+    pub max_connections: usize,
+    /// `statement_timeout` of those connections (`[api].statement_timeout`).
+    pub statement_timeout: Duration,
+    /// The longest a request may take (`[api].request_timeout`).
+    pub request_timeout: Duration,
+    /// Requests handled at once (`[api].max_concurrent_requests`).
+    pub max_concurrent_requests: usize,
+    /// How long `/metrics` and `/readyz` reuse a database read
+    /// (`[api].metrics_cache`).
+    pub metrics_cache: Duration,
+    /// Endpoints per tenant (`[api].max_endpoints_per_tenant`).
+    pub max_endpoints_per_tenant: u32,
+    /// Test events per tenant and minute (`[api].test_events_per_minute`).
+    pub test_events_per_minute: u32,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            metrics_cache: DEFAULT_METRICS_CACHE,
+            max_endpoints_per_tenant: DEFAULT_MAX_ENDPOINTS_PER_TENANT,
+            test_events_per_minute: DEFAULT_TEST_EVENTS_PER_MINUTE,
+        }
+    }
+}
+
+/// A setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("[api].{field} {message}")]
+pub struct InvalidSetting {
+    /// The field, as written in `[api]`.
+    pub field: &'static str,
+    /// What is wrong and the fix.
+    pub message: String,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> InvalidSetting {
+    InvalidSetting {
+        field,
+        message: message.into(),
+    }
+}
+
+impl ApiLimits {
+    /// Checks the limits; names the field and the fix.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.max_connections == 0 {
+            return Err(invalid(
+                "max_connections",
+                format!("is 0; give at least 1 ({DEFAULT_MAX_CONNECTIONS} is a good start)"),
+            ));
+        }
+        if self.max_concurrent_requests == 0 {
+            return Err(invalid(
+                "max_concurrent_requests",
+                format!("is 0; give at least 1 ({DEFAULT_MAX_CONCURRENT_REQUESTS} is usual)"),
+            ));
+        }
+        if self.request_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "request_timeout",
+                format!(
+                    "is {:?}; give at least \"1s\" (\"30s\" is usual)",
+                    self.request_timeout
+                ),
+            ));
+        }
+        if self.statement_timeout.is_zero() || self.statement_timeout >= self.request_timeout {
+            return Err(invalid(
+                "statement_timeout",
+                format!(
+                    "is {:?}; give more than 0 and less than [api].request_timeout ({:?}), so that \
+                     Postgres stops a slow query before the caller is answered",
+                    self.statement_timeout, self.request_timeout
+                ),
+            ));
+        }
+        if self.metrics_cache.is_zero() {
+            return Err(invalid(
+                "metrics_cache",
+                "is 0, which would let every scrape query the database; give e.g. \"5s\"",
+            ));
+        }
+        if self.max_endpoints_per_tenant == 0 {
+            return Err(invalid(
+                "max_endpoints_per_tenant",
+                format!("is 0; give at least 1 ({DEFAULT_MAX_ENDPOINTS_PER_TENANT} is usual)"),
+            ));
+        }
+        if self.test_events_per_minute == 0 {
+            return Err(invalid(
+                "test_events_per_minute",
+                format!("is 0; give at least 1 ({DEFAULT_TEST_EVENTS_PER_MINUTE} is usual)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The session options of the API's pool.
+    pub fn session(&self) -> walhook_sql::SessionOptions {
+        walhook_sql::SessionOptions {
+            statement_timeout: Some(self.statement_timeout),
+            application_name: Some("walhook-api".into()),
+        }
+    }
+}
+
 /// The API's settings.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ApiSettings {
     /// The operator's bearer token (manages tenants and keys).
-    pub operator_token: String,
+    pub operator_token: Redacted<String>,
     /// What endpoint URLs may be.
     pub url_policy: UrlPolicy,
     /// The overlap of a rotation that does not name one.
@@ -27,27 +182,77 @@ pub struct ApiSettings {
     /// When automatic retries of a test delivery stop (the `[retry]`
     /// deadline).
     pub test_delivery_deadline: Duration,
-}
-
-impl std::fmt::Debug for ApiSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiSettings")
-            .field("operator_token", &"***")
-            .field("url_policy", &self.url_policy)
-            .field("rotation_overlap", &self.rotation_overlap)
-            .field("test_delivery_deadline", &self.test_delivery_deadline)
-            .finish()
-    }
+    /// Limits on requests, connections and tenants.
+    pub limits: ApiLimits,
 }
 
 impl ApiSettings {
     /// Settings with the defaults and `operator_token`.
     pub fn new(operator_token: impl Into<String>, url_policy: UrlPolicy) -> Self {
         ApiSettings {
-            operator_token: operator_token.into(),
+            operator_token: Redacted::new(operator_token.into()),
             url_policy,
             rotation_overlap: DEFAULT_ROTATION_OVERLAP,
             test_delivery_deadline: Duration::from_secs(24 * 3600),
+            limits: ApiLimits::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_name_the_field() {
+        ApiLimits::default().validate().unwrap();
+        let field = |f: fn(&mut ApiLimits)| {
+            let mut l = ApiLimits::default();
+            f(&mut l);
+            l.validate().unwrap_err().field
+        };
+        assert_eq!(field(|l| l.max_connections = 0), "max_connections");
+        assert_eq!(
+            field(|l| l.max_concurrent_requests = 0),
+            "max_concurrent_requests"
+        );
+        assert_eq!(
+            field(|l| l.request_timeout = Duration::ZERO),
+            "request_timeout"
+        );
+        assert_eq!(
+            field(|l| l.statement_timeout = l.request_timeout),
+            "statement_timeout"
+        );
+        assert_eq!(field(|l| l.metrics_cache = Duration::ZERO), "metrics_cache");
+        assert_eq!(
+            field(|l| l.max_endpoints_per_tenant = 0),
+            "max_endpoints_per_tenant"
+        );
+        assert_eq!(
+            field(|l| l.test_events_per_minute = 0),
+            "test_events_per_minute"
+        );
+        let message = ApiLimits {
+            statement_timeout: Duration::from_secs(60),
+            ..ApiLimits::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.starts_with("[api].statement_timeout") && message.contains("request_timeout"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_operator_token_never_prints() {
+        let s = ApiSettings::new("operator-token-0123456789abcdef0123", UrlPolicy::default());
+        assert!(!format!("{s:?}").contains("operator-token"));
+        assert_eq!(
+            s.operator_token.expose(),
+            "operator-token-0123456789abcdef0123"
+        );
     }
 }

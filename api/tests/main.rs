@@ -4,7 +4,11 @@
 mod support;
 
 mod errors;
+mod hostile;
 mod idempotency;
 mod isolation;
 mod listing;
+mod load;
+mod quotas;
 mod schemathesis;
+mod secrets;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use walhook_api::{ApiSettings, ApiState, Metrics};
+use walhook_api::{ApiLimits, ApiSettings, ApiState, Metrics};
 use walhook_connectors::http::policy::UrlPolicy;
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_sql::Platform;
@@ -30,6 +30,8 @@ pub struct Api {
     pub base: String,
     /// The client.
     pub http: reqwest::Client,
+    /// The served state (its counters).
+    pub state: ApiState,
     shutdown: CancellationToken,
 }
 
@@ -74,11 +76,17 @@ impl Answer {
 impl Api {
     /// Starts Postgres, migrates, fills the catalog and serves the API.
     pub async fn start() -> Api {
+        Self::start_with(ApiLimits::default()).await
+    }
+
+    /// [`Api::start`] with `limits`.
+    pub async fn start_with(limits: ApiLimits) -> Api {
         let pg = LocalPostgres::start().await.unwrap();
         let url = pg.create_database("platform").await.unwrap();
         let mut sql = pg.connect("platform").await.unwrap();
         walhook_sql::migrate::run(&mut sql).await.unwrap();
-        let platform = Platform::new(&url, 8)
+        // The API's own pool, as `walhook run` and `walhook api` make it.
+        let platform = walhook_api::connect(&options(&url), &limits)
             .unwrap()
             .with_keyring(walhook_sql::Keyring::ephemeral());
         let types: Vec<(String, u32)> = TYPES.iter().map(|t| (t.to_string(), 1)).collect();
@@ -87,23 +95,41 @@ impl Api {
             allow_http_loopback: true,
             ..UrlPolicy::default()
         };
-        let state = ApiState {
-            platform: platform.clone(),
-            settings: Arc::new(ApiSettings::new(OPERATOR, policy)),
-            metrics: Arc::new(Metrics::new()),
-        };
+        let mut settings = ApiSettings::new(OPERATOR, policy);
+        settings.limits = limits;
+        let state = ApiState::new(platform.clone(), settings, Arc::new(Metrics::new()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        tokio::spawn(walhook_api::serve(listener, state, shutdown.clone()));
+        tokio::spawn(walhook_api::serve(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+        ));
         Api {
             pg,
             platform,
             sql,
             base,
             http: reqwest::Client::new(),
+            state,
             shutdown,
         }
+    }
+
+    /// POST with a token and an `Idempotency-Key`.
+    pub async fn post_with_key(&self, token: &str, path: &str, key: &str, body: Value) -> Answer {
+        Self::answer(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .bearer_auth(token)
+                .header("idempotency-key", key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
     }
 
     /// Sends a request with a bearer token and an optional JSON body.
@@ -206,4 +232,24 @@ impl Api {
     pub async fn count(&self, sql: &str) -> i64 {
         self.sql.query_one(sql, &[]).await.unwrap().get(0)
     }
+}
+
+/// Serves `state` on a loopback port (for states on a broken database);
+/// returns the base URL and the token that stops it.
+pub async fn serve(state: ApiState) -> (String, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(walhook_api::serve(listener, state, shutdown.clone()));
+    (base, shutdown)
+}
+
+/// The connection settings of a test database URL (no TLS fields).
+pub fn options(url: &str) -> walhook_pgtls::ConnectOptions {
+    walhook_pgtls::ConnectOptions::parse(
+        &walhook_pipeline::redact::DatabaseUrl::new(url),
+        "[platform]",
+        &walhook_pgtls::TlsFields::default(),
+    )
+    .unwrap()
 }

@@ -15,9 +15,13 @@ use walhook_connectors::http::EgressSettings;
 use walhook_connectors::postgres::{RuleConfig, SourceConfig};
 use walhook_pgtls::{ConnectError, ConnectOptions, SslMode, TlsFields};
 use walhook_pipeline::dispatch::policy::RetryPolicy;
-use walhook_pipeline::redact::DatabaseUrl;
+use walhook_pipeline::redact::{DatabaseUrl, Redacted};
 use walhook_sql::Keyring;
 use walhook_sql::secrets::MasterKey;
+
+mod api;
+
+pub use api::ApiConfig;
 
 /// The whole config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -53,87 +57,6 @@ pub struct Config {
     /// Master keys for endpoint secrets at rest.
     #[serde(default)]
     pub secrets: SecretsConfig,
-}
-
-/// `[api]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApiConfig {
-    /// The address to listen on, e.g. `127.0.0.1:8080`.
-    pub listen: String,
-    /// The operator's bearer token (at least 32 characters); better set
-    /// through WALHOOK_API_OPERATOR_TOKEN.
-    #[serde(default)]
-    pub operator_token: Option<String>,
-    /// How long previous secrets keep signing after a rotation that does
-    /// not name an overlap.
-    #[serde(
-        default = "default_rotation_overlap",
-        with = "walhook_pipeline::duration"
-    )]
-    pub rotation_overlap: std::time::Duration,
-    /// Ports endpoint URLs may use (https).
-    #[serde(default = "default_allowed_ports")]
-    pub allowed_ports: Vec<u16>,
-}
-
-fn default_rotation_overlap() -> std::time::Duration {
-    walhook_api::settings::DEFAULT_ROTATION_OVERLAP
-}
-
-fn default_allowed_ports() -> Vec<u16> {
-    vec![443]
-}
-
-impl ApiConfig {
-    /// Checks the section; names the field and the fix.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        use walhook_api::settings::{MAX_ROTATION_OVERLAP, MIN_OPERATOR_TOKEN_LEN};
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            bail!(
-                "[api].listen = {:?} is not an address; write host:port, e.g. \"127.0.0.1:8080\"",
-                self.listen
-            );
-        }
-        match &self.operator_token {
-            None => bail!(
-                "[api] has no operator token: set WALHOOK_API_OPERATOR_TOKEN (or [api].operator_token) to at least {MIN_OPERATOR_TOKEN_LEN} random characters, e.g. from `openssl rand -hex 32`"
-            ),
-            Some(t)
-                if t.len() < MIN_OPERATOR_TOKEN_LEN
-                    || t.chars().any(|c| c.is_whitespace() || c.is_control()) =>
-            {
-                bail!(
-                    "[api].operator_token is too weak: give at least {MIN_OPERATOR_TOKEN_LEN} characters without spaces (e.g. `openssl rand -hex 32`)"
-                )
-            }
-            Some(_) => {}
-        }
-        if self.rotation_overlap > MAX_ROTATION_OVERLAP {
-            bail!(
-                "[api].rotation_overlap ({:?}) is longer than the 7 days allowed",
-                self.rotation_overlap
-            );
-        }
-        if self.allowed_ports.is_empty() || self.allowed_ports.contains(&0) {
-            bail!("[api].allowed_ports must list at least one port, none of them 0 (443 is usual)");
-        }
-        Ok(())
-    }
-
-    /// The API's settings, with the URL policy from this section and
-    /// `[egress]` (loopback http only when egress allows it too).
-    pub fn settings(&self, cfg: &Config) -> walhook_api::ApiSettings {
-        let policy = walhook_connectors::http::policy::UrlPolicy {
-            allowed_ports: self.allowed_ports.clone(),
-            allow_http_loopback: cfg.egress.allow_http_loopback,
-        };
-        let mut settings =
-            walhook_api::ApiSettings::new(self.operator_token.clone().unwrap_or_default(), policy);
-        settings.rotation_overlap = self.rotation_overlap;
-        settings.test_delivery_deadline = cfg.retry.deadline;
-        settings
-    }
 }
 
 /// `[secrets]`: the master keys that seal endpoint secrets at rest.
@@ -320,6 +243,7 @@ impl PlatformConfig {
         Ok(walhook_sql::Platform::from_options(
             &self.connect_options()?,
             self.max_connections,
+            &walhook_sql::SessionOptions::default(),
         )?)
     }
 }
@@ -380,7 +304,7 @@ impl Config {
         if let Ok(token) = std::env::var("WALHOOK_API_OPERATOR_TOKEN")
             && let Some(api) = cfg.api.as_mut()
         {
-            api.operator_token = Some(token);
+            api.operator_token = Some(Redacted::new(token));
         }
         cfg.source.validate(&cfg.rules)?;
         cfg.source.connect_options()?;
@@ -504,39 +428,5 @@ mod redaction_tests {
             err.contains("[platform].sslmode") && !err.contains("pl4tf0rm-pw"),
             "{err}"
         );
-    }
-}
-
-#[cfg(test)]
-mod api_tests {
-    use super::*;
-
-    const BASE: &str = "[source]\nurl = \"postgres://u@127.0.0.1/s\"\n\n[[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n";
-
-    fn parse(api: &str) -> anyhow::Result<Config> {
-        Config::parse(&format!("{BASE}\n[api]\n{api}"))
-    }
-
-    #[test]
-    fn the_api_section_is_checked() {
-        let token = "operator_token = \"0123456789abcdef0123456789abcdef\"";
-        let cfg = parse(&format!("listen = \"127.0.0.1:0\"\n{token}")).unwrap();
-        let api = cfg.api.as_ref().unwrap();
-        assert_eq!(api.allowed_ports, vec![443]);
-        assert_eq!(
-            api.settings(&cfg).rotation_overlap,
-            std::time::Duration::from_secs(86_400)
-        );
-        let err = |text: &str| format!("{:#}", parse(text).unwrap_err());
-        assert!(err("listen = \"nowhere\"").contains("[api].listen"));
-        assert!(err("listen = \"127.0.0.1:0\"").contains("WALHOOK_API_OPERATOR_TOKEN"));
-        assert!(err("listen = \"127.0.0.1:0\"\noperator_token = \"short\"").contains("too weak"));
-        assert!(
-            err(&format!(
-                "listen = \"127.0.0.1:0\"\n{token}\nallowed_ports = []"
-            ))
-            .contains("allowed_ports")
-        );
-        assert!(err(&format!("listen = \"127.0.0.1:0\"\n{token}\nbogus = 1")).contains("bogus"));
     }
 }

@@ -1,6 +1,6 @@
 //! The control plane's view of deliveries: tenant-scoped listings with
-//! keyset cursors, one delivery with its event and attempts, and the
-//! requests that make the dispatcher act (replays, recovery, test events).
+//! keyset cursors, one delivery with its event and attempts, and test
+//! events (replays and recovery are in [`crate::replay`]).
 //!
 //! Listings are ordered newest first by `(created_at, id)`; a cursor is the
 //! last row's pair, so pages stay stable while new deliveries arrive (they
@@ -121,17 +121,6 @@ pub struct AttemptRow {
     pub response_sha256: Option<Vec<u8>>,
     /// The start of the response body.
     pub response_excerpt: Option<String>,
-}
-
-/// What a replay request found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplayOutcome {
-    /// Queued: the request's id.
-    Requested(i64),
-    /// No such delivery for this tenant.
-    NotFound,
-    /// The delivery's endpoint was deleted: nothing to send to.
-    EndpointDeleted,
 }
 
 const DELIVERY_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.event_type, d.status::text, \
@@ -291,110 +280,6 @@ impl Platform {
                 response_excerpt: r.get(11),
             })
             .collect())
-    }
-
-    /// Asks for a manual attempt of delivery `id` of `tenant` (see
-    /// [`Platform::request_replay`]), with an audit record.
-    pub async fn request_replay_of_tenant(
-        &self,
-        tenant: &TenantId,
-        id: DeliveryId,
-        actor: &str,
-    ) -> Result<ReplayOutcome, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(StoreError::query("begin"))?;
-        let uid = Uuid::from_bytes(id.0);
-        let row = tx
-            .query_opt(
-                "SELECT e.deleted_at IS NOT NULL FROM walhook.deliveries d \
-                 JOIN walhook.endpoints e ON e.id = d.endpoint_id \
-                 WHERE d.id = $1 AND d.tenant_id = $2",
-                &[&uid, &tenant.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("read a delivery"))?;
-        match row.map(|r| r.get::<_, bool>(0)) {
-            None => return Ok(ReplayOutcome::NotFound),
-            Some(true) => return Ok(ReplayOutcome::EndpointDeleted),
-            Some(false) => {}
-        }
-        let request: i64 = tx
-            .query_one(
-                "INSERT INTO walhook.replay_requests (delivery_id, requested_by) VALUES ($1, $2) RETURNING id",
-                &[&uid, &actor],
-            )
-            .await
-            .map_err(StoreError::query("request a replay"))?
-            .get(0);
-        tx.execute(
-            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
-             VALUES ($1, $2, 'delivery.replay_requested', $3, jsonb_build_object('replay_request_id', $4::int8))",
-            &[&tenant.as_str(), &actor, &id.to_string(), &request],
-        )
-        .await
-        .map_err(StoreError::query("audit a replay"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a replay"))?;
-        Ok(ReplayOutcome::Requested(request))
-    }
-
-    /// Asks for a manual attempt of every failed or exhausted delivery of
-    /// endpoint `endpoint` of `tenant` made in `[since, until)` that has no
-    /// open replay request yet (so recovering twice asks once). Returns how
-    /// many were asked for, or `None` when the endpoint is not the tenant's.
-    pub async fn recover_endpoint(
-        &self,
-        tenant: &TenantId,
-        endpoint: EndpointId,
-        since: SystemTime,
-        until: Option<SystemTime>,
-        actor: &str,
-    ) -> Result<Option<i64>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(StoreError::query("begin"))?;
-        let uid = Uuid::from_bytes(endpoint.0);
-        let owned = tx
-            .query_opt(
-                "SELECT 1 FROM walhook.endpoints WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL FOR UPDATE",
-                &[&uid, &tenant.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("lock an endpoint"))?;
-        if owned.is_none() {
-            return Ok(None);
-        }
-        let count = tx
-            .execute(
-                "INSERT INTO walhook.replay_requests (delivery_id, requested_by) \
-                 SELECT d.id, $4 FROM walhook.deliveries d \
-                 WHERE d.endpoint_id = $1 AND d.status IN ('failed', 'exhausted') \
-                   AND d.created_at >= $2 AND ($3::timestamptz IS NULL OR d.created_at < $3) \
-                   AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests r \
-                                   WHERE r.delivery_id = d.id AND r.done_at IS NULL) \
-                 ORDER BY d.created_at",
-                &[&uid, &since, &until, &actor],
-            )
-            .await
-            .map_err(StoreError::query("request replays"))? as i64;
-        tx.execute(
-            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
-             VALUES ($1, $2, 'endpoint.recovered', $3, jsonb_build_object('since', $4::timestamptz, \
-                     'until', $5::timestamptz, 'replay_request_count', $6::int8))",
-            &[&tenant.as_str(), &actor, &endpoint.to_string(), &since, &until, &count],
-        )
-        .await
-        .map_err(StoreError::query("audit a recovery"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a recovery"))?;
-        Ok(Some(count))
     }
 
     /// Stores a test event and its one delivery in one transaction, with an

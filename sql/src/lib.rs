@@ -11,14 +11,16 @@
 //! - [`Platform`]: a connection pool and the queries each stage runs; one
 //!   module per stage ([`capture`], [`fanout`], [`dispatch`]) and for the
 //!   control plane ([`tenants`], [`endpoint_admin`], [`deliveries`],
-//!   [`audit`], [`idempotency`], [`gauges`]). Its connections honour
-//!   libpq's `sslmode`/`sslrootcert` through [`walhook_pgtls`] (rustls).
+//!   [`replay`], [`rotation`], [`audit`], [`idempotency`], [`gauges`],
+//!   [`incidents`]). Its connections honour libpq's
+//!   `sslmode`/`sslrootcert` through [`walhook_pgtls`] (rustls).
 //! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
 //!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
 pub mod audit;
 pub mod capture;
 pub mod deliveries;
+pub mod directory;
 pub mod dispatch;
 pub mod endpoint_admin;
 pub mod endpoints;
@@ -28,6 +30,7 @@ pub mod idempotency;
 pub mod incidents;
 pub mod migrate;
 pub mod replay;
+pub mod rotation;
 pub mod secrets;
 pub mod tenants;
 
@@ -123,6 +126,38 @@ fn connect_kind(e: &tokio_postgres::Error) -> ErrorKind {
     kind_of(e)
 }
 
+/// Settings every connection of a pool starts with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Postgres cancels a statement that runs longer (`statement_timeout`),
+    /// so that one slow query cannot hold a connection indefinitely.
+    pub statement_timeout: Option<std::time::Duration>,
+    /// Shown in `pg_stat_activity`, so an operator can tell the pools
+    /// apart; a name in the URL wins.
+    pub application_name: Option<String>,
+}
+
+impl SessionOptions {
+    /// Adds the options to `cfg`, after any the URL gave.
+    fn apply(&self, cfg: &mut tokio_postgres::Config) {
+        if let Some(timeout) = self.statement_timeout {
+            let mut options = cfg.get_options().unwrap_or_default().to_owned();
+            if !options.is_empty() {
+                options.push(' ');
+            }
+            // At least 1 ms: 0 would turn the timeout off.
+            let ms = timeout.as_millis().max(1);
+            options.push_str(&format!("-c statement_timeout={ms}"));
+            cfg.options(&options);
+        }
+        if let Some(name) = &self.application_name
+            && cfg.get_application_name().is_none()
+        {
+            cfg.application_name(name);
+        }
+    }
+}
+
 /// The platform database: a pool of connections, and the keyring that
 /// seals and opens endpoint secrets.
 #[derive(Clone)]
@@ -157,20 +192,34 @@ impl Platform {
     /// secrets (creating an endpoint, rotating or loading secrets) fails
     /// with [`secrets::SecretsError::NoKeyring`].
     pub fn new(url: &str, max_connections: usize) -> Result<Self, StoreError> {
+        Self::with_session(url, max_connections, &SessionOptions::default())
+    }
+
+    /// Like [`Platform::new`], with `session` applied to every connection
+    /// when it is opened (as startup options, so no extra round trip).
+    pub fn with_session(
+        url: &str,
+        max_connections: usize,
+        session: &SessionOptions,
+    ) -> Result<Self, StoreError> {
         let options =
             ConnectOptions::parse(&DatabaseUrl::new(url), "[platform]", &TlsFields::default())?;
-        Self::from_options(&options, max_connections)
+        Self::from_options(&options, max_connections, session)
     }
 
     /// A pool of up to `max_connections` connections made with `options`
-    /// (a URL and the `[platform]` section's TLS fields). Reads
-    /// `sslrootcert` now, so that a missing file stops start-up.
+    /// (a URL and the `[platform]` section's TLS fields), `session` applied
+    /// to each. Reads `sslrootcert` now, so that a missing file stops
+    /// start-up.
     pub fn from_options(
         options: &ConnectOptions,
         max_connections: usize,
+        session: &SessionOptions,
     ) -> Result<Self, StoreError> {
+        let mut cfg = options.config().clone();
+        session.apply(&mut cfg);
         let manager = Manager::from_config(
-            options.config().clone(),
+            cfg,
             options.connector()?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -221,5 +270,33 @@ impl From<StoreError> for walhook_pipeline::store::StoreError {
             kind: e.kind(),
             source: Some(Box::new(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_options_join_the_urls() {
+        use std::str::FromStr;
+        let session = SessionOptions {
+            statement_timeout: Some(std::time::Duration::from_secs(10)),
+            application_name: Some("walhook-api".into()),
+        };
+        let mut cfg =
+            tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20work_mem%3D4MB")
+                .unwrap();
+        session.apply(&mut cfg);
+        assert_eq!(
+            cfg.get_options(),
+            Some("-c work_mem=4MB -c statement_timeout=10000")
+        );
+        assert_eq!(cfg.get_application_name(), Some("walhook-api"));
+        let mut named =
+            tokio_postgres::Config::from_str("postgres://u@h/d?application_name=mine").unwrap();
+        session.apply(&mut named);
+        assert_eq!(named.get_application_name(), Some("mine"));
+        assert_eq!(named.get_options(), Some("-c statement_timeout=10000"));
     }
 }

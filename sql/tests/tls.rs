@@ -91,7 +91,7 @@ async fn verify_full_with_the_right_ca_connects_by_name_and_by_address() {
     };
     let url = DatabaseUrl::new(w.url("localhost", "application_name=walhook"));
     let options = ConnectOptions::parse(&url, "[platform]", &fields).unwrap();
-    let platform = Platform::from_options(&options, 2).unwrap();
+    let platform = Platform::from_options(&options, 2, &Default::default()).unwrap();
     assert!(ssl_in_use(&platform).await.unwrap());
 }
 

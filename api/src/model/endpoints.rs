@@ -6,6 +6,7 @@ use utoipa::ToSchema;
 use walhook_sql::endpoint_admin::{EndpointRecord, EndpointVersionRecord};
 
 use super::{double_option, ts};
+use crate::idempotency::ShownOnce;
 
 /// The longest URL accepted.
 pub const MAX_URL_LEN: usize = 2048;
@@ -130,12 +131,59 @@ impl From<EndpointRecord> for Endpoint {
 }
 
 /// A new endpoint and its signing secret, shown only this once.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 pub struct CreatedEndpoint {
     /// The endpoint.
     pub endpoint: Endpoint,
-    /// The signing secret (`whsec_…`): verify webhooks with it.
-    pub secret: String,
+    /// The signing secret (`whsec_…`): verify webhooks with it. `null` when
+    /// this response is an idempotent replay (`secret_withheld`): secrets
+    /// are shown once and never stored in plaintext.
+    #[schema(required = true)]
+    pub secret: Option<String>,
+    /// `true` when `secret` is `null` because this is a replay of a request
+    /// with the same `Idempotency-Key`; `note` says how to get a secret.
+    pub secret_withheld: bool,
+    /// Why the secret is missing and what to do (replays only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl CreatedEndpoint {
+    /// The response that shows `secret`.
+    pub fn new(endpoint: Endpoint, secret: String) -> Self {
+        CreatedEndpoint {
+            endpoint,
+            secret: Some(secret),
+            secret_withheld: false,
+            note: None,
+        }
+    }
+}
+
+impl ShownOnce for CreatedEndpoint {
+    fn withheld(&self) -> Self {
+        let note = format!(
+            "the signing secret is shown only in the first response to this Idempotency-Key; \
+             get a new one with POST /v1/webhook-endpoints/{}/rotate-secret",
+            self.endpoint.id
+        );
+        CreatedEndpoint {
+            endpoint: self.endpoint.clone(),
+            secret: None,
+            secret_withheld: true,
+            note: Some(note),
+        }
+    }
+}
+
+impl std::fmt::Debug for CreatedEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedEndpoint")
+            .field("endpoint", &self.endpoint)
+            .field("secret", &self.secret.as_ref().map(|_| "***"))
+            .field("secret_withheld", &self.secret_withheld)
+            .finish()
+    }
 }
 
 /// A page of endpoints, oldest first.
@@ -204,15 +252,48 @@ pub struct RotateSecret {
 }
 
 /// A new signing secret, shown only this once.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 pub struct RotatedSecret {
-    /// The new secret (`whsec_…`).
-    pub secret: String,
+    /// The new secret (`whsec_…`). `null` when this response is an
+    /// idempotent replay (`secret_withheld`): secrets are shown once.
+    #[schema(required = true)]
+    pub secret: Option<String>,
+    /// `true` when `secret` is `null` because this is a replay of a request
+    /// with the same `Idempotency-Key`; `note` says how to get a secret.
+    pub secret_withheld: bool,
+    /// Why the secret is missing and what to do (replays only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Its version.
     pub secret_version: i32,
     /// Until when the previous secrets also sign (each request carries one
     /// signature per active secret).
     pub previous_secrets_expire_at: DateTime<Utc>,
+}
+
+impl ShownOnce for RotatedSecret {
+    fn withheld(&self) -> Self {
+        RotatedSecret {
+            secret: None,
+            secret_withheld: true,
+            note: Some(
+                "the new secret is shown only in the first response to this Idempotency-Key; \
+                 rotate again (with a new key) to get one you can see"
+                    .into(),
+            ),
+            ..self.clone()
+        }
+    }
+}
+
+impl std::fmt::Debug for RotatedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RotatedSecret")
+            .field("secret", &self.secret.as_ref().map(|_| "***"))
+            .field("secret_withheld", &self.secret_withheld)
+            .field("secret_version", &self.secret_version)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Replay the failures of an endpoint.

@@ -7,6 +7,7 @@ use walhook_sql::tenants::{ApiKeyRecord, TenantRecord};
 
 use super::ts;
 use crate::auth::key_text_id;
+use crate::idempotency::ShownOnce;
 
 /// The longest tenant or key name accepted (characters).
 pub const MAX_NAME_LEN: usize = 256;
@@ -109,14 +110,59 @@ impl From<ApiKeyRecord> for ApiKey {
 }
 
 /// A new API key and the key itself, shown only this once.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 pub struct CreatedApiKey {
     /// The key's record.
     pub api_key: ApiKey,
-    /// The key (`whk_…`): send it as `Authorization: Bearer <key>`. Absent
-    /// when this response is an idempotent replay: keys are shown once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The key (`whk_…`): send it as `Authorization: Bearer <key>`. `null`
+    /// when this response is an idempotent replay (`key_withheld`): keys
+    /// are shown once and stored only as a hash.
+    #[schema(required = true)]
     pub key: Option<String>,
+    /// `true` when `key` is `null` because this is a replay of a request
+    /// with the same `Idempotency-Key`; `note` says what to do.
+    pub key_withheld: bool,
+    /// Why the key is missing and what to do (replays only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl CreatedApiKey {
+    /// The response that shows `key`.
+    pub fn new(api_key: ApiKey, key: String) -> Self {
+        CreatedApiKey {
+            api_key,
+            key: Some(key),
+            key_withheld: false,
+            note: None,
+        }
+    }
+}
+
+impl ShownOnce for CreatedApiKey {
+    fn withheld(&self) -> Self {
+        let note = format!(
+            "the key is shown only in the first response to this Idempotency-Key; issue a new \
+             one (POST /v1/tenants/{}/api-keys) and revoke {} (DELETE /v1/tenants/{}/api-keys/{})",
+            self.api_key.tenant_id, self.api_key.id, self.api_key.tenant_id, self.api_key.id
+        );
+        CreatedApiKey {
+            api_key: self.api_key.clone(),
+            key: None,
+            key_withheld: true,
+            note: Some(note),
+        }
+    }
+}
+
+impl std::fmt::Debug for CreatedApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedApiKey")
+            .field("api_key", &self.api_key)
+            .field("key", &self.key.as_ref().map(|_| "***"))
+            .field("key_withheld", &self.key_withheld)
+            .finish()
+    }
 }
 
 /// A tenant's API keys, oldest first.

@@ -6,7 +6,8 @@ use axum::response::{IntoResponse, Response};
 use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
-use walhook_sql::deliveries::{DeliveryFilter, ReplayOutcome};
+use walhook_sql::deliveries::DeliveryFilter;
+use walhook_sql::replay::ReplayOutcome;
 
 use super::validate;
 use crate::auth::TenantCaller;
@@ -14,6 +15,7 @@ use crate::error::{ApiError, ErrorResponses};
 use crate::extract::{IdempotencyKey, JsonBody, PathParams, QueryParams};
 use crate::idempotency::{self, Reply};
 use crate::model::deliveries::*;
+use crate::model::ts;
 use crate::routes::endpoints::Empty;
 use crate::{ApiState, cursor};
 
@@ -160,7 +162,8 @@ pub async fn get_delivery(
 }
 
 /// Asks for a new manual attempt of a delivery: same `webhook-id`, same
-/// bytes, signed with the endpoint's current secrets.
+/// bytes, signed with the endpoint's current secrets. While a request is
+/// open (not yet carried out), another one is a 409 naming it.
 #[utoipa::path(post, path = "/v1/webhook-deliveries/{delivery_id}/replay", tag = "deliveries",
     params(("delivery_id" = String, Path, description = "The delivery (`dlv_…`)"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
@@ -199,6 +202,17 @@ pub async fn replay_delivery(
                 ReplayOutcome::NotFound => Err(not_found(&did.to_string())),
                 ReplayOutcome::EndpointDeleted => Err(ApiError::Conflict(format!(
                     "the endpoint of delivery {did} was deleted; there is nowhere to send it"
+                ))),
+                // One open request per delivery: a flood of replays would
+                // otherwise queue as many identical sends.
+                ReplayOutcome::AlreadyOpen {
+                    request,
+                    requested_at,
+                } => Err(ApiError::Conflict(format!(
+                    "delivery {did} already has an open replay request ({request}, made at {}); \
+                     the dispatcher sends it within a sweep interval: follow it with \
+                     GET /v1/webhook-deliveries/{did} and ask again once it has been made",
+                    ts(requested_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 ))),
             }
         },

@@ -15,18 +15,18 @@ use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::StoreError;
 use walhook_sql::endpoint_admin::EndpointRecord;
-use walhook_sql::endpoints::{EndpointChange, NewEndpoint};
+use walhook_sql::endpoints::{CreatedEndpoint as Created, EndpointChange, NewEndpoint};
 
 use super::tenants::PageQuery;
 use super::validate::{self, Checks};
 use crate::auth::TenantCaller;
-use crate::error::{ApiError, ErrorResponses};
+use crate::error::{ApiError, ErrorResponses, QuotaResponses};
 use crate::extract::{IdempotencyKey, JsonBody, PathParams, QueryParams};
 use crate::idempotency::{self, Reply};
 use crate::model::endpoints::*;
 use crate::model::ts;
-use crate::settings::MAX_ROTATION_OVERLAP;
-use crate::{ApiState, cursor, test_event};
+use crate::settings::{MAX_RECOVER_WINDOW, MAX_ROTATION_OVERLAP};
+use crate::{ApiState, cursor, quota, test_event};
 
 /// An empty body (`{}` or nothing).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -64,11 +64,14 @@ fn gone(id: EndpointId) -> impl FnOnce(StoreError) -> ApiError {
     }
 }
 
-/// Creates an endpoint; its signing secret is in this response only.
+/// Creates an endpoint; its signing secret is in this response only (a
+/// replay with the same `Idempotency-Key` answers `secret: null`,
+/// `secret_withheld: true`). A tenant has at most
+/// `[api].max_endpoints_per_tenant` endpoints (429 beyond).
 #[utoipa::path(post, path = "/v1/webhook-endpoints", tag = "endpoints",
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe (a replay does not show the secret again)")),
     request_body = CreateEndpoint,
-    responses((status = 201, description = "The endpoint and its secret", body = CreatedEndpoint), ErrorResponses),
+    responses((status = 201, description = "The endpoint and its secret", body = CreatedEndpoint), ErrorResponses, QuotaResponses),
     security(("tenant_key" = [])))]
 pub async fn create_endpoint(
     caller: TenantCaller,
@@ -117,23 +120,31 @@ pub async fn create_endpoint(
         "POST /v1/webhook-endpoints",
         &body.raw,
         || async move {
-            let Some(secret) = s.platform.create_endpoint_as(id, new, actor).await? else {
-                return Err(ApiError::Conflict(format!(
-                    "endpoint {id} was already created by an earlier request with this \
-                     Idempotency-Key whose answer was lost; read it with GET /v1/webhook-endpoints/{id} \
-                     and get a secret you can see with POST /v1/webhook-endpoints/{id}/rotate-secret"
-                )));
+            let limit = s.settings.limits.max_endpoints_per_tenant;
+            let secret = match s
+                .platform
+                .create_endpoint_within(id, new, actor, Some(limit))
+                .await?
+            {
+                Created::Created(secret) => secret,
+                Created::Exists => {
+                    return Err(ApiError::Conflict(format!(
+                        "endpoint {id} was already created by an earlier request with this \
+                         Idempotency-Key whose answer was lost; read it with GET /v1/webhook-endpoints/{id} \
+                         and get a secret you can see with POST /v1/webhook-endpoints/{id}/rotate-secret"
+                    )));
+                }
+                Created::QuotaReached { count } => {
+                    return Err(quota::endpoints_exceeded(&new.tenant_id, limit, count));
+                }
             };
             let record = s
                 .platform
                 .endpoint_of_tenant(&new.tenant_id, id)
                 .await?
                 .ok_or_else(|| not_found(&id.to_string()))?;
-            let created = CreatedEndpoint {
-                endpoint: record.into(),
-                secret: secret.expose_text(),
-            };
-            Ok(Reply::json(StatusCode::CREATED, &created))
+            let created = CreatedEndpoint::new(record.into(), secret.expose_text());
+            Ok(Reply::shown_once(StatusCode::CREATED, &created))
         },
     )
     .await
@@ -296,11 +307,12 @@ pub async fn endpoint_versions(
     .into_response())
 }
 
-/// Makes a new signing secret (shown once); the previous ones keep signing
-/// for the overlap.
+/// Makes a new signing secret (shown once: a replay with the same
+/// `Idempotency-Key` answers `secret: null`, `secret_withheld: true`); the
+/// previous ones keep signing for the overlap.
 #[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret", tag = "endpoints",
     params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe (a replay does not show the secret again)")),
     request_body(content = RotateSecret, description = "Optional; `{}` takes the default overlap"),
     responses((status = 200, description = "The new secret", body = RotatedSecret), ErrorResponses),
     security(("tenant_key" = [])))]
@@ -337,18 +349,21 @@ pub async fn rotate_secret(
                 .await
                 .map_err(gone(record.id))?;
             let rotated = RotatedSecret {
-                secret: secret.expose_text(),
+                secret: Some(secret.expose_text()),
+                secret_withheld: false,
+                note: None,
                 secret_version: version,
                 previous_secrets_expire_at: ts(std::time::SystemTime::now() + overlap),
             };
-            Ok(Reply::json(StatusCode::OK, &rotated))
+            Ok(Reply::shown_once(StatusCode::OK, &rotated))
         },
     )
     .await
 }
 
 /// Replays every failed or exhausted delivery of the endpoint made in a
-/// time window: one manual attempt each.
+/// time window: one manual attempt each. `since` may be 30 days ago at
+/// most; deliveries with an open replay are skipped.
 #[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/recover", tag = "endpoints",
     params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
@@ -381,7 +396,24 @@ pub async fn recover_endpoint(
     {
         return Err(ApiError::field("until", "must be later than since"));
     }
-    let eid = endpoint_id(&id)?;
+    // Another tenant's endpoint is a 404 whatever the body says.
+    let eid = owned(&state, &caller.tenant, &id).await?.id;
+    let oldest =
+        chrono::Utc::now() - chrono::Duration::from_std(MAX_RECOVER_WINDOW).expect("30 days fit");
+    if b.since < oldest {
+        return Err(ApiError::field(
+            "since",
+            format!(
+                "is {}, more than {} days ago; recovery looks back {} days at most: give a time \
+                 after {} (older deliveries are past every retry deadline; replay single ones \
+                 with POST /v1/webhook-deliveries/{{id}}/replay)",
+                b.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                MAX_RECOVER_WINDOW.as_secs() / 86_400,
+                MAX_RECOVER_WINDOW.as_secs() / 86_400,
+                oldest.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ));
+    }
     let path = format!("POST /v1/webhook-endpoints/{eid}/recover");
     let (s, tenant, actor) = (&state, &caller.tenant, &caller.principal.actor());
     idempotency::once(
@@ -408,12 +440,14 @@ pub async fn recover_endpoint(
 }
 
 /// Sends a `webhook.test` event to the endpoint through the normal
-/// dispatcher (signed, retried, recorded like any delivery).
+/// dispatcher (signed, retried, recorded like any delivery). A tenant
+/// sends at most `[api].test_events_per_minute` (429 with `Retry-After`
+/// beyond).
 #[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/test", tag = "endpoints",
     params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
     request_body(content = Empty, description = "Optional; `{}` or nothing"),
-    responses((status = 202, description = "The test delivery is queued", body = TestAccepted), ErrorResponses),
+    responses((status = 202, description = "The test delivery is queued", body = TestAccepted), ErrorResponses, QuotaResponses),
     security(("tenant_key" = [])))]
 pub async fn test_endpoint(
     caller: TenantCaller,
@@ -438,6 +472,12 @@ pub async fn test_endpoint(
         &path,
         &body.raw,
         || async move {
+            // Inside the idempotent work: a replay of an answered request
+            // is not another test event.
+            let limit = &s.guards.test_events;
+            if let Err(refusal) = limit.take(tenant, std::time::Instant::now()) {
+                return Err(quota::test_events_exceeded(tenant, limit.limit(), refusal));
+            }
             let (event, delivery) = test_event::build(
                 tenant,
                 record.id,

@@ -21,18 +21,18 @@ async fn no_route() -> impl IntoResponse {
 }
 
 async fn no_method() -> impl IntoResponse {
-    let problem = crate::error::Problem {
-        kind: "urn:walhook:problem:method".into(),
-        title: "Method not allowed".into(),
-        status: 405,
-        detail: "this route does not take this method; GET /openapi.json lists the methods".into(),
-        errors: Vec::new(),
-    };
-    crate::error::problem_response(axum::http::StatusCode::METHOD_NOT_ALLOWED, &problem)
+    let status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    let problem = crate::error::Problem::new(
+        "method",
+        "Method not allowed",
+        status,
+        "this route does not take this method; GET /openapi.json lists the methods",
+    );
+    crate::error::problem_response(status, &problem)
 }
 
-/// Every route, with metrics, the body limit and problem-document
-/// fallbacks.
+/// Every route, with metrics, request limits, the body limit and
+/// problem-document fallbacks.
 pub fn router(state: ApiState) -> Router {
     use deliveries::*;
     use endpoints::*;
@@ -89,6 +89,11 @@ pub fn router(state: ApiState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Inside the metrics layer, so that refusals for load are counted.
+        .layer(axum::middleware::from_fn_with_state(
+            state.guards.requests.clone(),
+            crate::limits::enforce,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::metrics::track,

@@ -167,13 +167,8 @@ pub async fn create_api_key(
                 .insert_api_key(tenant, name, &prefix, &hash, "operator")
                 .await?
                 .ok_or_else(|| ApiError::NotFound(format!("no tenant {tenant:?}")))?;
-            let api_key = ApiKey::from(record);
-            let shown = CreatedApiKey {
-                api_key: api_key.clone(),
-                key: Some(secret),
-            };
-            let stored = CreatedApiKey { api_key, key: None };
-            Ok(Reply::json(StatusCode::CREATED, &shown).stored_without(&stored))
+            let shown = CreatedApiKey::new(ApiKey::from(record), secret);
+            Ok(Reply::shown_once(StatusCode::CREATED, &shown))
         },
     )
     .await

@@ -4,6 +4,7 @@
 
 use walhook_connectors::http::policy::{UrlPolicy, check_url};
 use walhook_pipeline::event::EventType;
+use walhook_pipeline::sanitize::{Lines, first_unsafe};
 use walhook_sql::Platform;
 
 use crate::error::{ApiError, FieldError};
@@ -32,17 +33,34 @@ impl Checks {
                 format!("has {n} characters; at most {max} are allowed"),
             );
         }
-        if value
-            .chars()
-            .any(|c| c.is_control() && !(multiline && matches!(c, '\n' | '\t' | '\r')))
-        {
-            self.fail(field, "contains control characters; remove them");
+        let lines = if multiline {
+            Lines::Keep
+        } else {
+            Lines::Escape
+        };
+        self.storable(field, value, lines);
+    }
+
+    /// Text without NUL or other control characters (see [`unsafe_text`]);
+    /// `false` when it has one.
+    pub fn storable(&mut self, field: &str, value: &str, lines: Lines) -> bool {
+        match unsafe_text(value, lines) {
+            Some(message) => {
+                self.fail(field, message);
+                false
+            }
+            None => true,
         }
     }
 
     /// An endpoint URL, against the egress policy; returns the URL as it
     /// will be stored (re-serialised by the WHATWG parser).
     pub fn url(&mut self, field: &str, value: &str, policy: &UrlPolicy) -> Option<String> {
+        // Before the parser, which would strip or percent-encode such
+        // characters and store a URL other than the one sent.
+        if !self.storable(field, value, Lines::Escape) {
+            return None;
+        }
         if value.len() > MAX_URL_LEN {
             self.fail(
                 field,
@@ -80,6 +98,9 @@ impl Checks {
         }
         let mut out: Vec<EventType> = Vec::with_capacity(names.len());
         for (i, name) in names.iter().enumerate() {
+            if !self.storable(&format!("{field}[{i}]"), name, Lines::Escape) {
+                continue;
+            }
             match EventType::new(name) {
                 Ok(t) if out.contains(&t) => {
                     self.fail(format!("{field}[{i}]"), format!("{name:?} is listed twice"));
@@ -133,6 +154,29 @@ impl Checks {
             Err(ApiError::fields(self.0))
         }
     }
+}
+
+/// What is wrong with `value` when it holds a character that must not be
+/// stored or shown as is: NUL (which Postgres refuses in text) or another
+/// control character (tab, line feed and carriage return are allowed with
+/// [`Lines::Keep`]). Names the character and its position, and the fix.
+pub fn unsafe_text(value: &str, lines: Lines) -> Option<String> {
+    let (at, c) = first_unsafe(value, lines)?;
+    let name = match c {
+        '\0' => " (NUL)",
+        '\t' => " (tab)",
+        '\n' => " (line feed)",
+        '\r' => " (carriage return)",
+        _ => "",
+    };
+    let allowed = match lines {
+        Lines::Keep => "only printable characters, line breaks and tabs are allowed",
+        Lines::Escape => "only printable characters are allowed (no line breaks or tabs)",
+    };
+    Some(format!(
+        "contains the control character U+{:04X}{name} at byte {at}; remove it: {allowed}",
+        c as u32
+    ))
 }
 
 /// The page size: 1 to `max`, `default` when absent.
@@ -200,6 +244,44 @@ mod tests {
         let e = c.finish().unwrap_err().problem();
         let fields: Vec<&str> = e.errors.iter().map(|f| f.field.as_str()).collect();
         assert_eq!(fields, vec!["event_types[1]", "event_types[2]"]);
+    }
+
+    #[test]
+    fn control_characters_are_named_with_their_position() {
+        let mut c = Checks::default();
+        c.text("description", "line one\nline two\ttabbed", 100, true);
+        assert!(c.finish().is_ok());
+        let mut c = Checks::default();
+        c.text("description", "bad\0byte", 100, true);
+        c.text("name", "two\nlines", 100, false);
+        assert!(
+            c.url(
+                "url",
+                "https://hooks.example.com/\u{1}",
+                &UrlPolicy::default()
+            )
+            .is_none()
+        );
+        c.event_types("event_types", &["invoice.paid".into(), "a\0".into()]);
+        let e = c.finish().unwrap_err().problem();
+        let got: Vec<(&str, &str)> = e
+            .errors
+            .iter()
+            .map(|f| (f.field.as_str(), f.message.as_str()))
+            .collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0].0, "description");
+        assert!(got[0].1.contains("U+0000 (NUL) at byte 3"), "{}", got[0].1);
+        assert_eq!(got[1].0, "name");
+        assert!(
+            got[1].1.contains("U+000A (line feed) at byte 3"),
+            "{}",
+            got[1].1
+        );
+        assert_eq!(got[2].0, "url");
+        assert!(got[2].1.contains("U+0001 at byte 26"), "{}", got[2].1);
+        assert_eq!(got[3].0, "event_types[1]");
+        assert!(got[3].1.contains("remove it"), "{}", got[3].1);
     }
 
     #[test]

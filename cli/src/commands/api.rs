@@ -30,7 +30,22 @@ pub fn section(cfg: &Config) -> anyhow::Result<&ApiConfig> {
     )
 }
 
-/// Binds `[api].listen` and serves until `shutdown`, in a task.
+/// The API's own pool on the platform database (`[api].max_connections`
+/// connections with `[api].statement_timeout`), apart from the pipeline's
+/// so that API traffic cannot starve fan-out and dispatch, with the
+/// keyring that seals endpoint secrets.
+pub fn platform(cfg: &Config) -> anyhow::Result<Platform> {
+    let api = section(cfg)?;
+    let p = cfg.platform()?;
+    let keyring = cfg
+        .secrets
+        .keyring()
+        .context("the API needs the master key that seals endpoint secrets")?;
+    Ok(walhook_api::connect(&p.connect_options()?, &api.limits())?.with_keyring(keyring))
+}
+
+/// Binds `[api].listen` and serves until `shutdown`, in a task, on
+/// `platform` (the API's own pool: [`platform`]).
 pub async fn spawn(
     cfg: &Config,
     platform: Platform,
@@ -45,11 +60,7 @@ pub async fn spawn(
         )
     })?;
     let addr = listener.local_addr()?;
-    let state = ApiState {
-        platform,
-        settings: Arc::new(api.settings(cfg)),
-        metrics,
-    };
+    let state = ApiState::new(platform, api.settings(cfg), metrics);
     tracing::info!(%addr, "the API is listening");
     Ok(tokio::spawn(async move {
         if let Err(e) = walhook_api::serve(listener, state, shutdown).await {
@@ -61,13 +72,7 @@ pub async fn spawn(
 /// Serves until SIGINT/SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
-    section(&cfg)?;
-    let p = cfg.platform()?;
-    let keyring = cfg
-        .secrets
-        .keyring()
-        .context("walhook api needs the master key that seals endpoint secrets")?;
-    let platform = p.platform()?.with_keyring(keyring);
+    let platform = platform(&cfg)?;
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;

@@ -52,7 +52,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 running.counters.clone(),
                 running.directory.clone(),
             )));
-            match super::api::spawn(&cfg, platform, metrics.clone(), shutdown.clone()).await {
+            // A pool of its own: API traffic cannot take the connections
+            // fan-out and dispatch need.
+            let spawned = match super::api::platform(&cfg) {
+                Ok(api_platform) => {
+                    super::api::spawn(&cfg, api_platform, metrics.clone(), shutdown.clone()).await
+                }
+                Err(e) => Err(e),
+            };
+            match spawned {
                 Ok(task) => Some(task),
                 Err(e) => {
                     // Stop the stages cleanly before reporting.

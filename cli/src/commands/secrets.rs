@@ -58,7 +58,10 @@ fn platform(config: &std::path::Path) -> anyhow::Result<Platform> {
     let cfg = Config::load(config)?;
     let keyring = cfg.secrets.keyring()?;
     let p = cfg.platform()?;
-    Ok(Platform::from_options(&p.connect_options()?, 2)?.with_keyring(keyring))
+    Ok(
+        Platform::from_options(&p.connect_options()?, 2, &Default::default())?
+            .with_keyring(keyring),
+    )
 }
 
 /// Runs the subcommand.

@@ -1,0 +1,188 @@
+//! The API cannot starve the pipeline or the database: its own pool with a
+//! `statement_timeout`, unauthenticated probes that read the database at
+//! most once per interval, and readiness that never shows database errors.
+//! (Request timeouts and the concurrency limit are unit-tested in
+//! `limits.rs` with handlers that hold.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use walhook_api::{ApiLimits, ApiSettings, ApiState, Metrics};
+use walhook_connectors::http::policy::UrlPolicy;
+
+use crate::support::{Answer, Api, OPERATOR, serve};
+
+#[tokio::test]
+async fn the_api_pool_sets_statement_timeout() {
+    let api = Api::start_with(ApiLimits {
+        statement_timeout: Duration::from_millis(300),
+        ..ApiLimits::default()
+    })
+    .await;
+    let client = api.state.platform.client().await.unwrap();
+    let shown: String = client
+        .query_one("SHOW statement_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, "300ms");
+    let name: String = client
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "walhook-api");
+    let slow = client
+        .query_one("SELECT pg_sleep(5)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        slow.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{slow:?}"
+    );
+    // The default is 10 s.
+    assert_eq!(
+        ApiLimits::default().statement_timeout,
+        Duration::from_secs(10)
+    );
+}
+
+/// `n` concurrent GETs of `path`, without a token.
+async fn flood(base: &str, path: &str, n: usize) -> Vec<(u16, String)> {
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let request = http.get(format!("{base}{path}")).send();
+            tokio::spawn(async move {
+                let r = request.await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn probe_floods_read_the_database_once_per_interval() {
+    let api = Api::start().await;
+    // The default interval is 5 s; the floods take well under that.
+    for (status, text) in flood(&api.base, "/metrics", 40).await {
+        assert_eq!(status, 200);
+        assert!(text.contains("walhook_metrics_database_up 1"), "{text}");
+    }
+    for (status, _) in flood(&api.base, "/readyz", 40).await {
+        assert_eq!(status, 200);
+    }
+    assert_eq!(api.state.metrics.gauge_reads(), 1);
+    assert_eq!(api.state.readiness_checks(), 1);
+}
+
+#[tokio::test]
+async fn the_gauges_are_read_again_after_the_interval() {
+    let api = Api::start_with(ApiLimits {
+        metrics_cache: Duration::from_millis(200),
+        ..ApiLimits::default()
+    })
+    .await;
+    let key = api.tenant("acme").await;
+    let ep = api.endpoint(&key, &[]).await;
+    let scrape = || async {
+        api.http
+            .get(format!("{}/metrics", api.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert!(scrape().await.contains("walhook_deliveries_pending 0"));
+    let test = api
+        .post(
+            &key,
+            &format!("/v1/webhook-endpoints/{ep}/test"),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(test.status, 202);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(scrape().await.contains("walhook_deliveries_pending 1"));
+    assert_eq!(api.state.metrics.gauge_reads(), 2);
+}
+
+fn assert_no_database_text(answer: &Answer, hidden: &[&str]) {
+    let text = answer.body.to_string();
+    for word in [
+        "refused",
+        "os error",
+        "does not exist",
+        "error connecting",
+        "db error",
+        "FATAL",
+    ]
+    .iter()
+    .chain(hidden)
+    {
+        assert!(
+            !text.to_lowercase().contains(&word.to_lowercase()),
+            "the answer shows database error text ({word}): {text}"
+        );
+    }
+}
+
+fn state_on(url: &str) -> ApiState {
+    let limits = ApiLimits::default();
+    let platform = walhook_api::connect(&crate::support::options(url), &limits).unwrap();
+    let mut settings = ApiSettings::new(OPERATOR, UrlPolicy::default());
+    settings.limits = limits;
+    ApiState::new(platform, settings, Arc::new(Metrics::new()))
+}
+
+#[tokio::test]
+async fn readyz_with_the_database_down_shows_no_error_text() {
+    // Nothing listens on this port: the connection is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let state = state_on(&format!("postgres://walhook@127.0.0.1:{port}/walhook_xyz"));
+    let (base, shutdown) = serve(state.clone()).await;
+    let get = |path: &'static str| {
+        let url = format!("{base}{path}");
+        async move { Api::answer(reqwest::get(url).await.unwrap()).await }
+    };
+    for _ in 0..5 {
+        let ready = get("/readyz").await;
+        ready.problem(503);
+        assert_eq!(ready.headers["retry-after"], "1");
+        assert_no_database_text(&ready, &[&port.to_string(), "walhook_xyz", "127.0.0.1"]);
+    }
+    // One attempt to connect for all five.
+    assert_eq!(state.readiness_checks(), 1);
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("walhook_metrics_database_up 0"),
+        "{metrics}"
+    );
+    shutdown.cancel();
+
+    // A database that answers but does not exist: the same generic answer.
+    let api = Api::start().await;
+    let state = state_on(&api.pg.url("no_such_database"));
+    let (base, shutdown) = serve(state).await;
+    let ready = Api::answer(reqwest::get(format!("{base}/readyz")).await.unwrap()).await;
+    ready.problem(503);
+    assert_no_database_text(&ready, &["no_such_database"]);
+    shutdown.cancel();
+}
