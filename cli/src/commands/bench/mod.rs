@@ -2,6 +2,7 @@
 //! Postgres. Benchmarks print figures; tests check behaviour.
 
 pub mod capture;
+pub mod flood;
 pub mod noisy;
 pub mod pipeline;
 pub mod world;

@@ -53,18 +53,33 @@ pub struct Args {
     /// reach and still count as sustained.
     #[arg(long, default_value = "1s", value_parser = walhook_pipeline::duration::parse)]
     pub p99_budget: Duration,
+    /// Serve the REST API in the same process during the run (as
+    /// `walhook run` with `[api]` does).
+    #[arg(long)]
+    pub api: bool,
+    /// While the writers run, send this many unauthenticated requests per
+    /// second to the API (`/metrics`, `/readyz`, unknown keys) from 32
+    /// loopback connections; implies `--api`. Compare the p99 with a run
+    /// with `--api` alone.
+    #[arg(long, default_value_t = 0)]
+    pub api_flood: u64,
 }
 
 /// The dispatch and fan-out settings every run of this benchmark uses.
 const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size = 1000\n";
 
-/// A throwaway cluster with the tenant's endpoints, and every stage running.
-async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running)> {
+/// A throwaway cluster with the tenant's endpoints, and every stage running
+/// (with the API when asked for: its port is returned).
+async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running, Option<u16>)> {
     let world = World::start().await?;
     world.endpoints("bench", args.endpoints, 64).await?;
     let shutdown = CancellationToken::new();
+    if args.api || args.api_flood > 0 {
+        let (running, port) = world.run_with_api(SETTINGS, shutdown.clone()).await?;
+        return Ok((world, shutdown, running, Some(port)));
+    }
     let running = world.run("", SETTINGS, shutdown.clone()).await?;
-    Ok((world, shutdown, running))
+    Ok((world, shutdown, running, None))
 }
 
 /// Runs the benchmark.
@@ -72,7 +87,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.find_rate {
         args.rate = find_rate(&args).await?;
     }
-    let (world, shutdown, running) = start(&args).await?;
+    let (world, shutdown, running, api_port) = start(&args).await?;
 
     // Slot lag sampler.
     let max_lag = Arc::new(AtomicI64::new(0));
@@ -97,6 +112,13 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let (written, write_stop, writers) = world
         .writers("bench", 0, args.rate as f64, args.batch, args.writers)
         .await?;
+    let flood_stop = CancellationToken::new();
+    let flood = match (api_port, args.api_flood) {
+        (Some(port), rate) if rate > 0 => {
+            Some(super::flood::start(port, rate, 32, flood_stop.clone()))
+        }
+        _ => None,
+    };
     let total_expected = args.rate * args.duration.as_secs();
     let bar = if args.json {
         indicatif::ProgressBar::hidden()
@@ -111,10 +133,20 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         bar.set_message(format!("{} webhooks", world.receiver.count()));
     }
     write_stop.cancel();
+    flood_stop.cancel();
     for w in writers {
         w.await.context("a writer panicked")??;
     }
     let write_secs = started.elapsed().as_secs_f64();
+    let flood = match flood {
+        Some((report, tasks)) => {
+            for t in tasks {
+                t.await.context("a flood client panicked")?;
+            }
+            Some(report.lock().clone())
+        }
+        None => None,
+    };
     let cpu_end = cpu_seconds();
     let cpu = (
         (cpu_end.0 - cpu_start.0) / write_secs,
@@ -167,6 +199,13 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "slot_max_lag_bytes": max_lag.load(Ordering::Relaxed),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         "cpu_cores_while_writing": { "walhook_process": cpu.0, "postgres": cpu.1, "machine_busy": cpu.2 },
+        "api": api_port.is_some(),
+        "api_flood": flood.as_ref().map(|f| serde_json::json!({
+            "target_requests_per_second": args.api_flood,
+            "requests": f.sent,
+            "requests_per_second": f.sent as f64 / write_secs,
+            "statuses": f.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
+        })),
         "note": "Postgres, receivers, load writers and walhook share this machine; RSS is this process (walhook + receiver + writers)",
     });
     if !args.json {
@@ -200,6 +239,14 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "  peak RSS                  {:>10.0} MiB",
             peak_rss_kib() as f64 / 1024.0
         );
+        if let Some(f) = &flood {
+            println!(
+                "  API flood                 {:>10} requests ({:.0}/s), answers {:?}",
+                f.sent,
+                f.sent as f64 / write_secs,
+                f.statuses
+            );
+        }
     }
     println!("{}", serde_json::to_string(&result)?);
     Ok(if ok as u64 == deliveries_expected {
@@ -215,7 +262,7 @@ async fn find_rate(args: &Args) -> anyhow::Result<u64> {
     const STEP: Duration = Duration::from_secs(20);
     const DRAIN_BUDGET: Duration = Duration::from_secs(1);
     const MAX_STEPS: u32 = 12;
-    let (world, shutdown, running) = start(args).await?;
+    let (world, shutdown, running, _) = start(args).await?;
     let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
     let say = |line: String| {
         if args.json {

@@ -100,6 +100,17 @@ impl World {
         Ok(paths)
     }
 
+    /// The config of a walhook run against this world; `egress` adds lines
+    /// to `[egress]`, `extra` adds sections.
+    pub fn config(&self, egress: &str, extra: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!(
+            "[platform]\nurl = \"{}\"\nmax_connections = 16\n\n[source]\nurl = \"{}\"\n\
+             create_slot = true\ncreate_publication = true\nstatus_interval = \"200ms\"\n\n\
+             [egress]\nallow_http_loopback = true\n{egress}\n\n{extra}\n{RULES}",
+            self.platform_url, self.shop_url
+        ))
+    }
+
     /// Starts walhook in this process; `egress` adds lines to `[egress]`,
     /// `extra` adds sections.
     pub async fn run(
@@ -108,13 +119,45 @@ impl World {
         extra: &str,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Running> {
-        let cfg = Config::parse(&format!(
-            "[platform]\nurl = \"{}\"\nmax_connections = 16\n\n[source]\nurl = \"{}\"\n\
-             create_slot = true\ncreate_publication = true\nstatus_interval = \"200ms\"\n\n\
-             [egress]\nallow_http_loopback = true\n{egress}\n\n{extra}\n{RULES}",
-            self.platform_url, self.shop_url
-        ))?;
+        let cfg = self.config(egress, extra)?;
         crate::pipeline::start(&cfg, self.platform.clone(), shutdown).await
+    }
+
+    /// Starts walhook in this process with its REST API on a free loopback
+    /// port (its own pool, as `walhook run` with `[api]` does); returns the
+    /// port too.
+    pub async fn run_with_api(
+        &self,
+        extra: &str,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<(Running, u16)> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let cfg = self.config(
+            "",
+            &format!(
+                "{extra}\n[api]\nlisten = \"127.0.0.1:{port}\"\n\
+                 operator_token = \"bench-operator-token-0123456789abcdef\"\n"
+            ),
+        )?;
+        let metrics = Arc::new(walhook_api::Metrics::new());
+        let running = crate::pipeline::start_observed(
+            &cfg,
+            self.platform.clone(),
+            shutdown.clone(),
+            Some(metrics.pipeline.clone()),
+        )
+        .await?;
+        metrics.register_collector(Box::new(crate::metrics::PipelineCollector::new(
+            running.counters.clone(),
+            running.directory.clone(),
+        )));
+        let api = crate::commands::api::section(&cfg)?;
+        let pool = walhook_api::connect(&cfg.platform()?.connect_options()?, &api.limits())?
+            .with_keyring(walhook_sql::Keyring::ephemeral());
+        crate::commands::api::spawn(&cfg, pool, metrics, shutdown).await?;
+        Ok((running, port))
     }
 
     /// Starts `writers` connections committing `batch` orders per
