@@ -63,7 +63,10 @@ async fn settle(w: &World, prefix: &str, want: &BTreeMap<String, BTreeSet<i64>>)
 async fn an_endpoint_receives_every_event_committed_after_the_api_answered() {
     let w = World::new().await;
     let port = free_port();
-    let cfg = w.config(&api_section(port));
+    let cfg = w.config(&format!(
+        "{}max_endpoints_per_tenant = 1000\n",
+        api_section(port)
+    ));
     let out = run(walhook().args(["migrate", "--config"]).arg(&cfg));
     assert!(out.status.success(), "{}", stderr(&out));
     let child = Child::run(&cfg);

@@ -461,3 +461,134 @@ async fn a_broken_endpoint_is_quarantined_and_nothing_else_stops() {
     let _ = OPERATOR;
     assert!(child.terminate().success());
 }
+
+/// Secrets exist in plaintext only in the one answer that shows them: after
+/// creating and rotating endpoints and issuing keys (each twice under one
+/// `Idempotency-Key`), neither the platform database nor walhook's log at
+/// `debug` holds a `whsec_` secret, an API key or the operator token.
+#[tokio::test]
+async fn secrets_reach_neither_the_database_nor_the_debug_log() {
+    let w = World::new().await;
+    let port = free_port();
+    let cfg = w.config(&api_section(port));
+    let out = run(walhook().args(["migrate", "--config"]).arg(&cfg));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = w.dir.path().join("debug.log");
+    let child = Child::run_logged(&cfg, &[("WALHOOK_LOG", "debug")], &log);
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    let post = |token: &str, path: &str, idem: &str, body: serde_json::Value| {
+        api.client
+            .post(format!("{}{path}", api.base))
+            .bearer_auth(token)
+            .header("idempotency-key", idem)
+            .json(&body)
+            .send()
+    };
+    let mut shown: Vec<String> = vec![key.clone(), OPERATOR.to_owned()];
+    let mut endpoint = String::new();
+    for _ in 0..2 {
+        let r = post(
+            &key,
+            "/v1/webhook-endpoints",
+            "create-1",
+            json!({"url": w.receiver.url("s"), "event_types": ["order.created"]}),
+        )
+        .await
+        .unwrap();
+        let body: serde_json::Value = r.json().await.unwrap();
+        if let Some(s) = body["secret"].as_str() {
+            shown.push(s.to_owned());
+            w.receiver.set_secrets("s", vec![s.to_owned()]);
+        }
+        endpoint = body["endpoint"]["id"].as_str().unwrap().to_owned();
+    }
+    for _ in 0..2 {
+        let r = post(
+            &key,
+            &format!("/v1/webhook-endpoints/{endpoint}/rotate-secret"),
+            "rotate-1",
+            json!({}),
+        )
+        .await
+        .unwrap();
+        let body: serde_json::Value = r.json().await.unwrap();
+        if let Some(s) = body["secret"].as_str() {
+            shown.push(s.to_owned());
+        }
+    }
+    for _ in 0..2 {
+        let r = post(
+            OPERATOR,
+            "/v1/tenants/acme/api-keys",
+            "key-2",
+            json!({"name": "second"}),
+        )
+        .await
+        .unwrap();
+        let body: serde_json::Value = r.json().await.unwrap();
+        if let Some(k) = body["key"].as_str() {
+            shown.push(k.to_owned());
+        }
+    }
+    assert!(
+        shown.len() >= 5,
+        "a secret was not shown even once: {shown:?}"
+    );
+    // Some traffic for the pipeline's debug logs.
+    w.shop
+        .execute("INSERT INTO orders VALUES (1, 'acme', 1)", &[])
+        .await
+        .unwrap();
+    w.wait_count(
+        "the delivery",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        1,
+    )
+    .await;
+    assert!(child.terminate().success());
+
+    // Every column of every table, bytea shown as text where it is text.
+    let columns = w
+        .platform_sql
+        .query(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns \
+             WHERE table_schema = 'walhook'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut dump = String::new();
+    for c in &columns {
+        let (table, column, kind): (String, String, String) = (c.get(0), c.get(1), c.get(2));
+        let expr = if kind == "bytea" {
+            format!("encode(\"{column}\", 'escape')")
+        } else {
+            format!("\"{column}\"::text")
+        };
+        for r in w
+            .platform_sql
+            .query(&format!("SELECT {expr} FROM walhook.\"{table}\""), &[])
+            .await
+            .unwrap()
+        {
+            if let Some(v) = r.get::<_, Option<String>>(0) {
+                dump.push_str(&v);
+                dump.push('\n');
+            }
+        }
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(log_text.contains("DEBUG"), "the log was not at debug");
+    for (place, text) in [
+        ("the platform database", &dump),
+        ("the debug log", &log_text),
+    ] {
+        assert!(!text.contains("whsec_"), "a whsec_ secret in {place}");
+        for s in &shown {
+            assert!(!text.contains(s.as_str()), "a secret or key in {place}");
+        }
+    }
+}

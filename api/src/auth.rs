@@ -82,6 +82,16 @@ pub fn generate_key() -> (String, String, [u8; 32]) {
     (key, prefix, hash)
 }
 
+/// Whether `token` has the form of a key [`generate_key`] makes: `whk_` and
+/// the URL-safe base64 of 32 bytes.
+pub fn well_formed(token: &str) -> bool {
+    token.len() == KEY_PREFIX.len() + 43
+        && token.starts_with(KEY_PREFIX)
+        && token[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// SHA-256 of a key's text.
 pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
@@ -126,7 +136,15 @@ pub async fn authenticate(parts: &Parts, state: &ApiState) -> Result<Principal, 
         return Ok(Principal::Operator);
     }
     let invalid = || ApiError::Unauthorized("the API key is unknown or revoked".into());
-    if !token.starts_with(KEY_PREFIX) || token.len() > 128 {
+    // Only the form of a key walhook issues can be one; and only a key whose
+    // prefix a live key has is worth a query.
+    if !well_formed(token)
+        || !state
+            .guards
+            .key_prefixes
+            .may_exist(&state.platform, &token[..SHOWN_PREFIX_LEN])
+            .await?
+    {
         return Err(invalid());
     }
     match state.platform.tenant_for_key(&hash_key(token)).await? {
@@ -198,6 +216,16 @@ mod tests {
         assert!(a.starts_with(KEY_PREFIX) && a.len() == 4 + 43, "{a}");
         assert!(a.starts_with(&pa));
         assert_eq!(hash_key(&a), ha);
+        assert!(well_formed(&a) && well_formed(&b));
+        for bad in [
+            "whk_short",
+            "garbage",
+            &a[..a.len() - 1],
+            &format!("{a}x"),
+            &a.replace('_', "/"),
+        ] {
+            assert!(!well_formed(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod cursor;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
+pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod model;
@@ -89,6 +90,8 @@ pub(crate) struct Guards {
     pub(crate) test_events: quota::PerMinute,
     /// The last readiness check: `Err` holds the cause, for the log only.
     pub(crate) readiness: cache::TtlCache<Result<(), String>>,
+    /// Prefixes of live API keys: made-up keys cost no query.
+    pub(crate) key_prefixes: keys::KnownPrefixes,
 }
 
 impl ApiState {
@@ -103,8 +106,15 @@ impl ApiState {
                 requests: Arc::new(limits::RequestLimits::new(&limits)),
                 test_events: quota::PerMinute::new(limits.test_events_per_minute),
                 readiness: cache::TtlCache::default(),
+                key_prefixes: keys::KnownPrefixes::default(),
             }),
         }
+    }
+
+    /// How many times the live keys' prefixes were read (at most once a
+    /// second, however many made-up keys arrive).
+    pub fn key_prefix_reads(&self) -> u64 {
+        self.guards.key_prefixes.reads()
     }
 
     /// How many times `/readyz` asked the database (at most once per

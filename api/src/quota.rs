@@ -89,8 +89,9 @@ pub fn test_events_exceeded(tenant: &TenantId, limit: u32, refusal: RateRefusal)
     let secs = ceil_secs(refusal.retry_after);
     ApiError::QuotaExceeded {
         detail: format!(
-            "tenant {tenant:?} sent {} test events in the last minute, the most \
+            "tenant {:?} sent {} test events in the last minute, the most \
              [api].test_events_per_minute ({limit}) allows; retry in {secs} s",
+            tenant.as_str(),
             refusal.current
         ),
         quota: QuotaExceeded {
@@ -106,10 +107,11 @@ pub fn test_events_exceeded(tenant: &TenantId, limit: u32, refusal: RateRefusal)
 pub fn endpoints_exceeded(tenant: &TenantId, limit: u32, count: i64) -> ApiError {
     ApiError::QuotaExceeded {
         detail: format!(
-            "tenant {tenant:?} has {count} endpoints, the most [api].max_endpoints_per_tenant \
+            "tenant {:?} has {count} endpoints, the most [api].max_endpoints_per_tenant \
              ({limit}) allows; nothing was created. Delete one you no longer use \
              (DELETE /v1/webhook-endpoints/{{id}}), subscribe an existing endpoint to more \
-             event types, or ask the operator to raise the limit"
+             event types, or ask the operator to raise the limit",
+            tenant.as_str()
         ),
         quota: QuotaExceeded {
             limit_name: "max_endpoints_per_tenant".into(),

@@ -82,6 +82,40 @@ async fn probe_floods_read_the_database_once_per_interval() {
     assert_eq!(api.state.readiness_checks(), 1);
 }
 
+/// Made-up keys, however many and however well-formed, cost at most one
+/// read of the live keys' prefixes a second, never a lookup each; a key
+/// issued a moment ago works at once.
+#[tokio::test]
+async fn made_up_keys_do_not_reach_the_database_one_by_one() {
+    let api = Api::start().await;
+    let key = api.tenant("acme").await;
+    let before = api.state.key_prefix_reads();
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..60u32)
+        .map(|i| {
+            // The form walhook issues: `whk_` and 43 URL-safe characters.
+            let made_up = format!("whk_{:0>43}", format!("madeup{i}"));
+            let request = http
+                .get(format!("{}/v1/webhook-endpoints", api.base))
+                .bearer_auth(made_up)
+                .send();
+            tokio::spawn(async move { request.await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 401);
+    }
+    assert!(
+        api.state.key_prefix_reads() - before <= 2,
+        "{} reads for 60 made-up keys",
+        api.state.key_prefix_reads() - before
+    );
+    let answer = api.get(&key, "/v1/webhook-endpoints").await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let fresh = api.tenant("globex").await;
+    assert_eq!(api.get(&fresh, "/v1/webhook-endpoints").await.status, 200);
+}
+
 #[tokio::test]
 async fn the_gauges_are_read_again_after_the_interval() {
     let api = Api::start_with(ApiLimits {

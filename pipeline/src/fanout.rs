@@ -40,6 +40,11 @@ use crate::time::Timestamp;
 /// Deliveries made in one transaction at most (one event's are never split).
 const MAX_DELIVERIES_PER_TX: usize = 2000;
 
+/// Event bytes stored in one transaction at most (one event is never
+/// split): events may be up to `[source].max_event_bytes` each, and a batch
+/// of large ones must not become one huge statement.
+const MAX_EVENT_BYTES_PER_TX: usize = 32 << 20;
+
 /// Fan-out settings.
 #[derive(Debug, Clone)]
 pub struct FanoutSettings {
@@ -140,18 +145,23 @@ where
             // up the events polled with it.
             let directory = self.directory.snapshot();
             let mut chunk: Vec<crate::log::Record<Event>> = Vec::new();
-            let mut planned = 0usize;
+            let (mut planned, mut bytes) = (0usize, 0usize);
             for record in records {
                 let e = &record.message;
                 let n = directory
                     .subscribers(&e.tenant_id, &e.event_type, e.occurred_at)
                     .count();
-                if !chunk.is_empty() && planned + n > MAX_DELIVERIES_PER_TX {
+                let size = e.payload.len();
+                if !chunk.is_empty()
+                    && (planned + n > MAX_DELIVERIES_PER_TX
+                        || bytes + size > MAX_EVENT_BYTES_PER_TX)
+                {
                     self.process(std::mem::take(&mut chunk), &counters, &shutdown)
                         .await?;
-                    planned = 0;
+                    (planned, bytes) = (0, 0);
                 }
                 planned += n;
+                bytes += size;
                 chunk.push(record);
             }
             if !chunk.is_empty() {

@@ -109,16 +109,16 @@ impl StoreError {
         self.kind == ErrorKind::Data
     }
 
-    /// The message and every source, on one line (for incidents and logs).
+    /// The message and every source, on one line, cleaned and cut to
+    /// 1 KiB (for incidents and logs: a database error may quote the value
+    /// it refused, which may be hostile input).
     pub fn chain(&self) -> String {
-        let mut text = self.message.clone();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        text
+        let text = crate::supervise::error_chain(self);
+        crate::sanitize::clean_str(
+            &text,
+            crate::sanitize::Lines::Escape,
+            crate::incident::MAX_DETAIL_BYTES,
+        )
     }
 }
 

@@ -242,6 +242,19 @@ impl Platform {
         Ok(true)
     }
 
+    /// The shown prefixes of every key not revoked.
+    pub async fn live_key_prefixes(&self) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT prefix FROM walhook.api_keys WHERE revoked_at IS NULL",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read the API keys' prefixes"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// The tenant and key id of a live key with this hash (not revoked, its
     /// tenant not disabled).
     pub async fn tenant_for_key(

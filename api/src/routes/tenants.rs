@@ -167,6 +167,7 @@ pub async fn create_api_key(
                 .insert_api_key(tenant, name, &prefix, &hash, "operator")
                 .await?
                 .ok_or_else(|| ApiError::NotFound(format!("no tenant {tenant:?}")))?;
+            s.guards.key_prefixes.add(&prefix);
             let shown = CreatedApiKey::new(ApiKey::from(record), secret);
             Ok(Reply::shown_once(StatusCode::CREATED, &shown))
         },

@@ -16,7 +16,8 @@
 //! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
 //! - [`value`]: Postgres text values as typed canonical JSON.
 //! - [`rules`]: rules bound to columns; changes to events.
-//! - [`source`]: the streaming loop and the ack protocol.
+//! - [`source`]: the streaming loop and the ack protocol; `stream`: one
+//!   stream's transactions gathered (events, bounded incidents, chunks).
 
 pub mod catalog;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod pgoutput;
 pub mod rules;
 pub mod source;
+mod stream;
 pub mod value;
 
 pub use config::{RuleConfig, SourceConfig};

@@ -90,6 +90,9 @@ impl<M> PartitionState<M> {
             .is_some_and(|(offset, _)| *offset < mark)
         {
             if let Some((_, tx)) = self.waiters.pop_front() {
+                // The receipt's holder may have gone (a sink that gave up
+                // waiting): the records are durable either way, which is
+                // all the receipt would have said.
                 let _ = tx.send(());
             }
         }

@@ -30,14 +30,13 @@ pub fn start(
 ) -> (Arc<Mutex<FloodReport>>, Vec<tokio::task::JoinHandle<()>>) {
     let report = Arc::new(Mutex::new(FloodReport::default()));
     let per_client = Duration::from_secs_f64(clients as f64 / rate.max(1) as f64);
+    // Unknown keys of the right form (the worst case: each could be a
+    // key), and plain garbage.
     let paths = [
         ("/metrics", None),
         ("/readyz", None),
-        (
-            "/v1/webhook-endpoints",
-            Some("whk_not-a-key-of-anyone-0123456789abcdef"),
-        ),
-        ("/v1/webhook-deliveries", Some("garbage")),
+        ("/v1/webhook-endpoints", Some(true)),
+        ("/v1/webhook-deliveries", Some(false)),
     ];
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -59,8 +58,10 @@ pub fn start(
                 let (path, key) = paths[n % paths.len()];
                 n += 1;
                 let mut req = http.get(format!("http://127.0.0.1:{port}{path}"));
-                if let Some(key) = key {
-                    req = req.bearer_auth(key);
+                match key {
+                    Some(true) => req = req.bearer_auth(made_up_key(n as u64)),
+                    Some(false) => req = req.bearer_auth("garbage"),
+                    None => {}
                 }
                 let status = match req.send().await {
                     Ok(r) => {
@@ -77,4 +78,20 @@ pub fn start(
         }));
     }
     (report, tasks)
+}
+
+/// A key of the form walhook issues (`whk_` and 43 URL-safe base64
+/// characters) that no one was given, different for every `n`.
+fn made_up_key(n: u64) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut key = String::from("whk_");
+    for _ in 0..43 {
+        // xorshift64: cheap, and every key differs.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        key.push(ALPHABET[(x % 64) as usize] as char);
+    }
+    key
 }
