@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::support::World;
-use crate::support::api::{Http, api_section, free_port, onboard};
+use crate::support::api::{Http, api_section, endpoint, free_port, onboard};
 use crate::support::{Child, run, stderr, walhook};
 
 const ROUNDS: i64 = 100;
@@ -78,16 +78,7 @@ async fn an_endpoint_receives_every_event_committed_after_the_api_answered() {
     // 1. Create, then commit at once.
     for i in 0..ROUNDS {
         let path = format!("new-{i}");
-        let (s, created) = api
-            .post(
-                &key,
-                "/v1/webhook-endpoints",
-                json!({"url": w.receiver.url(&path), "event_types": ["order.created"]}),
-            )
-            .await;
-        assert_eq!(s, 201, "{created}");
-        w.receiver
-            .set_secrets(&path, vec![created["secret"].as_str().unwrap().to_owned()]);
+        endpoint(&w, &api, &key, &path, &["order.created"]).await;
         w.shop
             .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&i])
             .await
@@ -108,17 +99,8 @@ async fn an_endpoint_receives_every_event_committed_after_the_api_answered() {
     let mut ids = Vec::new();
     for i in 0..ROUNDS {
         let path = format!("sub-{i}");
-        let (s, created) = api
-            .post(
-                &key,
-                "/v1/webhook-endpoints",
-                json!({"url": w.receiver.url(&path), "event_types": ["user.disabled"]}),
-            )
-            .await;
-        assert_eq!(s, 201, "{created}");
-        w.receiver
-            .set_secrets(&path, vec![created["secret"].as_str().unwrap().to_owned()]);
-        ids.push(created["endpoint"]["id"].as_str().unwrap().to_owned());
+        let (id, _) = endpoint(&w, &api, &key, &path, &["user.disabled"]).await;
+        ids.push(id);
     }
     for (i, id) in ids.iter().enumerate() {
         let (s, body) = api
@@ -153,30 +135,10 @@ async fn an_endpoint_receives_every_event_committed_after_the_api_answered() {
     let mut ids = Vec::new();
     for i in 0..ROUNDS {
         let path = format!("del-{i}");
-        let (s, created) = api
-            .post(
-                &key,
-                "/v1/webhook-endpoints",
-                json!({"url": w.receiver.url(&path), "event_types": ["invoice.paid"]}),
-            )
-            .await;
-        assert_eq!(s, 201, "{created}");
-        w.receiver
-            .set_secrets(&path, vec![created["secret"].as_str().unwrap().to_owned()]);
-        ids.push(created["endpoint"]["id"].as_str().unwrap().to_owned());
+        let (id, _) = endpoint(&w, &api, &key, &path, &["invoice.paid"]).await;
+        ids.push(id);
     }
-    let (s, created) = api
-        .post(
-            &key,
-            "/v1/webhook-endpoints",
-            json!({"url": w.receiver.url("del-keeper"), "event_types": ["invoice.paid"]}),
-        )
-        .await;
-    assert_eq!(s, 201, "{created}");
-    w.receiver.set_secrets(
-        "del-keeper",
-        vec![created["secret"].as_str().unwrap().to_owned()],
-    );
+    endpoint(&w, &api, &key, "del-keeper", &["invoice.paid"]).await;
     for i in 0..ROUNDS {
         w.shop
             .execute(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::api::{Http, OPERATOR, api_section, free_port, onboard};
+use crate::support::api::{Http, OPERATOR, api_section, endpoint, free_port, onboard};
 use crate::support::hostile::{Hostile, PATHS};
 use crate::support::{Child, World, run, stderr, walhook};
 
@@ -308,17 +308,8 @@ async fn a_broken_endpoint_is_quarantined_and_nothing_else_stops() {
     let key = onboard(&w, &api, "acme").await;
     let mut ids = Vec::new();
     for path in ["broken", "steady", "doomed"] {
-        let (s, created) = api
-            .post(
-                &key,
-                "/v1/webhook-endpoints",
-                json!({"url": w.receiver.url(path), "event_types": ["order.created"]}),
-            )
-            .await;
-        assert_eq!(s, 201, "{created}");
-        w.receiver
-            .set_secrets(path, vec![created["secret"].as_str().unwrap().to_owned()]);
-        ids.push(created["endpoint"]["id"].as_str().unwrap().to_owned());
+        let (id, _) = endpoint(&w, &api, &key, path, &["order.created"]).await;
+        ids.push(id);
     }
     let broken = ids[0].clone();
     let broken_uuid: uuid::Uuid = w
@@ -377,18 +368,7 @@ async fn a_broken_endpoint_is_quarantined_and_nothing_else_stops() {
     assert_eq!(count_at("broken"), 0, "a quarantined endpoint was sent to");
 
     // A new endpoint receives within a second; a deleted one stops.
-    let (s, created) = api
-        .post(
-            &key,
-            "/v1/webhook-endpoints",
-            json!({"url": w.receiver.url("fresh"), "event_types": ["order.created"]}),
-        )
-        .await;
-    assert_eq!(s, 201, "{created}");
-    w.receiver.set_secrets(
-        "fresh",
-        vec![created["secret"].as_str().unwrap().to_owned()],
-    );
+    endpoint(&w, &api, &key, "fresh", &["order.created"]).await;
     let (s, _) = api
         .call(
             &key,
