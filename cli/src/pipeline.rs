@@ -186,9 +186,10 @@ pub async fn start_observed(
         .await?;
     let platform = Arc::new(platform);
 
-    // Cancelled by the caller, or by any task that fails or ends too early.
+    // Cancelled by the caller, or when a task fails or ends too early.
     let stop_all = shutdown.child_token();
-    let supervisor = Supervisor::new(stop_all.clone());
+    let failed = CancellationToken::new();
+    let supervisor = Supervisor::new(failed.clone());
 
     let directory = Arc::new(SubscriptionCache::default());
     directory
@@ -355,7 +356,19 @@ pub async fn start_observed(
 
     let task = tokio::spawn(async move {
         // Capture runs until shutdown, or until it or another task fails.
-        let capture_failure = match capture_task.await {
+        let mut capture_task = capture_task;
+        let capture_ended = tokio::select! {
+            ended = &mut capture_task => ended,
+            _ = failed.cancelled() => {
+                // A task failed: capture stops without waiting for receipts
+                // that may never come (closing the log fails them); what
+                // was not confirmed is read again after the restart.
+                stop_all.cancel();
+                log.close();
+                capture_task.await
+            }
+        };
+        let capture_failure = match capture_ended {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(anyhow::Error::new(e).context("capture stopped")),
             Err(e) => Some(anyhow::anyhow!("capture panicked: {e}")),
@@ -390,9 +403,9 @@ pub async fn start_observed(
     })
 }
 
-/// Moves jobs from a deliveries partition to the dispatcher, until `stop`,
-/// the log's close or the dispatcher's end (the supervisor tells the last
-/// apart from an orderly stop).
+/// Moves jobs from a deliveries partition to the dispatcher, until `stop`
+/// or the log's close. When dispatch is gone it waits for the stop that
+/// dispatch's failure brings.
 async fn forward<C: Consumer<DeliveryJob>>(
     mut consumer: C,
     out: mpsc::Sender<DeliveryJob>,
@@ -415,6 +428,10 @@ async fn forward<C: Consumer<DeliveryJob>>(
         };
         for r in records {
             if out.send(r.message).await.is_err() {
+                // Dispatch is gone: its own end says why (the supervisor
+                // keeps the first failure, which must be the cause, not
+                // this consequence). Wait for the stop it brings.
+                stop.cancelled().await;
                 return Ok(());
             }
         }

@@ -30,7 +30,7 @@ use sha2::Sha256;
 use tokio::sync::Notify;
 
 /// How an endpoint answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Behaviour {
     /// Always this status.
     Status(u16),
@@ -248,6 +248,27 @@ async fn handle(
     }
 }
 
+async fn count(State(shared): State<Arc<Shared>>) -> String {
+    shared
+        .count
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .to_string()
+}
+
+async fn steer(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<String>,
+    body: Bytes,
+) -> Response {
+    match serde_json::from_slice::<Behaviour>(&body) {
+        Ok(b) => {
+            shared.endpoints.lock().entry(path).or_default().behaviour = Some(b);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+    }
+}
+
 impl Receiver {
     /// Starts a receiver on a free loopback port.
     pub async fn start() -> std::io::Result<Receiver> {
@@ -255,7 +276,10 @@ impl Receiver {
     }
 
     /// Starts a receiver that only counts requests (for benchmarks: keeping
-    /// every body of a long run would take gigabytes).
+    /// every body of a long run would take gigabytes). It also answers
+    /// `GET /_count` (the count, as text) and `PUT /_behaviour/{path}` (a
+    /// [`Behaviour`] as JSON), so that a benchmark can run it in a process
+    /// of its own and still read and steer it.
     pub async fn start_counting() -> std::io::Result<Receiver> {
         Self::start_with(true).await
     }
@@ -267,9 +291,13 @@ impl Receiver {
             counting_only,
             ..Shared::default()
         });
-        let app = Router::new()
-            .route("/{*path}", axum::routing::post(handle))
-            .with_state(shared.clone());
+        let mut app = Router::new().route("/{*path}", axum::routing::post(handle));
+        if counting_only {
+            app = app
+                .route("/_count", axum::routing::get(count))
+                .route("/_behaviour/{*path}", axum::routing::put(steer));
+        }
+        let app = app.with_state(shared.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::warn!(error = %e, "receiver stopped");

@@ -208,17 +208,37 @@ fn derive16(parts: &[&[u8]]) -> [u8; 16] {
     out
 }
 
+/// An id led by `order` (8 bytes, big-endian) and completed by the first 8
+/// bytes of [`derive16`] of `parts`.
+///
+/// Ids in primary keys that grow with time keep B-tree inserts at the
+/// right edge of the index: a random id puts every insert on a random leaf
+/// page, so once an index outgrows memory each insert costs a page read and
+/// a page write (docs/performance.md). The hash half keeps ids unique among
+/// those that share the leading half.
+fn ordered16(order: u64, parts: &[&[u8]]) -> [u8; 16] {
+    let digest = derive16(parts);
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&order.to_be_bytes());
+    out[8..].copy_from_slice(&digest[..8]);
+    out
+}
+
 impl EventId {
     /// The id of the event that `rule` made from the change at `tx_ordinal`
-    /// in the transaction committed at `commit_lsn` on `source`.
+    /// in the transaction committed at `commit_lsn` on `source`: led by the
+    /// commit LSN, so event ids grow with the WAL.
     pub fn derive(source: &str, commit_lsn: Lsn, tx_ordinal: u32, rule: &str) -> Self {
-        EventId(derive16(&[
-            b"walhook.event.v1",
-            source.as_bytes(),
-            &commit_lsn.0.to_be_bytes(),
-            &tx_ordinal.to_be_bytes(),
-            rule.as_bytes(),
-        ]))
+        EventId(ordered16(
+            commit_lsn.0,
+            &[
+                b"walhook.event.v2",
+                source.as_bytes(),
+                &commit_lsn.0.to_be_bytes(),
+                &tx_ordinal.to_be_bytes(),
+                rule.as_bytes(),
+            ],
+        ))
     }
 }
 
@@ -236,9 +256,17 @@ impl EventId {
 }
 
 impl DeliveryId {
-    /// The id of `event`'s delivery to `endpoint`.
+    /// The id of `event`'s delivery to `endpoint`: led by the event id's
+    /// leading half (its commit LSN), so delivery ids grow with the WAL too.
+    /// The platform database checks this derivation
+    /// (`deliveries_id_is_derived`).
     pub fn derive(event: EventId, endpoint: EndpointId) -> Self {
-        DeliveryId(derive16(&[b"walhook.delivery.v1", &event.0, &endpoint.0]))
+        let mut lead = [0u8; 8];
+        lead.copy_from_slice(&event.0[..8]);
+        DeliveryId(ordered16(
+            u64::from_be_bytes(lead),
+            &[b"walhook.delivery.v2", &event.0, &endpoint.0],
+        ))
     }
 }
 
@@ -350,6 +378,26 @@ mod tests {
         assert_ne!(a, EventId::derive("other", Lsn(42), 0, "invoice_paid"));
         let ep = EndpointId([7; 16]);
         assert_eq!(DeliveryId::derive(a, ep), DeliveryId::derive(a, ep));
+        assert_ne!(
+            DeliveryId::derive(a, ep),
+            DeliveryId::derive(a, EndpointId([8; 16]))
+        );
+    }
+
+    #[test]
+    fn ids_grow_with_the_wal() {
+        let ep = EndpointId([7; 16]);
+        let mut last: Option<(EventId, DeliveryId)> = None;
+        for lsn in [0x100u64, 0x101, 0x1_0000_0000, 0x1_0000_0001] {
+            let e = EventId::derive("main", Lsn(lsn), 0, "r");
+            let d = DeliveryId::derive(e, ep);
+            assert_eq!(&e.0[..8], &lsn.to_be_bytes());
+            assert_eq!(&d.0[..8], &e.0[..8]);
+            if let Some((pe, pd)) = last {
+                assert!(pe < e && pd < d, "ids do not grow with the LSN");
+            }
+            last = Some((e, d));
+        }
     }
 
     proptest! {

@@ -25,6 +25,34 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text
      AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note) \
 ON CONFLICT DO NOTHING";
 
+/// Attempts and the states after them in one statement (one round trip,
+/// atomic without an explicit transaction), attempts inserted plainly.
+const RECORD_FAST: &str = "\
+WITH a AS ( \
+    INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
+                                  endpoint_config_version, started_at, finished_at, http_status, latency_ms, \
+                                  outcome, error_class, response_sha256, response_excerpt, note) \
+    SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
+           greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
+    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
+                $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], \
+                $14::text[], $15::text[]) \
+         AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note)) \
+UPDATE walhook.deliveries d SET \
+    status = u.status::walhook.delivery_status, \
+    attempt_count = greatest(d.attempt_count, u.attempts), \
+    next_attempt_at = u.next_at, \
+    lease_owner = CASE WHEN u.hold IS NULL THEN NULL ELSE d.lease_owner END, \
+    lease_expires_at = u.hold, \
+    last_http_status = u.http, \
+    last_error_class = u.err, \
+    updated_at = now() \
+FROM unnest($16::uuid[], $17::text[], $18::int4[], $19::timestamptz[], $20::timestamptz[], $21::int8[], \
+            $22::int4[], $23::text[]) \
+     AS u(id, status, attempts, next_at, hold, lease, http, err) \
+WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
+RETURNING d.id";
+
 const UPDATE_DELIVERIES: &str = "\
 UPDATE walhook.deliveries d SET \
     status = u.status::walhook.delivery_status, \
@@ -118,10 +146,6 @@ impl DispatchStore for Platform {
         let mut client = self.client().await?;
         self.ensure_partitions(&client, "attempts", attempts.iter().map(|a| a.started_at))
             .await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(StoreError::query("begin recording"))?;
         let a = attempts;
         let ids: Vec<Uuid> = a.iter().map(|x| uuid16(&x.attempt_id.0)).collect();
         let deliveries: Vec<Uuid> = a.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
@@ -141,38 +165,110 @@ impl DispatchStore for Platform {
             .collect();
         let excerpts: Vec<Option<&str>> = a.iter().map(|x| x.response_excerpt.as_deref()).collect();
         let notes: Vec<Option<&str>> = a.iter().map(|x| x.note).collect();
+        let attempt_params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+            &ids,
+            &deliveries,
+            &endpoints,
+            &tenants,
+            &numbers,
+            &triggers,
+            &versions,
+            &started,
+            &finished,
+            &statuses,
+            &outcomes,
+            &errors,
+            &shas,
+            &excerpts,
+            &notes,
+        ];
+
+        // One state per delivery: the latest attempt's (an UPDATE … FROM
+        // with two source rows for one target applies either).
+        let mut latest: HashMap<DeliveryId, &AttemptRecord> = HashMap::new();
+        for r in a.iter().filter(|x| x.trigger == Trigger::Auto) {
+            match latest.get(&r.delivery_id) {
+                Some(prev) if prev.number > r.number => {}
+                _ => {
+                    latest.insert(r.delivery_id, r);
+                }
+            }
+        }
+        let u: Vec<&AttemptRecord> = latest.into_values().collect();
+        let u_ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
+        let u_statuses: Vec<&str> = u.iter().map(|x| x.status.as_str()).collect();
+        let u_counts: Vec<i32> = u.iter().map(|x| x.attempt_count as i32).collect();
+        let u_next: Vec<SystemTime> = u
+            .iter()
+            .map(|x| x.next_attempt_at.to_system_time())
+            .collect();
+        let u_hold: Vec<Option<SystemTime>> = u
+            .iter()
+            .map(|x| x.hold_until.map(|t| t.to_system_time()))
+            .collect();
+        let u_leases: Vec<i64> = u.iter().map(|x| x.lease_version).collect();
+        let u_http: Vec<Option<i32>> = u.iter().map(|x| x.http_status.map(i32::from)).collect();
+        let u_errs: Vec<Option<&str>> = u.iter().map(|x| x.error_class).collect();
+        let update_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &u_ids,
+            &u_statuses,
+            &u_counts,
+            &u_next,
+            &u_hold,
+            &u_leases,
+            &u_http,
+            &u_errs,
+        ];
+        let stale_of = |rows: &[tokio_postgres::Row]| -> Vec<DeliveryId> {
+            let applied: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+            u.iter()
+                .filter(|x| !applied.contains(&uuid16(&x.delivery_id.0)))
+                .map(|x| x.delivery_id)
+                .collect()
+        };
+
+        // The common batch (automatic attempts only): one statement, one
+        // round trip, plain inserts (attempt ids are new unless a write of
+        // this batch committed before an error hid it: then the careful
+        // path below).
+        let manual: Vec<&AttemptRecord> =
+            a.iter().filter(|x| x.trigger == Trigger::Manual).collect();
+        if manual.is_empty() {
+            let fast = client
+                .prepare_cached(RECORD_FAST)
+                .await
+                .map_err(StoreError::query("prepare the attempt record"))?;
+            let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = attempt_params
+                .iter()
+                .chain(update_params.iter())
+                .copied()
+                .collect();
+            match client.query(&fast, &all).await {
+                Ok(rows) => return Ok(stale_of(&rows)),
+                Err(e) if crate::fanout::is_unique_violation(&e) => {
+                    tracing::debug!(
+                        "attempts recorded before; recording the batch again carefully"
+                    );
+                }
+                Err(e) => return Err(StoreError::query("record attempts")(e).into()),
+            }
+        }
+
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin recording"))?;
         let stmt = tx
             .prepare_cached(INSERT_ATTEMPTS)
             .await
             .map_err(StoreError::query("prepare the attempt insert"))?;
-        tx.execute(
-            &stmt,
-            &[
-                &ids,
-                &deliveries,
-                &endpoints,
-                &tenants,
-                &numbers,
-                &triggers,
-                &versions,
-                &started,
-                &finished,
-                &statuses,
-                &outcomes,
-                &errors,
-                &shas,
-                &excerpts,
-                &notes,
-            ],
-        )
-        .await
-        .map_err(StoreError::query("insert attempts"))?;
+        tx.execute(&stmt, &attempt_params)
+            .await
+            .map_err(StoreError::query("insert attempts"))?;
 
         // Manual attempts: the replay request is done; a success ends a
         // failed or exhausted delivery as succeeded; the schedule is not
         // touched.
-        let manual: Vec<&AttemptRecord> =
-            a.iter().filter(|x| x.trigger == Trigger::Manual).collect();
         if !manual.is_empty() {
             let req: Vec<i64> = manual
                 .iter()
@@ -203,53 +299,18 @@ impl DispatchStore for Platform {
             .map_err(StoreError::query("record manual attempts"))?;
         }
 
-        // One state per delivery: the latest attempt's (an UPDATE … FROM
-        // with two source rows for one target applies either).
-        let mut latest: HashMap<DeliveryId, &AttemptRecord> = HashMap::new();
-        for r in a.iter().filter(|x| x.trigger == Trigger::Auto) {
-            match latest.get(&r.delivery_id) {
-                Some(prev) if prev.number > r.number => {}
-                _ => {
-                    latest.insert(r.delivery_id, r);
-                }
-            }
-        }
-        let u: Vec<&AttemptRecord> = latest.into_values().collect();
-        let ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
-        let statuses: Vec<&str> = u.iter().map(|x| x.status.as_str()).collect();
-        let counts: Vec<i32> = u.iter().map(|x| x.attempt_count as i32).collect();
-        let next: Vec<SystemTime> = u
-            .iter()
-            .map(|x| x.next_attempt_at.to_system_time())
-            .collect();
-        let hold: Vec<Option<SystemTime>> = u
-            .iter()
-            .map(|x| x.hold_until.map(|t| t.to_system_time()))
-            .collect();
-        let leases: Vec<i64> = u.iter().map(|x| x.lease_version).collect();
-        let http: Vec<Option<i32>> = u.iter().map(|x| x.http_status.map(i32::from)).collect();
-        let errs: Vec<Option<&str>> = u.iter().map(|x| x.error_class).collect();
         let stmt = tx
             .prepare_cached(UPDATE_DELIVERIES)
             .await
             .map_err(StoreError::query("prepare the delivery update"))?;
         let rows = tx
-            .query(
-                &stmt,
-                &[
-                    &ids, &statuses, &counts, &next, &hold, &leases, &http, &errs,
-                ],
-            )
+            .query(&stmt, &update_params)
             .await
             .map_err(StoreError::query("update deliveries"))?;
         tx.commit()
             .await
             .map_err(StoreError::query("commit attempts"))?;
-        let applied: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
-        Ok(u.iter()
-            .filter(|x| !applied.contains(&uuid16(&x.delivery_id.0)))
-            .map(|x| x.delivery_id)
-            .collect())
+        Ok(stale_of(&rows))
     }
 
     async fn transition(

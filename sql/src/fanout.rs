@@ -2,6 +2,7 @@
 
 use std::time::SystemTime;
 
+use tokio_postgres::types::PgLsn;
 use uuid::Uuid;
 use walhook_pipeline::delivery::NewDelivery;
 use walhook_pipeline::event::Event;
@@ -9,27 +10,6 @@ use walhook_pipeline::ids::DeliveryId;
 use walhook_pipeline::store::FanoutStore;
 
 use crate::{Platform, StoreError};
-
-const INSERT_EVENTS: &str = "\
-INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
-                            occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
-SELECT id, tenant, etype, sv, oid, over, at, src, lsn::pg_lsn, ord, body, hash \
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], $7::timestamptz[], \
-            $8::text[], $9::text[], $10::int4[], $11::bytea[], $12::bytea[]) \
-     AS t(id, tenant, etype, sv, oid, over, at, src, lsn, ord, body, hash) \
-ON CONFLICT DO NOTHING";
-
-const INSERT_DELIVERIES: &str = "\
-INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
-                                endpoint_config_version, next_attempt_at, expires_at, lease_version, \
-                                lease_owner, lease_expires_at, created_at, updated_at) \
-SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
-       CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
-FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
-            $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
-     AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
-ON CONFLICT DO NOTHING \
-RETURNING id";
 
 impl Platform {
     /// Creates the daily partitions of `table` that `times` fall in, once
@@ -105,6 +85,56 @@ impl Platform {
     }
 }
 
+/// Events and their deliveries in one statement (one round trip, atomic
+/// without an explicit transaction), with plain inserts: the first
+/// fan-out of an event conflicts with nothing, and an `ON CONFLICT` clause
+/// costs every row a second index search. A redo after a crash meets rows
+/// that exist (unique violation) and takes [`MATERIALIZE_EVENTS`] and
+/// [`MATERIALIZE_DELIVERIES`] instead, which fill gaps only.
+const MATERIALIZE_FAST: &str = "\
+WITH e AS ( \
+    INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+                                occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
+                         $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[])), \
+d AS ( \
+    INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                                    endpoint_config_version, next_attempt_at, expires_at, lease_version, \
+                                    lease_owner, lease_expires_at, created_at, updated_at) \
+    SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
+           CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
+    FROM unnest($13::uuid[], $14::uuid[], $15::uuid[], $16::text[], $17::text[], $18::timestamptz[], \
+                $19::int4[], $20::timestamptz[], $21::timestamptz[], $22::text[], $23::timestamptz[]) \
+         AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
+    RETURNING id) \
+SELECT id FROM d";
+
+/// The redo's events: those already stored are left as they are.
+const MATERIALIZE_EVENTS: &str = "\
+INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+                            occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
+                     $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[]) \
+ON CONFLICT DO NOTHING";
+
+/// The redo's deliveries: only those missing are made (and returned).
+const MATERIALIZE_DELIVERIES: &str = "\
+INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                                endpoint_config_version, next_attempt_at, expires_at, lease_version, \
+                                lease_owner, lease_expires_at, created_at, updated_at) \
+SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
+       CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
+            $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
+     AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
+ON CONFLICT DO NOTHING \
+RETURNING id";
+
+/// Whether `e` is a unique violation (a row that exists already).
+pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
 impl FanoutStore for Platform {
     async fn materialize(
         &self,
@@ -115,10 +145,6 @@ impl FanoutStore for Platform {
         self.ensure_partitions(&client, "events", events.iter().map(|e| e.occurred_at))
             .await?;
         self.catalogue_types(&client, events).await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(StoreError::query("begin fan-out"))?;
 
         let ids: Vec<Uuid> = events.iter().map(|e| Uuid::from_bytes(e.id.0)).collect();
         let tenants: Vec<&str> = events.iter().map(|e| e.tenant_id.as_str()).collect();
@@ -132,74 +158,105 @@ impl FanoutStore for Platform {
             .map(|e| e.occurred_at.to_system_time())
             .collect();
         let sources: Vec<&str> = events.iter().map(|e| &*e.source).collect();
-        let lsns: Vec<String> = events
+        let lsns: Vec<PgLsn> = events
             .iter()
-            .map(|e| e.key.commit_lsn.to_string())
+            .map(|e| PgLsn::from(e.key.commit_lsn.0))
             .collect();
         let ordinals: Vec<i32> = events.iter().map(|e| e.key.tx_ordinal as i32).collect();
         let bodies: Vec<&[u8]> = events.iter().map(|e| e.payload.as_ref()).collect();
         let hashes: Vec<&[u8]> = events.iter().map(|e| e.payload_hash.as_slice()).collect();
+
+        let d = deliveries;
+        let d_ids: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.id.0)).collect();
+        let d_events: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.event_id.0)).collect();
+        let d_endpoints: Vec<Uuid> = d
+            .iter()
+            .map(|x| Uuid::from_bytes(x.endpoint_id.0))
+            .collect();
+        let d_tenants: Vec<&str> = d.iter().map(|x| x.tenant_id.as_str()).collect();
+        let d_types: Vec<&str> = d.iter().map(|x| x.event_type.as_str()).collect();
+        let d_occurred: Vec<SystemTime> = d
+            .iter()
+            .map(|x| x.event_occurred_at.to_system_time())
+            .collect();
+        let d_versions: Vec<i32> = d.iter().map(|x| x.endpoint_config_version).collect();
+        let d_created: Vec<SystemTime> = d.iter().map(|x| x.created_at.to_system_time()).collect();
+        let d_expires: Vec<SystemTime> = d.iter().map(|x| x.expires_at.to_system_time()).collect();
+        let d_owners: Vec<Option<&str>> = d.iter().map(|x| x.lease_owner.as_deref()).collect();
+        let d_lease_exp: Vec<Option<SystemTime>> = d
+            .iter()
+            .map(|x| x.lease_expires_at.map(|t| t.to_system_time()))
+            .collect();
+
+        let event_params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
+            &ids,
+            &tenants,
+            &types,
+            &versions,
+            &object_ids,
+            &object_versions,
+            &occurred,
+            &sources,
+            &lsns,
+            &ordinals,
+            &bodies,
+            &hashes,
+        ];
+        let delivery_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+            &d_ids,
+            &d_events,
+            &d_endpoints,
+            &d_tenants,
+            &d_types,
+            &d_occurred,
+            &d_versions,
+            &d_created,
+            &d_expires,
+            &d_owners,
+            &d_lease_exp,
+        ];
+        let fast = client
+            .prepare_cached(MATERIALIZE_FAST)
+            .await
+            .map_err(StoreError::query("prepare the fan-out write"))?;
+        let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = event_params
+            .iter()
+            .chain(delivery_params.iter())
+            .copied()
+            .collect();
+        match client.query(&fast, &all).await {
+            Ok(rows) => {
+                return Ok(rows
+                    .iter()
+                    .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
+                    .collect());
+            }
+            Err(e) if is_unique_violation(&e) => {
+                tracing::debug!("fan-out redoes events it stored before; filling gaps only");
+            }
+            Err(e) => return Err(StoreError::query("store events and deliveries")(e).into()),
+        }
+
+        // A redo (after a crash before the offset moved): fill gaps.
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin fan-out"))?;
         let stmt = tx
-            .prepare_cached(INSERT_EVENTS)
+            .prepare_cached(MATERIALIZE_EVENTS)
             .await
             .map_err(StoreError::query("prepare the event insert"))?;
-        tx.execute(
-            &stmt,
-            &[
-                &ids,
-                &tenants,
-                &types,
-                &versions,
-                &object_ids,
-                &object_versions,
-                &occurred,
-                &sources,
-                &lsns,
-                &ordinals,
-                &bodies,
-                &hashes,
-            ],
-        )
-        .await
-        .map_err(StoreError::query("insert events"))?;
-
+        tx.execute(&stmt, &event_params)
+            .await
+            .map_err(StoreError::query("insert events"))?;
         let mut made = Vec::new();
         if !deliveries.is_empty() {
-            let d = deliveries;
-            let ids: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.id.0)).collect();
-            let events: Vec<Uuid> = d.iter().map(|x| Uuid::from_bytes(x.event_id.0)).collect();
-            let endpoints: Vec<Uuid> = d
-                .iter()
-                .map(|x| Uuid::from_bytes(x.endpoint_id.0))
-                .collect();
-            let tenants: Vec<&str> = d.iter().map(|x| x.tenant_id.as_str()).collect();
-            let types: Vec<&str> = d.iter().map(|x| x.event_type.as_str()).collect();
-            let occurred: Vec<SystemTime> = d
-                .iter()
-                .map(|x| x.event_occurred_at.to_system_time())
-                .collect();
-            let versions: Vec<i32> = d.iter().map(|x| x.endpoint_config_version).collect();
-            let created: Vec<SystemTime> =
-                d.iter().map(|x| x.created_at.to_system_time()).collect();
-            let expires: Vec<SystemTime> =
-                d.iter().map(|x| x.expires_at.to_system_time()).collect();
-            let owners: Vec<Option<&str>> = d.iter().map(|x| x.lease_owner.as_deref()).collect();
-            let lease_exp: Vec<Option<SystemTime>> = d
-                .iter()
-                .map(|x| x.lease_expires_at.map(|t| t.to_system_time()))
-                .collect();
             let stmt = tx
-                .prepare_cached(INSERT_DELIVERIES)
+                .prepare_cached(MATERIALIZE_DELIVERIES)
                 .await
                 .map_err(StoreError::query("prepare the delivery insert"))?;
             let rows = tx
-                .query(
-                    &stmt,
-                    &[
-                        &ids, &events, &endpoints, &tenants, &types, &occurred, &versions,
-                        &created, &expires, &owners, &lease_exp,
-                    ],
-                )
+                .query(&stmt, &delivery_params)
                 .await
                 .map_err(StoreError::query("insert deliveries"))?;
             made = rows

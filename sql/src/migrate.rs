@@ -54,6 +54,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "incidents",
         sql: include_str!("../migrations/0006_incidents.sql"),
     },
+    Migration {
+        version: 7,
+        name: "ordered_ids",
+        sql: include_str!("../migrations/0007_ordered_ids.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

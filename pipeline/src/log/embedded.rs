@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::{
     Consumer, Log, LogError, Message, Producer, Receipt, Record, TopicSpec, partition_for,
@@ -35,6 +36,9 @@ struct Inner {
     /// Topics are typed on first use; `Arc<Topic<M>>` behind `Any`.
     topics: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
     closed: Arc<AtomicBool>,
+    /// Cancelled on close: receipts still waiting fail at once (a consumer
+    /// that will never commit must not hold its producers' receipts).
+    shut: CancellationToken,
     /// Every partition's notifier, to wake everyone on close.
     wakers: Mutex<Vec<Arc<Partition>>>,
 }
@@ -125,6 +129,7 @@ impl EmbeddedLog {
                 specs: specs.into_iter().map(|s| (s.name.clone(), s)).collect(),
                 topics: Mutex::new(HashMap::new()),
                 closed: Arc::new(AtomicBool::new(false)),
+                shut: CancellationToken::new(),
                 wakers: Mutex::new(Vec::new()),
             }),
         }
@@ -133,6 +138,7 @@ impl EmbeddedLog {
     /// Wakes every waiting sender and consumer with [`LogError::Closed`].
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.shut.cancel();
         for p in self.inner.wakers.lock().iter() {
             p.readable.notify_waiters();
             p.writable.notify_waiters();
@@ -190,6 +196,7 @@ impl Log for EmbeddedLog {
         Ok(EmbeddedProducer {
             topic: self.topic(topic)?,
             closed: self.inner.closed.clone(),
+            shut: self.inner.shut.clone(),
         })
     }
 
@@ -225,6 +232,7 @@ impl Log for EmbeddedLog {
 pub struct EmbeddedProducer<M> {
     topic: Arc<Topic<M>>,
     closed: Arc<AtomicBool>,
+    shut: CancellationToken,
 }
 
 impl<M> Clone for EmbeddedProducer<M> {
@@ -232,6 +240,7 @@ impl<M> Clone for EmbeddedProducer<M> {
         EmbeddedProducer {
             topic: self.topic.clone(),
             closed: self.closed.clone(),
+            shut: self.shut.clone(),
         }
     }
 }
@@ -283,9 +292,14 @@ impl<M: Message> Producer<M> for EmbeddedProducer<M> {
         if pending.is_empty() {
             return Ok(Receipt::ready());
         }
+        let shut = self.shut.clone();
         Ok(Receipt::new(async move {
             for rx in pending {
-                rx.await.map_err(|_| LogError::Closed)?;
+                tokio::select! {
+                    biased;
+                    durable = rx => durable.map_err(|_| LogError::Closed)?,
+                    _ = shut.cancelled() => return Err(LogError::Closed),
+                }
             }
             Ok(())
         }))

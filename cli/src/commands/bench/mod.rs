@@ -5,6 +5,7 @@ pub mod capture;
 pub mod flood;
 pub mod noisy;
 pub mod pipeline;
+pub mod receiver;
 pub mod world;
 
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ pub enum Scenario {
     /// with 1,000 failing endpoints and a hanging endpoint.
     #[command(name = "noisy-neighbour")]
     NoisyNeighbour(noisy::Args),
+    /// The benchmarks' receiver, started by them in a process of its own.
+    #[command(hide = true)]
+    Receiver,
 }
 
 /// Runs a scenario.
@@ -41,6 +45,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Scenario::Capture(a) => capture::run(a).await,
         Scenario::Pipeline(a) => pipeline::run(a).await,
         Scenario::NoisyNeighbour(a) => noisy::run(a).await,
+        Scenario::Receiver => receiver::serve().await,
     }
 }
 

@@ -72,16 +72,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let world = World::start().await?;
     world.endpoints("healthy", 4, 16).await?;
     for path in world.endpoints("noisy", args.noisy_endpoints, 4).await? {
-        world.receiver.set_behaviour(&path, Behaviour::Status(500));
+        world
+            .receiver
+            .set_behaviour(&path, &Behaviour::Status(500))
+            .await?;
     }
     for path in world.endpoints("slowpoke", 1, 8).await? {
-        world.receiver.set_behaviour(
-            &path,
-            Behaviour::Delay {
-                wait: Duration::from_secs(3600),
-                status: 200,
-            },
-        );
+        world
+            .receiver
+            .set_behaviour(
+                &path,
+                &Behaviour::Delay {
+                    wait: Duration::from_secs(3600),
+                    status: 200,
+                },
+            )
+            .await?;
     }
     let shutdown = CancellationToken::new();
     let running = world

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::world::{World, cpu_seconds, peak_rss_kib};
+use super::world::{World, build_commit, cpu_seconds, peak_rss_kib, process_cpu_seconds};
 use crate::pipeline::Running;
 
 /// Arguments of `walhook bench pipeline`.
@@ -63,6 +63,10 @@ pub struct Args {
     /// with `--api` alone.
     #[arg(long, default_value_t = 0)]
     pub api_flood: u64,
+    /// Load `pg_stat_statements` and report the statements that took the
+    /// most Postgres time, with µs per row.
+    #[arg(long)]
+    pub statements: bool,
 }
 
 /// The dispatch and fan-out settings every run of this benchmark uses.
@@ -71,7 +75,15 @@ const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size 
 /// A throwaway cluster with the tenant's endpoints, and every stage running
 /// (with the API when asked for: its port is returned).
 async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running, Option<u16>)> {
-    let world = World::start().await?;
+    let world = if args.statements {
+        World::start_with(&[
+            ("shared_preload_libraries", "'pg_stat_statements'"),
+            ("pg_stat_statements.track", "all"),
+        ])
+        .await?
+    } else {
+        World::start().await?
+    };
     world.endpoints("bench", args.endpoints, 64).await?;
     let shutdown = CancellationToken::new();
     if args.api || args.api_flood > 0 {
@@ -109,6 +121,10 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         });
     }
 
+    let wal_start = world.wal().await?;
+    let receiver_pid = world.receiver.pid();
+    let receiver_cpu = || receiver_pid.map_or(0.0, process_cpu_seconds);
+    let receiver_start = receiver_cpu();
     let (written, write_stop, writers) = world
         .writers("bench", 0, args.rate as f64, args.batch, args.writers)
         .await?;
@@ -130,7 +146,10 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     while started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_millis(250)).await;
         bar.set_position(written.load(Ordering::Relaxed));
-        bar.set_message(format!("{} webhooks", world.receiver.count()));
+        bar.set_message(format!(
+            "{} webhooks",
+            world.receiver.count().await.unwrap_or(0)
+        ));
     }
     write_stop.cancel();
     flood_stop.cancel();
@@ -148,10 +167,12 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let cpu_end = cpu_seconds();
+    let receiver_end = receiver_cpu();
     let cpu = (
         (cpu_end.0 - cpu_start.0) / write_secs,
         (cpu_end.1 - cpu_start.1) / write_secs,
         (cpu_end.2 - cpu_start.2) / write_secs,
+        (receiver_end - receiver_start) / write_secs,
     );
     bar.finish_and_clear();
     let events = written.load(Ordering::Relaxed);
@@ -166,6 +187,15 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     }
     let drain_secs = drain_start.elapsed().as_secs_f64();
     let total_secs = started.elapsed().as_secs_f64();
+    // The cost model: what each delivery cost, writes and drain included.
+    let cpu_done = cpu_seconds();
+    let wal_end = world.wal().await?;
+    let receiver_done = receiver_cpu();
+    let statements = if args.statements {
+        world.statements(12).await?
+    } else {
+        Vec::new()
+    };
     sampler_stop.cancel();
     shutdown.cancel();
     running.wait().await?;
@@ -181,6 +211,16 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let (ev, del, ok, att): (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
     let [p50, p99, p999] = world.first_attempt_latency("bench", 0, i64::MAX).await?;
     let found = args.find_rate.then_some(args.rate);
+    let per = |x: f64| x / (ok.max(1) as f64);
+    let cost = serde_json::json!({
+        "postgres_cpu_us": per(cpu_done.1 - cpu_start.1) * 1e6,
+        "walhook_cpu_us": per(cpu_done.0 - cpu_start.0) * 1e6,
+        "receiver_cpu_us": per(receiver_done - receiver_start) * 1e6,
+        "wal_bytes": per(wal_end.bytes - wal_start.bytes),
+        "wal_records": per(wal_end.records - wal_start.records),
+        "wal_full_page_images": per(wal_end.fpi - wal_start.fpi),
+        "note": "per delivery that succeeded, over the writes and the drain; WAL and Postgres CPU include the business writes (one order per event)",
+    });
     let result = serde_json::json!({
         "scenario": "pipeline",
         "target_events_per_second": args.rate,
@@ -198,7 +238,14 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "first_attempt_latency_ms": { "p50": p50, "p99": p99, "p99_9": p999 },
         "slot_max_lag_bytes": max_lag.load(Ordering::Relaxed),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
-        "cpu_cores_while_writing": { "walhook_process": cpu.0, "postgres": cpu.1, "machine_busy": cpu.2 },
+        "cpu_cores_while_writing": { "walhook_process": cpu.0, "postgres": cpu.1, "receiver_process": cpu.3, "machine_busy": cpu.2 },
+        "per_delivery": cost,
+        "statements": statements.iter().map(|(q, calls, rows, ms, us_per_row)| serde_json::json!({
+            "query": q, "calls": calls, "rows": rows, "total_ms": ms, "us_per_row": us_per_row,
+        })).collect::<Vec<_>>(),
+        "commit": build_commit(),
+        "machine": { "cores": std::thread::available_parallelism().map_or(0, |n| n.get()) },
+        "settings": { "walhook": SETTINGS, "postgres": "devkit's throwaway cluster (fsync off, synchronous_commit on, full_page_writes off, shared_buffers 128MB)" },
         "api": api_port.is_some(),
         "api_flood": flood.as_ref().map(|f| serde_json::json!({
             "target_requests_per_second": args.api_flood,
@@ -206,7 +253,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "requests_per_second": f.sent as f64 / write_secs,
             "statuses": f.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
         })),
-        "note": "Postgres, receivers, load writers and walhook share this machine; RSS is this process (walhook + receiver + writers)",
+        "note": "Postgres, the receiver (its own process), the load writers and walhook share this machine; RSS is this process (walhook + writers)",
     });
     if !args.json {
         println!(
@@ -239,6 +286,16 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "  peak RSS                  {:>10.0} MiB",
             peak_rss_kib() as f64 / 1024.0
         );
+        println!(
+            "  per delivery              Postgres {:.1} µs CPU, walhook {:.1} µs, receiver {:.1} µs, {:.0} WAL bytes",
+            cost["postgres_cpu_us"].as_f64().unwrap_or(0.0),
+            cost["walhook_cpu_us"].as_f64().unwrap_or(0.0),
+            cost["receiver_cpu_us"].as_f64().unwrap_or(0.0),
+            cost["wal_bytes"].as_f64().unwrap_or(0.0)
+        );
+        for (q, calls, rows, ms, us) in &statements {
+            println!("    {ms:>9.0} ms {calls:>8} calls {rows:>9} rows {us:>7.1} µs/row  {q}");
+        }
         if let Some(f) = &flood {
             println!(
                 "  API flood                 {:>10} requests ({:.0}/s), answers {:?}",

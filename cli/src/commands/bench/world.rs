@@ -1,6 +1,8 @@
 //! What the whole-path benchmarks share: a throwaway Postgres with an
-//! `orders` table and the platform schema, a counting receiver, tenants and
-//! endpoints, walhook running in-process, and the latency query.
+//! `orders` table and the platform schema, a counting receiver in a process
+//! of its own, tenants and endpoints, walhook running in-process, the
+//! latency query, and the readings of the cost model (CPU per process, WAL
+//! bytes).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,11 +10,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use walhook_devkit::postgres::LocalPostgres;
-use walhook_devkit::receiver::Receiver;
 use walhook_pipeline::ids::TenantId;
 use walhook_sql::Platform;
 use walhook_sql::endpoints::NewEndpoint;
 
+use super::receiver::RemoteReceiver;
 use crate::config::Config;
 use crate::pipeline::Running;
 
@@ -39,8 +41,8 @@ pub struct World {
     pub platform: Platform,
     /// A SQL session on the platform database.
     pub platform_sql: tokio_postgres::Client,
-    /// The receiver (counting only).
-    pub receiver: Receiver,
+    /// The receiver (counting only, in a process of its own).
+    pub receiver: RemoteReceiver,
     shop_url: String,
     platform_url: String,
 }
@@ -48,7 +50,16 @@ pub struct World {
 impl World {
     /// Starts Postgres and the receiver, creates the schemas.
     pub async fn start() -> anyhow::Result<World> {
-        let pg = LocalPostgres::start().await?;
+        Self::start_with(&[]).await
+    }
+
+    /// [`World::start`] with extra Postgres settings (`name`, `value`).
+    pub async fn start_with(settings: &[(&str, &str)]) -> anyhow::Result<World> {
+        let mut builder = LocalPostgres::builder();
+        for (name, value) in settings {
+            builder = builder.setting(name, value);
+        }
+        let pg = builder.start().await?;
         let shop_url = pg.create_database("shop").await?;
         let platform_url = pg.create_database("walhook").await?;
         pg.connect("shop").await?.batch_execute(SCHEMA).await?;
@@ -57,7 +68,7 @@ impl World {
         // The database lives and dies with this process: so does its key.
         let platform =
             Platform::new(&platform_url, 16)?.with_keyring(walhook_sql::Keyring::ephemeral());
-        let receiver = Receiver::start_counting().await?;
+        let receiver = RemoteReceiver::start().await?;
         Ok(World {
             pg,
             platform,
@@ -261,17 +272,29 @@ pub fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU seconds process `pid` has used so far (0 when it is gone).
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_seconds(&s))
+        .unwrap_or(0.0)
+}
+
+/// User + system seconds of a `/proc/PID/stat` line.
+fn stat_seconds(stat: &str) -> Option<f64> {
+    // Clock ticks per second: 100 on Linux unless the kernel says otherwise.
+    const HZ: f64 = 100.0;
+    // Fields after the command (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / HZ)
+}
+
 /// CPU time used so far, in seconds: (this process, every `postgres`
 /// process, the whole machine busy), read from /proc.
 pub fn cpu_seconds() -> (f64, f64, f64) {
-    // Clock ticks per second: 100 on Linux unless the kernel says otherwise.
     const HZ: f64 = 100.0;
-    let ticks = |stat: &str| -> Option<f64> {
-        // Fields after the command (which may hold spaces) in parentheses.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / HZ)
-    };
+    let ticks = stat_seconds;
     let own = std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| ticks(&s))
@@ -308,4 +331,64 @@ pub fn cpu_seconds() -> (f64, f64, f64) {
         })
         .unwrap_or(0.0);
     (own, postgres, busy)
+}
+
+/// What the platform database has written to its WAL so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WalReading {
+    /// Bytes.
+    pub bytes: f64,
+    /// Records.
+    pub records: f64,
+    /// Full-page images.
+    pub fpi: f64,
+}
+
+impl World {
+    /// The cluster's WAL counters (`pg_stat_wal`, the whole cluster: the
+    /// business writes are in it too).
+    pub async fn wal(&self) -> anyhow::Result<WalReading> {
+        let row = self
+            .platform_sql
+            .query_one(
+                "SELECT wal_bytes::float8, wal_records::float8, wal_fpi::float8 FROM pg_stat_wal",
+                &[],
+            )
+            .await?;
+        Ok(WalReading {
+            bytes: row.get(0),
+            records: row.get(1),
+            fpi: row.get(2),
+        })
+    }
+
+    /// The top statements by total time, when `pg_stat_statements` is
+    /// loaded: (query, calls, rows, total ms, µs per row).
+    pub async fn statements(
+        &self,
+        limit: i64,
+    ) -> anyhow::Result<Vec<(String, i64, i64, f64, f64)>> {
+        self.platform_sql
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await?;
+        let rows = self
+            .platform_sql
+            .query(
+                "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, rows, total_exec_time, \
+                        total_exec_time * 1000 / greatest(rows, 1) \
+                 FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1",
+                &[&limit],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect())
+    }
+}
+
+/// The commit this binary was built from (`WALHOOK_COMMIT` at build time),
+/// or "unknown".
+pub fn build_commit() -> &'static str {
+    option_env!("WALHOOK_COMMIT").unwrap_or("unknown")
 }
