@@ -165,6 +165,7 @@ async fn a_restart_in_the_middle_of_retries_keeps_counts_and_deadlines() {
         );
     }
     assert!(child.terminate().success());
+    w.assert_pending_consistent().await;
 }
 
 #[tokio::test]

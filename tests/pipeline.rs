@@ -307,6 +307,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
         ids.len()
     );
     assert!(child.unwrap().terminate().success());
+    w.assert_pending_consistent().await;
 }
 
 fn rand_u64() -> u64 {
@@ -591,5 +592,6 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
             );
         }
         assert!(child.terminate().success());
+        w.assert_pending_consistent().await;
     }
 }

@@ -87,6 +87,7 @@ async fn every_long_lived_task_is_watched() {
             .unwrap()
             .get(0);
         assert_eq!(made, want, "{failpoint}: a delivery made twice or missing");
+        w.assert_pending_consistent().await;
     }
     let received = w.receiver.received();
     assert!(received.iter().all(|r| r.verified == Some(true)));

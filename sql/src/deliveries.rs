@@ -338,6 +338,17 @@ impl Platform {
         .await
         .map_err(StoreError::query("store a test delivery"))?;
         tx.execute(
+            "INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at) \
+             VALUES ($1, $2, $3, $3)",
+            &[
+                &Uuid::from_bytes(delivery.id.0),
+                &Uuid::from_bytes(delivery.endpoint_id.0),
+                &delivery.created_at.to_system_time(),
+            ],
+        )
+        .await
+        .map_err(StoreError::query("schedule a test delivery"))?;
+        tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'endpoint.test_sent', $3, jsonb_build_object('delivery_id', $4::text, 'event_id', $5::text))",
             &[

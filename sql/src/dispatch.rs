@@ -25,48 +25,69 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text
      AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note) \
 ON CONFLICT DO NOTHING";
 
+/// The deliveries' new states under their leases, and the pending rows
+/// kept in step (a terminal delivery leaves `pending`; one handed back
+/// becomes due for any node), for parameters from `$first` on. The state
+/// change touches no indexed column of `deliveries`: a HOT update.
+fn states_sql(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "u AS ( \
+            UPDATE walhook.deliveries d SET \
+                status = x.status::walhook.delivery_status, \
+                attempt_count = greatest(d.attempt_count, x.attempts), \
+                next_attempt_at = x.next_at, \
+                lease_owner = CASE WHEN x.hold IS NULL THEN NULL ELSE d.lease_owner END, \
+                lease_expires_at = x.hold, \
+                last_http_status = x.http, \
+                last_error_class = x.err, \
+                updated_at = now() \
+            FROM unnest({}::uuid[], {}::text[], {}::int4[], {}::timestamptz[], {}::timestamptz[], \
+                        {}::int8[], {}::int4[], {}::text[]) \
+                 AS x(id, status, attempts, next_at, hold, lease, http, err) \
+            WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
+            RETURNING d.id, d.status, d.lease_owner, d.next_attempt_at), \
+        gone AS ( \
+            DELETE FROM walhook.pending p USING u \
+            WHERE p.delivery_id = u.id AND u.status <> 'pending'), \
+        freed AS ( \
+            UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = u.next_attempt_at FROM u \
+            WHERE p.delivery_id = u.id AND u.status = 'pending' AND u.lease_owner IS NULL) \
+        SELECT id FROM u",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7)
+    )
+}
+
 /// Attempts and the states after them in one statement (one round trip,
 /// atomic without an explicit transaction), attempts inserted plainly.
-const RECORD_FAST: &str = "\
-WITH a AS ( \
-    INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
-                                  endpoint_config_version, started_at, finished_at, http_status, latency_ms, \
-                                  outcome, error_class, response_sha256, response_excerpt, note) \
-    SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
-           greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
-    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
-                $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], \
-                $14::text[], $15::text[]) \
-         AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note)) \
-UPDATE walhook.deliveries d SET \
-    status = u.status::walhook.delivery_status, \
-    attempt_count = greatest(d.attempt_count, u.attempts), \
-    next_attempt_at = u.next_at, \
-    lease_owner = CASE WHEN u.hold IS NULL THEN NULL ELSE d.lease_owner END, \
-    lease_expires_at = u.hold, \
-    last_http_status = u.http, \
-    last_error_class = u.err, \
-    updated_at = now() \
-FROM unnest($16::uuid[], $17::text[], $18::int4[], $19::timestamptz[], $20::timestamptz[], $21::int8[], \
-            $22::int4[], $23::text[]) \
-     AS u(id, status, attempts, next_at, hold, lease, http, err) \
-WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
-RETURNING d.id";
+static RECORD_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH a AS ( \
+            INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
+                                          endpoint_config_version, started_at, finished_at, http_status, \
+                                          latency_ms, outcome, error_class, response_sha256, \
+                                          response_excerpt, note) \
+            SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
+                   greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
+            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
+                        $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], \
+                        $13::bytea[], $14::text[], $15::text[]) \
+                 AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note)), \
+        {}",
+        states_sql(16)
+    )
+});
 
-const UPDATE_DELIVERIES: &str = "\
-UPDATE walhook.deliveries d SET \
-    status = u.status::walhook.delivery_status, \
-    attempt_count = greatest(d.attempt_count, u.attempts), \
-    next_attempt_at = u.next_at, \
-    lease_owner = CASE WHEN u.hold IS NULL THEN NULL ELSE d.lease_owner END, \
-    lease_expires_at = u.hold, \
-    last_http_status = u.http, \
-    last_error_class = u.err, \
-    updated_at = now() \
-FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::timestamptz[], $6::int8[], $7::int4[], $8::text[]) \
-     AS u(id, status, attempts, next_at, hold, lease, http, err) \
-WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending' \
-RETURNING d.id";
+/// The states alone (the careful path, after the attempts' own insert).
+static RECORD_STATES: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("WITH {}", states_sql(1)));
 
 /// Replay requests, one per delivery, of deliveries no other live node
 /// holds (every attempt of a delivery goes through its holder, which keeps
@@ -96,43 +117,44 @@ RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload,
 /// The claim update shared by the claims: `due` names the rows and says
 /// whether an unrecorded attempt may have gone out (`after_unknown`).
 const CLAIM_UPDATE: &str = "\
+taken AS (UPDATE walhook.pending p SET lease_owner = $1 FROM due WHERE p.delivery_id = due.id) \
 UPDATE walhook.deliveries d SET \
     lease_version = d.lease_version + 1, lease_owner = $1, lease_expires_at = NULL \
 FROM due, walhook.events e \
-WHERE d.id = due.id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+WHERE d.id = due.id AND d.status = 'pending' AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
           d.event_occurred_at, d.manual_attempt_count, due.after_unknown";
 
-/// Due, unheld deliveries (the `deliveries_due` index), then those of nodes
-/// whose lease lapsed (the `deliveries_held` index). A delivery is unheld
+/// Due, unheld deliveries (the `pending_due` index), then those of nodes
+/// whose lease lapsed (the `pending_held` index). A delivery is unheld
 /// only once its holder recorded it, so nothing of it is unknown.
 const CLAIM_UNHELD: &str = "\
 WITH due AS ( \
-    SELECT id, false AS after_unknown FROM walhook.deliveries \
-    WHERE status = 'pending' AND lease_owner IS NULL AND next_attempt_at <= now() \
+    SELECT delivery_id AS id, false AS after_unknown FROM walhook.pending \
+    WHERE lease_owner IS NULL AND next_attempt_at <= now() \
       AND endpoint_id <> ALL($3::uuid[]) \
     ORDER BY next_attempt_at \
     LIMIT $2 \
-    FOR UPDATE SKIP LOCKED) ";
+    FOR UPDATE SKIP LOCKED), ";
 
 /// A lapsed node that did not record a clean stop may have had attempts
 /// out.
 const CLAIM_ORPHANS: &str = "\
 WITH due AS ( \
-    SELECT d.id, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
-    FROM walhook.deliveries d LEFT JOIN walhook.dispatch_nodes n ON n.node_id = d.lease_owner \
-    WHERE d.status = 'pending' AND d.lease_owner = ANY($3::text[]) \
+    SELECT p.delivery_id AS id, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
+    FROM walhook.pending p LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
+    WHERE p.lease_owner = ANY($3::text[]) \
     LIMIT $2 \
-    FOR UPDATE OF d SKIP LOCKED) ";
+    FOR UPDATE OF p SKIP LOCKED), ";
 
 const RECLAIM_OWN: &str = "\
 WITH due AS ( \
-    SELECT id, $4::bool AS after_unknown FROM walhook.deliveries \
-    WHERE status = 'pending' AND lease_owner = $1 AND id > $3 \
-    ORDER BY id \
+    SELECT delivery_id AS id, $4::bool AS after_unknown FROM walhook.pending \
+    WHERE lease_owner = $1 AND delivery_id > $3 \
+    ORDER BY delivery_id \
     LIMIT $2 \
-    FOR UPDATE SKIP LOCKED) ";
+    FOR UPDATE SKIP LOCKED), ";
 
 fn uuid16(b: &[u8; 16]) -> Uuid {
     Uuid::from_bytes(*b)
@@ -235,7 +257,7 @@ impl DispatchStore for Platform {
             a.iter().filter(|x| x.trigger == Trigger::Manual).collect();
         if manual.is_empty() {
             let fast = client
-                .prepare_cached(RECORD_FAST)
+                .prepare_cached(&RECORD_FAST)
                 .await
                 .map_err(StoreError::query("prepare the attempt record"))?;
             let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = attempt_params
@@ -300,7 +322,7 @@ impl DispatchStore for Platform {
         }
 
         let stmt = tx
-            .prepare_cached(UPDATE_DELIVERIES)
+            .prepare_cached(&RECORD_STATES)
             .await
             .map_err(StoreError::query("prepare the delivery update"))?;
         let rows = tx
@@ -324,10 +346,13 @@ impl DispatchStore for Platform {
         let reasons: Vec<&str> = changes.iter().map(|c| c.reason).collect();
         client
             .execute(
-                "UPDATE walhook.deliveries d SET status = u.status::walhook.delivery_status, last_error_class = u.reason, \
-                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
-                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[]) AS u(id, status, lease, reason) \
-                 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                "WITH u AS ( \
+                   UPDATE walhook.deliveries d SET status = x.status::walhook.delivery_status, \
+                     last_error_class = x.reason, lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                   FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[]) AS x(id, status, lease, reason) \
+                   WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
+                   RETURNING d.id) \
+                 DELETE FROM walhook.pending p USING u WHERE p.delivery_id = u.id",
                 &[&ids, &statuses, &leases, &reasons],
             )
             .await
@@ -468,10 +493,14 @@ impl DispatchStore for Platform {
             .collect();
         client
             .execute(
-                "UPDATE walhook.deliveries d SET lease_owner = NULL, lease_expires_at = NULL, \
-                   next_attempt_at = greatest(d.next_attempt_at, u.t), updated_at = now() \
-                 FROM unnest($1::uuid[], $2::int8[], $3::timestamptz[]) AS u(id, lease, t) \
-                 WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                "WITH u AS ( \
+                   UPDATE walhook.deliveries d SET lease_owner = NULL, lease_expires_at = NULL, \
+                     next_attempt_at = greatest(d.next_attempt_at, x.t), updated_at = now() \
+                   FROM unnest($1::uuid[], $2::int8[], $3::timestamptz[]) AS x(id, lease, t) \
+                   WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
+                   RETURNING d.id, d.next_attempt_at) \
+                 UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = u.next_attempt_at \
+                 FROM u WHERE p.delivery_id = u.id",
                 &[&ids, &leases, &times],
             )
             .await
@@ -685,10 +714,13 @@ impl Platform {
         } else {
             client
                 .execute(
-                    "UPDATE walhook.deliveries d SET status = 'failed', last_error_class = 'unreadable', \
-                       lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
-                     FROM unnest($1::uuid[], $2::int8[]) AS u(id, lease) \
-                     WHERE d.id = u.id AND d.lease_version = u.lease AND d.status = 'pending'",
+                    "WITH u AS ( \
+                       UPDATE walhook.deliveries d SET status = 'failed', last_error_class = 'unreadable', \
+                         lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                       FROM unnest($1::uuid[], $2::int8[]) AS x(id, lease) \
+                       WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
+                       RETURNING d.id) \
+                     DELETE FROM walhook.pending p USING u WHERE p.delivery_id = u.id",
                     &[&ids, &leases],
                 )
                 .await

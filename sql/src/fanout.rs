@@ -106,7 +106,10 @@ d AS ( \
     FROM unnest($13::uuid[], $14::uuid[], $15::uuid[], $16::text[], $17::text[], $18::timestamptz[], \
                 $19::int4[], $20::timestamptz[], $21::timestamptz[], $22::text[], $23::timestamptz[]) \
          AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
-    RETURNING id) \
+    RETURNING id, endpoint_id, created_at, next_attempt_at, lease_owner), \
+p AS ( \
+    INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
+    SELECT * FROM d) \
 SELECT id FROM d";
 
 /// The redo's events: those already stored are left as they are.
@@ -117,18 +120,24 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[],
                      $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[]) \
 ON CONFLICT DO NOTHING";
 
-/// The redo's deliveries: only those missing are made (and returned).
+/// The redo's deliveries: only those missing are made (with their pending
+/// rows, and returned).
 const MATERIALIZE_DELIVERIES: &str = "\
-INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
-                                endpoint_config_version, next_attempt_at, expires_at, lease_version, \
-                                lease_owner, lease_expires_at, created_at, updated_at) \
-SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
-       CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
-FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
-            $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
-     AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
-ON CONFLICT DO NOTHING \
-RETURNING id";
+WITH d AS ( \
+    INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                                    endpoint_config_version, next_attempt_at, expires_at, lease_version, \
+                                    lease_owner, lease_expires_at, created_at, updated_at) \
+    SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
+           CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
+    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
+                $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
+         AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
+    ON CONFLICT DO NOTHING \
+    RETURNING id, endpoint_id, created_at, next_attempt_at, lease_owner), \
+p AS ( \
+    INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
+    SELECT * FROM d) \
+SELECT id FROM d";
 
 /// Whether `e` is a unique violation (a row that exists already).
 pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {

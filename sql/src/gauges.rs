@@ -28,7 +28,7 @@ impl Platform {
             .query_one(
                 "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
                         count(*) FILTER (WHERE next_attempt_at <= now() AND lease_owner IS NULL) \
-                 FROM walhook.deliveries WHERE status = 'pending'",
+                 FROM walhook.pending",
                 &[],
             )
             .await

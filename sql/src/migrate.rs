@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "ordered_ids",
         sql: include_str!("../migrations/0007_ordered_ids.sql"),
     },
+    Migration {
+        version: 8,
+        name: "pending",
+        sql: include_str!("../migrations/0008_pending.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -240,6 +240,28 @@ impl World {
         }
     }
 
+    /// Panics unless every pending delivery, and only a pending one, has its
+    /// row in `walhook.pending` (the invariant every status change keeps).
+    pub async fn assert_pending_consistent(&self) {
+        let row = self
+            .platform_sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM walhook.deliveries d WHERE d.status = 'pending' \
+                           AND NOT EXISTS (SELECT 1 FROM walhook.pending p WHERE p.delivery_id = d.id)), \
+                        (SELECT count(*) FROM walhook.pending p WHERE NOT EXISTS \
+                           (SELECT 1 FROM walhook.deliveries d WHERE d.id = p.delivery_id AND d.status = 'pending'))",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (missing, extra): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(
+            (missing, extra),
+            (0, 0),
+            "pending deliveries without a pending row, and pending rows of deliveries that are not pending"
+        );
+    }
+
     /// Counts of the platform's tables and the receiver's requests, for
     /// failure messages.
     pub async fn state(&self) -> String {
