@@ -184,6 +184,12 @@ async fn a_replay_is_a_manual_attempt_on_the_same_delivery() {
             .await
     );
     let sql = &w.platform_sql;
+    w.wait_count(
+        "the delivery's row",
+        "SELECT count(*) FROM walhook.deliveries",
+        1,
+    )
+    .await;
     let delivery: uuid::Uuid = sql
         .query_one("SELECT id FROM walhook.deliveries", &[])
         .await

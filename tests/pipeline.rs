@@ -158,7 +158,14 @@ async fn business_writes_become_verified_webhooks() {
     let expected_total: usize = expected.values().map(HashSet::len).sum();
     assert_eq!(ids.len(), expected_total);
 
-    // The platform agrees.
+    // The platform agrees (a delivery's row is written with its first
+    // attempt's outcome, just after the receiver answered).
+    w.wait_count(
+        "every delivery recorded as succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        expected_total as i64,
+    )
+    .await;
     let row = w
         .platform_sql
         .query_one(
@@ -308,6 +315,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
     );
     assert!(child.unwrap().terminate().success());
     w.assert_pending_consistent().await;
+    w.assert_plans_written().await;
 }
 
 fn rand_u64() -> u64 {
@@ -557,6 +565,15 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
             "{failpoint}: deliveries lost: {}",
             w.state().await
         );
+        // Rows are written with the attempts' outcomes, just after the
+        // receiver answered: wait for them, then for any extra one.
+        w.wait_count(
+            &format!("{failpoint}: the deliveries' rows"),
+            "SELECT count(*) FROM walhook.deliveries",
+            40,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let made: i64 = w
             .platform_sql
             .query_one("SELECT count(*) FROM walhook.deliveries", &[])
@@ -593,5 +610,6 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
         }
         assert!(child.terminate().success());
         w.assert_pending_consistent().await;
+        w.assert_plans_written().await;
     }
 }

@@ -86,6 +86,18 @@ impl DispatchStore for Memory {
     ) -> Result<Vec<DeliveryJob>, StoreError> {
         Ok(Vec::new())
     }
+    async fn reclaim_plans(
+        &self,
+        _: &str,
+        _: Option<EventId>,
+        _: usize,
+        _: bool,
+    ) -> Result<(Vec<DeliveryJob>, Option<EventId>), StoreError> {
+        Ok((Vec::new(), None))
+    }
+    async fn tidy_plans(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
     async fn release(&self, _: &[Release]) -> Result<(), StoreError> {
         Ok(())
     }
@@ -217,6 +229,7 @@ impl Harness {
                 attempt_count: 0,
                 manual_attempt_count: 0,
                 after_unknown: false,
+                materialized: true,
                 created_at: now,
                 next_attempt_at: now,
                 expires_at: now.plus(Duration::from_secs(24 * 3600)),

@@ -114,6 +114,11 @@ pub struct DeliveryJob {
     /// drain: an attempt may have been sent and not recorded, so the next
     /// attempt skips a number and says so ([`ATTEMPT_NOTE_UNKNOWN`]).
     pub after_unknown: bool,
+    /// Whether the delivery has its row yet. Fan-out stores an event's plan
+    /// (which endpoints get it), not a row per delivery: the row is written
+    /// once there is something to say about it, usually with the outcome of
+    /// its first attempt ([`FirstWrite`]).
+    pub materialized: bool,
     /// When it was made.
     pub created_at: Timestamp,
     /// When the next attempt is due.
@@ -144,7 +149,46 @@ pub struct Replay {
 /// perhaps received, never recorded: its dispatcher stopped first).
 pub const ATTEMPT_NOTE_UNKNOWN: &str = "previous_outcome_unknown";
 
+/// What a delivery's row needs when it is written for the first time (its
+/// job was planned by fan-out and had no row yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstWrite {
+    /// The event.
+    pub event_id: EventId,
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// The tenant.
+    pub tenant_id: TenantId,
+    /// The event's type.
+    pub event_type: EventType,
+    /// The event's commit time.
+    pub event_occurred_at: Timestamp,
+    /// The endpoint config version the plan decided with.
+    pub config_version: i32,
+    /// When fan-out planned it.
+    pub created_at: Timestamp,
+    /// When automatic retries stop.
+    pub expires_at: Timestamp,
+}
+
 impl DeliveryJob {
+    /// What writing this job's row for the first time needs, when it has
+    /// none yet.
+    pub fn first_write(&self) -> Option<Box<FirstWrite>> {
+        (!self.materialized).then(|| {
+            Box::new(FirstWrite {
+                event_id: self.event_id,
+                endpoint_id: self.endpoint_id,
+                tenant_id: self.tenant_id.clone(),
+                event_type: self.event_type.clone(),
+                event_occurred_at: self.event_occurred_at,
+                config_version: self.endpoint_config_version,
+                created_at: self.created_at,
+                expires_at: self.expires_at,
+            })
+        })
+    }
+
     /// The number the next automatic attempt takes from what is recorded:
     /// one past every recorded attempt, automatic and manual, and one more
     /// when an unrecorded attempt may have gone out.
@@ -220,6 +264,8 @@ pub struct AttemptRecord {
     pub replay_request: Option<i64>,
     /// Why the attempt is special, when it is ([`ATTEMPT_NOTE_UNKNOWN`]).
     pub note: Option<&'static str>,
+    /// Set when the delivery has no row yet: this record writes it.
+    pub first_write: Option<Box<FirstWrite>>,
 }
 
 mod codec {
@@ -295,7 +341,7 @@ mod codec {
                 }
             }
             out.extend_from_slice(&self.manual_attempt_count.to_be_bytes());
-            out.push(u8::from(self.after_unknown));
+            out.push(u8::from(self.after_unknown) | (u8::from(self.materialized) << 1));
         }
 
         fn decode(bytes: &[u8]) -> Result<Self, LogError> {
@@ -325,9 +371,13 @@ mod codec {
                     number: c.u32()?,
                 }),
             };
-            let (manual_attempt_count, after_unknown) = match version {
-                1 => (0, false),
-                _ => (c.u32()?, c.take(1)? != [0]),
+            let (manual_attempt_count, after_unknown, materialized) = match version {
+                1 => (0, false, true),
+                _ => {
+                    let count = c.u32()?;
+                    let flags = c.take(1)?[0];
+                    (count, flags & 1 != 0, flags & 2 != 0)
+                }
             };
             Ok(DeliveryJob {
                 delivery_id,
@@ -339,6 +389,7 @@ mod codec {
                 attempt_count,
                 manual_attempt_count,
                 after_unknown,
+                materialized,
                 created_at,
                 next_attempt_at,
                 expires_at,
@@ -366,6 +417,7 @@ mod codec {
                 attempt_count: 2,
                 manual_attempt_count: 1,
                 after_unknown: true,
+                materialized: false,
                 created_at: Timestamp(5),
                 next_attempt_at: Timestamp(6),
                 expires_at: Timestamp(7),

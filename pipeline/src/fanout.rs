@@ -293,6 +293,7 @@ where
                     attempt_count: 0,
                     manual_attempt_count: 0,
                     after_unknown: false,
+                    materialized: false,
                     created_at: now,
                     next_attempt_at: now,
                     expires_at,

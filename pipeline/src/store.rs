@@ -194,6 +194,23 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
         after_unknown: bool,
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
+    /// After a restart: takes back the plans of fan-out (deliveries with no
+    /// row yet) this node held, in event order after `after`, bumping each
+    /// plan's lease; returns their deliveries that have no row yet and the
+    /// event to continue after (`None` when done).
+    fn reclaim_plans(
+        &self,
+        node: &str,
+        after: Option<crate::ids::EventId>,
+        limit: usize,
+        after_unknown: bool,
+    ) -> impl Future<Output = Result<(Vec<DeliveryJob>, Option<crate::ids::EventId>), StoreError>> + Send;
+
+    /// Removes plans whose deliveries all have their rows (left behind by a
+    /// crash, or by two writers finishing one plan at once); returns how
+    /// many.
+    fn tidy_plans(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Hands held deliveries back (no attempt): they stay pending, become
     /// due no earlier than the given time, and any node may claim them then.
     fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -239,6 +256,8 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
 /// A delivery ending without an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transition {
+    /// Set when the delivery has no row yet: this transition writes it.
+    pub first_write: Option<Box<crate::delivery::FirstWrite>>,
     /// The delivery.
     pub delivery_id: DeliveryId,
     /// The lease it is held under.
@@ -252,6 +271,8 @@ pub struct Transition {
 /// A held delivery handed back without an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
+    /// Set when the delivery has no row yet: the release writes it.
+    pub first_write: Option<Box<crate::delivery::FirstWrite>>,
     /// The delivery.
     pub delivery_id: DeliveryId,
     /// The lease it is held under.

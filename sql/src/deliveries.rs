@@ -127,6 +127,17 @@ const DELIVERY_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.event_type, d
     d.attempt_count, d.manual_attempt_count, d.next_attempt_at, d.expires_at, d.last_http_status, \
     d.last_error_class, d.endpoint_config_version, d.event_occurred_at, d.created_at, d.updated_at";
 
+/// The same columns for a delivery fan-out planned that has no row yet
+/// (`x` is a row of the plan's `unnest`): pending, no attempt, due since it
+/// was planned.
+const PLANNED_COLUMNS: &str = "x.id, f.event_id, x.ep, f.event_type, 'pending'::text, 0, 0, \
+    f.created_at, f.expires_at, NULL::int4, NULL::text, x.ver, f.event_occurred_at, f.created_at, f.created_at";
+
+/// The deliveries of fan-out plans that have no row yet, as `x(id, ep,
+/// ver)` beside their plan `f`.
+const PLANNED_FROM: &str = "walhook.fanouts f \
+    CROSS JOIN LATERAL unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS x(id, ep, ver)";
+
 fn delivery_row(r: &tokio_postgres::Row) -> DeliveryRecord {
     let status: String = r.get(4);
     DeliveryRecord {
@@ -149,53 +160,91 @@ fn delivery_row(r: &tokio_postgres::Row) -> DeliveryRecord {
 }
 
 impl Platform {
-    /// Deliveries matching `f`, newest first.
+    /// Deliveries matching `f`, newest first: those with a row, and those
+    /// fan-out planned that have none yet (pending, not attempted).
     pub async fn list_deliveries(
         &self,
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryRecord>, StoreError> {
-        // Built from the filters given, so that each query can use the
-        // (tenant|endpoint, created_at, id) indexes.
-        let mut sql =
-            format!("SELECT {DELIVERY_COLUMNS} FROM walhook.deliveries d WHERE d.tenant_id = $1");
+        // Built from the filters given, so that the rows' branch can use the
+        // (tenant|endpoint, created_at, id) indexes; the plans' branch is
+        // small (deliveries waiting for their first attempt).
         let endpoint = f.endpoint.map(|e| Uuid::from_bytes(e.0));
         let status = f.status.map(DeliveryStatus::as_str);
         let (before_at, before_id) = f.before.unzip();
         let tenant = f.tenant.as_str();
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&tenant];
+        let mut rows_where = String::from("d.tenant_id = $1");
+        let mut plans_where = String::from(
+            "f.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM walhook.deliveries r WHERE r.id = x.id)",
+        );
+        // The placeholder of the next parameter pushed.
         let mut n = 1;
-        let mut push = |cond: &str, sql: &mut String| {
+        let mut next = || {
             n += 1;
-            sql.push_str(&cond.replace('?', &format!("${n}")));
+            format!("${n}")
         };
         if let Some(e) = &endpoint {
-            push(" AND d.endpoint_id = ?", &mut sql);
+            let p = next();
             params.push(e);
+            rows_where.push_str(&format!(" AND d.endpoint_id = {p}"));
+            plans_where.push_str(&format!(" AND x.ep = {p}"));
         }
         if let Some(t) = &f.event_type {
-            push(" AND d.event_type = ?", &mut sql);
+            let p = next();
             params.push(t);
+            rows_where.push_str(&format!(" AND d.event_type = {p}"));
+            plans_where.push_str(&format!(" AND f.event_type = {p}"));
         }
+        // Planned deliveries are pending: a filter on another status
+        // leaves them out.
+        let plans = status.is_none_or(|s| s == "pending");
         if let Some(s) = &status {
-            push(" AND d.status = ?::text::walhook.delivery_status", &mut sql);
+            let p = next();
             params.push(s);
+            rows_where.push_str(&format!(
+                " AND d.status = {p}::text::walhook.delivery_status"
+            ));
         }
         if let Some(t) = &f.since {
-            push(" AND d.created_at >= ?", &mut sql);
+            let p = next();
             params.push(t);
+            rows_where.push_str(&format!(" AND d.created_at >= {p}"));
+            plans_where.push_str(&format!(" AND f.created_at >= {p}"));
         }
         if let Some(t) = &f.until {
-            push(" AND d.created_at < ?", &mut sql);
+            let p = next();
             params.push(t);
+            rows_where.push_str(&format!(" AND d.created_at < {p}"));
+            plans_where.push_str(&format!(" AND f.created_at < {p}"));
         }
         if let (Some(at), Some(id)) = (&before_at, &before_id) {
-            push(" AND (d.created_at, d.id) < (?", &mut sql);
+            let pa = next();
             params.push(at);
-            push(", ?)", &mut sql);
+            let pi = next();
             params.push(id);
+            rows_where.push_str(&format!(" AND (d.created_at, d.id) < ({pa}, {pi})"));
+            plans_where.push_str(&format!(" AND (f.created_at, x.id) < ({pa}, {pi})"));
         }
-        push(" ORDER BY d.created_at DESC, d.id DESC LIMIT ?", &mut sql);
+        let pl = next();
         params.push(&f.limit);
+        let rows_part = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM walhook.deliveries d WHERE {rows_where} \
+             ORDER BY d.created_at DESC, d.id DESC LIMIT {pl}"
+        );
+        let sql = if plans {
+            format!(
+                "SELECT * FROM (({rows_part}) UNION ALL \
+                   (SELECT {PLANNED_COLUMNS} FROM {PLANNED_FROM} WHERE {plans_where} \
+                    ORDER BY f.created_at DESC, x.id DESC LIMIT {pl})) AS d (id, event_id, endpoint_id, \
+                   event_type, status, attempt_count, manual_attempt_count, next_attempt_at, expires_at, \
+                   last_http_status, last_error_class, endpoint_config_version, event_occurred_at, \
+                   created_at, updated_at) \
+                 ORDER BY created_at DESC, id DESC LIMIT {pl}"
+            )
+        } else {
+            rows_part
+        };
         let client = self.client().await?;
         let rows = client
             .query(&sql, &params)
@@ -220,7 +269,47 @@ impl Platform {
             )
             .await
             .map_err(StoreError::query("read a delivery"))?;
+        if let Some(row) = row {
+            return Ok(Some(delivery_row(&row)));
+        }
+        self.planned_delivery(&client, tenant, id).await
+    }
+
+    /// Delivery `id` of `tenant` while it has no row (fan-out planned it;
+    /// its first attempt has not been recorded): found through its plan,
+    /// whose event id shares the delivery id's first 8 bytes.
+    async fn planned_delivery(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        tenant: &TenantId,
+        id: DeliveryId,
+    ) -> Result<Option<DeliveryRecord>, StoreError> {
+        let mut low = [0u8; 16];
+        let mut high = [0xffu8; 16];
+        low[..8].copy_from_slice(&id.0[..8]);
+        high[..8].copy_from_slice(&id.0[..8]);
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {PLANNED_COLUMNS} FROM {PLANNED_FROM} \
+                     WHERE f.event_id BETWEEN $3 AND $4 AND f.tenant_id = $2 AND x.id = $1"
+                ),
+                &[
+                    &Uuid::from_bytes(id.0),
+                    &tenant.as_str(),
+                    &Uuid::from_bytes(low),
+                    &Uuid::from_bytes(high),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("read a planned delivery"))?;
         Ok(row.as_ref().map(delivery_row))
+    }
+
+    /// Whether delivery `id` of `tenant` is planned and has no row yet.
+    pub async fn is_planned(&self, tenant: &TenantId, id: DeliveryId) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(self.planned_delivery(&client, tenant, id).await?.is_some())
     }
 
     /// The event of `delivery` (found in its day partition).

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, Replay, Trigger};
+use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, FirstWrite, Replay, Trigger};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, Transition};
@@ -25,10 +25,11 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text
      AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note) \
 ON CONFLICT DO NOTHING";
 
-/// The deliveries' new states under their leases, and the pending rows
-/// kept in step (a terminal delivery leaves `pending`; one handed back
-/// becomes due for any node), for parameters from `$first` on. The state
-/// change touches no indexed column of `deliveries`: a HOT update.
+/// The CTEs `u`, `gone`, `freed`: the deliveries' new states under their
+/// leases, and the pending rows kept in step (a terminal delivery leaves
+/// `pending`; one handed back becomes due for any node), for parameters
+/// from `$first` on (8 arrays). The state change touches no indexed column
+/// of `deliveries`: a HOT update.
 fn states_sql(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
@@ -52,8 +53,7 @@ fn states_sql(first: usize) -> String {
             WHERE p.delivery_id = u.id AND u.status <> 'pending'), \
         freed AS ( \
             UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = u.next_attempt_at FROM u \
-            WHERE p.delivery_id = u.id AND u.status = 'pending' AND u.lease_owner IS NULL) \
-        SELECT id FROM u",
+            WHERE p.delivery_id = u.id AND u.status = 'pending' AND u.lease_owner IS NULL)",
         p(0),
         p(1),
         p(2),
@@ -65,8 +65,69 @@ fn states_sql(first: usize) -> String {
     )
 }
 
-/// Attempts and the states after them in one statement (one round trip,
-/// atomic without an explicit transaction), attempts inserted plainly.
+/// The CTEs `n`, `np`, `done`: the first rows of deliveries that had none
+/// (planned by fan-out), for parameters from `$first` on (16 arrays),
+/// written only under their plan's current lease; their pending rows; and
+/// the plans whose deliveries now all have rows, removed. `careful` adds
+/// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
+/// it is and counts as stale).
+fn fresh_sql(first: usize, careful: bool) -> String {
+    let p: Vec<String> = (0..16).map(|i| format!("${}", first + i)).collect();
+    format!(
+        "n AS ( \
+            INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
+                endpoint_config_version, status, attempt_count, next_attempt_at, expires_at, lease_version, \
+                lease_owner, lease_expires_at, last_http_status, last_error_class, created_at, updated_at) \
+            SELECT x.id, x.ev, x.ep, x.tenant, x.etype, x.occ, x.ver, x.status::walhook.delivery_status, \
+                   x.attempts, x.next_at, x.expires, x.lease, \
+                   CASE WHEN x.hold IS NULL THEN NULL ELSE f.lease_owner END, x.hold, x.http, x.err, \
+                   x.created, now() \
+            FROM unnest({}::uuid[], {}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::timestamptz[], \
+                        {}::int4[], {}::text[], {}::int4[], {}::timestamptz[], {}::timestamptz[], \
+                        {}::timestamptz[], {}::timestamptz[], {}::int8[], {}::int4[], {}::text[]) \
+                 AS x(id, ev, ep, tenant, etype, occ, ver, status, attempts, next_at, expires, created, \
+                      hold, lease, http, err) \
+            JOIN walhook.fanouts f ON f.event_id = x.ev AND f.lease_version = x.lease \
+            {} \
+            RETURNING id, event_id, endpoint_id, created_at, next_attempt_at, lease_owner, status), \
+        np AS ( \
+            INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
+            SELECT id, endpoint_id, created_at, next_attempt_at, lease_owner FROM n WHERE status = 'pending'), \
+        done AS ( \
+            DELETE FROM walhook.fanouts p \
+            WHERE p.event_id IN (SELECT event_id FROM n) \
+              AND NOT EXISTS ( \
+                SELECT 1 FROM unnest(p.delivery_ids) AS q(id) \
+                WHERE q.id NOT IN (SELECT id FROM n) \
+                  AND NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = q.id)))",
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        p[4],
+        p[5],
+        p[6],
+        p[7],
+        p[8],
+        p[9],
+        p[10],
+        p[11],
+        p[12],
+        p[13],
+        p[14],
+        p[15],
+        if careful {
+            "ON CONFLICT DO NOTHING"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Attempts, the states after them and the first rows of deliveries that
+/// had none, in one statement (one round trip, atomic without an explicit
+/// transaction), inserts plain: only a redo meets existing rows, and takes
+/// [`RECORD_CAREFUL`] after [`INSERT_ATTEMPTS`].
 static RECORD_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH a AS ( \
@@ -80,14 +141,79 @@ static RECORD_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                         $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], \
                         $13::bytea[], $14::text[], $15::text[]) \
                  AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note)), \
-        {}",
-        states_sql(16)
+        {}, {} \
+        SELECT id FROM u UNION ALL SELECT id FROM n",
+        states_sql(16),
+        fresh_sql(24, false)
     )
 });
 
-/// The states alone (the careful path, after the attempts' own insert).
-static RECORD_STATES: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("WITH {}", states_sql(1)));
+/// The states and first rows alone, gap-filling (the careful path, after
+/// the attempts' own insert).
+static RECORD_CAREFUL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH {}, {} SELECT id FROM u UNION ALL SELECT id FROM n",
+        states_sql(1),
+        fresh_sql(9, true)
+    )
+});
+
+/// First rows alone (transitions and hand-backs of deliveries that had
+/// none), gap-filling.
+static FRESH_ONLY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("WITH {} SELECT id FROM n", fresh_sql(1, true)));
+
+/// Fan-out's plans (deliveries with no row yet) picked by `picked` (a
+/// `SELECT event_id, lease_owner AS old_owner … FOR UPDATE SKIP LOCKED`),
+/// taken under a new lease by `$1`, expanded into the deliveries that have
+/// no row yet, in the column order of [`Platform::jobs_from_rows`] (a plan
+/// whose deliveries all have rows gives one row with a NULL delivery, so
+/// that every plan taken shows); `after_unknown` says whether an attempt
+/// may have gone out unrecorded.
+fn plans_claim_sql(picked: &str, after_unknown: &str) -> String {
+    format!(
+        "WITH picked AS ({picked}), \
+         f AS ( \
+            UPDATE walhook.fanouts p SET lease_version = p.lease_version + 1, lease_owner = $1 \
+            FROM picked WHERE p.event_id = picked.event_id \
+            RETURNING p.event_id, p.event_occurred_at, p.tenant_id, p.event_type, p.delivery_ids, \
+                      p.endpoint_ids, p.config_versions, p.created_at, p.expires_at, p.lease_version, \
+                      picked.old_owner) \
+         SELECT x.id, f.event_id, x.ep, f.tenant_id, f.event_type, e.payload, 0, f.created_at, f.created_at, \
+                f.expires_at, f.lease_version, x.ver, f.event_occurred_at, 0, {after_unknown} \
+         FROM f JOIN walhook.events e ON e.id = f.event_id AND e.occurred_at = f.event_occurred_at \
+         LEFT JOIN LATERAL ( \
+            SELECT * FROM unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS u(id, ep, ver) \
+            WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = u.id)) x ON true \
+         ORDER BY f.event_id"
+    )
+}
+
+/// This node's plans after a restart, in event order after `$3`.
+static RECLAIM_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    plans_claim_sql(
+        "SELECT event_id, lease_owner AS old_owner FROM walhook.fanouts \
+         WHERE lease_owner = $1 AND event_id > $3 ORDER BY event_id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        "$4::bool",
+    )
+});
+
+/// Plans of nodes whose lease lapsed (`$3`), and plans nobody holds.
+static CLAIM_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    plans_claim_sql(
+        "SELECT event_id, lease_owner AS old_owner FROM walhook.fanouts \
+         WHERE lease_owner = ANY($3::text[]) OR lease_owner IS NULL \
+         ORDER BY event_id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        "coalesce((SELECT n.stopped_at IS NULL FROM walhook.dispatch_nodes n WHERE n.node_id = f.old_owner), false)",
+    )
+});
+
+/// Plans whose deliveries all have rows, left behind.
+const TIDY_PLANS: &str = "\
+DELETE FROM walhook.fanouts p \
+WHERE p.created_at < now() - interval '10 seconds' \
+  AND NOT EXISTS (SELECT 1 FROM unnest(p.delivery_ids) AS q(id) \
+                  WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = q.id))";
 
 /// Replay requests, one per delivery, of deliveries no other live node
 /// holds (every attempt of a delivery goes through its holder, which keeps
@@ -216,7 +342,27 @@ impl DispatchStore for Platform {
                 }
             }
         }
-        let u: Vec<&AttemptRecord> = latest.into_values().collect();
+        // Deliveries that have their row are updated; those planned by
+        // fan-out and attempted for the first time get their row now.
+        let (fresh, u): (Vec<&AttemptRecord>, Vec<&AttemptRecord>) =
+            latest.into_values().partition(|x| x.first_write.is_some());
+        let mut first = FreshRows::default();
+        for x in &fresh {
+            if let Some(w) = &x.first_write {
+                first.push(
+                    x.delivery_id,
+                    w,
+                    x.status.as_str(),
+                    x.attempt_count,
+                    x.next_attempt_at,
+                    x.hold_until,
+                    x.lease_version,
+                    x.http_status,
+                    x.error_class,
+                );
+            }
+        }
+        let fresh_params = first.params();
         let u_ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
         let u_statuses: Vec<&str> = u.iter().map(|x| x.status.as_str()).collect();
         let u_counts: Vec<i32> = u.iter().map(|x| x.attempt_count as i32).collect();
@@ -244,6 +390,7 @@ impl DispatchStore for Platform {
         let stale_of = |rows: &[tokio_postgres::Row]| -> Vec<DeliveryId> {
             let applied: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
             u.iter()
+                .chain(fresh.iter())
                 .filter(|x| !applied.contains(&uuid16(&x.delivery_id.0)))
                 .map(|x| x.delivery_id)
                 .collect()
@@ -263,6 +410,7 @@ impl DispatchStore for Platform {
             let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = attempt_params
                 .iter()
                 .chain(update_params.iter())
+                .chain(fresh_params.iter())
                 .copied()
                 .collect();
             match client.query(&fast, &all).await {
@@ -322,11 +470,16 @@ impl DispatchStore for Platform {
         }
 
         let stmt = tx
-            .prepare_cached(&RECORD_STATES)
+            .prepare_cached(&RECORD_CAREFUL)
             .await
             .map_err(StoreError::query("prepare the delivery update"))?;
+        let careful: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = update_params
+            .iter()
+            .chain(fresh_params.iter())
+            .copied()
+            .collect();
         let rows = tx
-            .query(&stmt, &update_params)
+            .query(&stmt, &careful)
             .await
             .map_err(StoreError::query("update deliveries"))?;
         tx.commit()
@@ -340,6 +493,39 @@ impl DispatchStore for Platform {
         changes: &[Transition],
     ) -> Result<(), walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
+        let (fresh, changes): (Vec<&Transition>, Vec<&Transition>) =
+            changes.iter().partition(|c| c.first_write.is_some());
+        if !fresh.is_empty() {
+            // Ended before their first attempt: their row says how.
+            let now = Timestamp::now();
+            let mut first = FreshRows::default();
+            for c in &fresh {
+                if let Some(w) = &c.first_write {
+                    first.push(
+                        c.delivery_id,
+                        w,
+                        c.status.as_str(),
+                        0,
+                        now,
+                        None,
+                        c.lease_version,
+                        None,
+                        Some(c.reason),
+                    );
+                }
+            }
+            let stmt = client
+                .prepare_cached(&FRESH_ONLY)
+                .await
+                .map_err(StoreError::query("prepare the first rows"))?;
+            client
+                .query(&stmt, &first.params())
+                .await
+                .map_err(StoreError::query("end planned deliveries"))?;
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
         let ids: Vec<Uuid> = changes.iter().map(|c| uuid16(&c.delivery_id.0)).collect();
         let statuses: Vec<&str> = changes.iter().map(|c| c.status.as_str()).collect();
         let leases: Vec<i64> = changes.iter().map(|c| c.lease_version).collect();
@@ -430,20 +616,32 @@ impl DispatchStore for Platform {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let mut jobs = Vec::new();
-        if !dead.is_empty() {
+        // Fan-out's plans of lapsed nodes, and plans nobody holds.
+        let stmt = client
+            .prepare_cached(&CLAIM_PLANS)
+            .await
+            .map_err(StoreError::query("prepare the claim of plans"))?;
+        let rows = client
+            .query(&stmt, &[&node, &(limit as i64), &dead])
+            .await
+            .map_err(StoreError::query("claim plans"))?;
+        if !rows.is_empty() && !dead.is_empty() {
+            tracing::warn!(nodes = ?dead, count = rows.len(), "took over planned deliveries of dispatcher nodes whose lease lapsed");
+        }
+        let mut jobs = self.jobs_from_rows(&client, rows, false, false).await?;
+        if !dead.is_empty() && jobs.len() < limit {
             let stmt = client
                 .prepare_cached(&format!("{CLAIM_ORPHANS}{CLAIM_UPDATE}"))
                 .await
                 .map_err(StoreError::query("prepare the orphan claim"))?;
             let rows = client
-                .query(&stmt, &[&node, &(limit as i64), &dead])
+                .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &dead])
                 .await
                 .map_err(StoreError::query("claim the deliveries of lapsed nodes"))?;
             if !rows.is_empty() {
                 tracing::warn!(nodes = ?dead, count = rows.len(), "took over deliveries of dispatcher nodes whose lease lapsed");
             }
-            jobs = self.jobs_from_rows(&client, rows, false).await?;
+            jobs.extend(self.jobs_from_rows(&client, rows, false, true).await?);
         }
         if jobs.len() < limit {
             let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
@@ -455,7 +653,7 @@ impl DispatchStore for Platform {
                 .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &excluded])
                 .await
                 .map_err(StoreError::query("claim due deliveries"))?;
-            jobs.extend(self.jobs_from_rows(&client, rows, false).await?);
+            jobs.extend(self.jobs_from_rows(&client, rows, false, true).await?);
         }
         Ok(jobs)
     }
@@ -477,7 +675,43 @@ impl DispatchStore for Platform {
             .query(&stmt, &[&node, &(limit as i64), &after, &after_unknown])
             .await
             .map_err(StoreError::query("reclaim this node's deliveries"))?;
-        Ok(self.jobs_from_rows(&client, rows, false).await?)
+        Ok(self.jobs_from_rows(&client, rows, false, true).await?)
+    }
+
+    async fn reclaim_plans(
+        &self,
+        node: &str,
+        after: Option<EventId>,
+        limit: usize,
+        after_unknown: bool,
+    ) -> Result<(Vec<DeliveryJob>, Option<EventId>), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&RECLAIM_PLANS)
+            .await
+            .map_err(StoreError::query("prepare the reclaim of plans"))?;
+        let after = uuid16(&after.map_or([0; 16], |e| e.0));
+        let rows = client
+            .query(&stmt, &[&node, &(limit as i64), &after, &after_unknown])
+            .await
+            .map_err(StoreError::query("reclaim this node's plans"))?;
+        // A page of `limit` plans was taken (the last event continues it),
+        // or fewer (done). Plans whose deliveries all have rows give no
+        // jobs; the next tidy removes them.
+        let next = rows
+            .last()
+            .map(|r| EventId(*r.get::<_, Uuid>(1).as_bytes()));
+        let events: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(1)).collect();
+        let jobs = self.jobs_from_rows(&client, rows, false, false).await?;
+        Ok((jobs, next.filter(|_| events.len() >= limit)))
+    }
+
+    async fn tidy_plans(&self) -> Result<u64, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(TIDY_PLANS, &[])
+            .await
+            .map_err(StoreError::query("remove finished plans"))?)
     }
 
     async fn release(
@@ -485,6 +719,39 @@ impl DispatchStore for Platform {
         releases: &[Release],
     ) -> Result<(), walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
+        let (fresh, releases): (Vec<&Release>, Vec<&Release>) =
+            releases.iter().partition(|r| r.first_write.is_some());
+        if !fresh.is_empty() {
+            // Handed back before their first attempt: their row is written
+            // pending and unheld, due at the given time.
+            let mut first = FreshRows::default();
+            for r in &fresh {
+                if let Some(w) = &r.first_write {
+                    first.push(
+                        r.delivery_id,
+                        w,
+                        "pending",
+                        0,
+                        r.not_before,
+                        None,
+                        r.lease_version,
+                        None,
+                        None,
+                    );
+                }
+            }
+            let stmt = client
+                .prepare_cached(&FRESH_ONLY)
+                .await
+                .map_err(StoreError::query("prepare the first rows"))?;
+            client
+                .query(&stmt, &first.params())
+                .await
+                .map_err(StoreError::query("hand planned deliveries back"))?;
+        }
+        if releases.is_empty() {
+            return Ok(());
+        }
         let ids: Vec<Uuid> = releases.iter().map(|r| uuid16(&r.delivery_id.0)).collect();
         let leases: Vec<i64> = releases.iter().map(|r| r.lease_version).collect();
         let times: Vec<SystemTime> = releases
@@ -526,7 +793,7 @@ impl DispatchStore for Platform {
             )
             .await
             .map_err(StoreError::query("claim replay requests"))?;
-        Ok(self.jobs_from_rows(&client, rows, true).await?)
+        Ok(self.jobs_from_rows(&client, rows, true, true).await?)
     }
 
     async fn reject_replay(
@@ -634,6 +901,82 @@ impl DispatchStore for Platform {
     }
 }
 
+/// One first row of a delivery that had none: the 16 arrays of
+/// [`fresh_sql`].
+#[derive(Default)]
+struct FreshRows<'a> {
+    ids: Vec<Uuid>,
+    events: Vec<Uuid>,
+    endpoints: Vec<Uuid>,
+    tenants: Vec<&'a str>,
+    types: Vec<&'a str>,
+    occurred: Vec<SystemTime>,
+    versions: Vec<i32>,
+    statuses: Vec<&'static str>,
+    attempts: Vec<i32>,
+    next: Vec<SystemTime>,
+    expires: Vec<SystemTime>,
+    created: Vec<SystemTime>,
+    hold: Vec<Option<SystemTime>>,
+    leases: Vec<i64>,
+    http: Vec<Option<i32>>,
+    errs: Vec<Option<&'a str>>,
+}
+
+impl<'a> FreshRows<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        id: DeliveryId,
+        w: &'a FirstWrite,
+        status: &'static str,
+        attempts: u32,
+        next: Timestamp,
+        hold: Option<Timestamp>,
+        lease: i64,
+        http: Option<u16>,
+        err: Option<&'a str>,
+    ) {
+        self.ids.push(uuid16(&id.0));
+        self.events.push(uuid16(&w.event_id.0));
+        self.endpoints.push(uuid16(&w.endpoint_id.0));
+        self.tenants.push(w.tenant_id.as_str());
+        self.types.push(w.event_type.as_str());
+        self.occurred.push(w.event_occurred_at.to_system_time());
+        self.versions.push(w.config_version);
+        self.statuses.push(status);
+        self.attempts.push(attempts as i32);
+        self.next.push(next.to_system_time());
+        self.expires.push(w.expires_at.to_system_time());
+        self.created.push(w.created_at.to_system_time());
+        self.hold.push(hold.map(|t| t.to_system_time()));
+        self.leases.push(lease);
+        self.http.push(http.map(i32::from));
+        self.errs.push(err);
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {
+        [
+            &self.ids,
+            &self.events,
+            &self.endpoints,
+            &self.tenants,
+            &self.types,
+            &self.occurred,
+            &self.versions,
+            &self.statuses,
+            &self.attempts,
+            &self.next,
+            &self.expires,
+            &self.created,
+            &self.hold,
+            &self.leases,
+            &self.http,
+            &self.errs,
+        ]
+    }
+}
+
 impl Platform {
     /// Jobs from rows of `CLAIM_UPDATE` or `CLAIM_REPLAYS` (the latter
     /// with the replay request id last). A row that cannot be read back
@@ -644,11 +987,15 @@ impl Platform {
         client: &impl deadpool_postgres::GenericClient,
         rows: Vec<tokio_postgres::Row>,
         replays: bool,
+        materialized: bool,
     ) -> Result<Vec<DeliveryJob>, StoreError> {
         let mut jobs = Vec::with_capacity(rows.len());
         let mut unreadable: Vec<(Uuid, i64, String)> = Vec::new();
         for r in rows {
-            let id: Uuid = r.get(0);
+            // A plan taken whose deliveries all have rows: nothing to do.
+            let Some(id) = r.get::<_, Option<Uuid>>(0) else {
+                continue;
+            };
             let tenant: String = r.get(3);
             let etype: String = r.get(4);
             let (tenant_id, event_type) = match (TenantId::new(tenant), EventType::new(&etype)) {
@@ -672,6 +1019,7 @@ impl Platform {
                 attempt_count,
                 manual_attempt_count,
                 after_unknown: r.get(14),
+                materialized,
                 created_at: ts(7),
                 next_attempt_at: ts(8),
                 expires_at: ts(9),

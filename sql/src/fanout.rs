@@ -85,32 +85,61 @@ impl Platform {
     }
 }
 
-/// Events and their deliveries in one statement (one round trip, atomic
-/// without an explicit transaction), with plain inserts: the first
-/// fan-out of an event conflicts with nothing, and an `ON CONFLICT` clause
-/// costs every row a second index search. A redo after a crash meets rows
-/// that exist (unique violation) and takes [`MATERIALIZE_EVENTS`] and
-/// [`MATERIALIZE_DELIVERIES`] instead, which fill gaps only.
-const MATERIALIZE_FAST: &str = "\
-WITH e AS ( \
-    INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
-                                occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
-                         $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[])), \
-d AS ( \
-    INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
-                                    endpoint_config_version, next_attempt_at, expires_at, lease_version, \
-                                    lease_owner, lease_expires_at, created_at, updated_at) \
-    SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
-           CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
-    FROM unnest($13::uuid[], $14::uuid[], $15::uuid[], $16::text[], $17::text[], $18::timestamptz[], \
-                $19::int4[], $20::timestamptz[], $21::timestamptz[], $22::text[], $23::timestamptz[]) \
-         AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
-    RETURNING id, endpoint_id, created_at, next_attempt_at, lease_owner), \
-p AS ( \
-    INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
-    SELECT * FROM d) \
-SELECT id FROM d";
+/// The plan rows of the deliveries passed as `$first`.. (one row per
+/// event), returning the event ids and their delivery ids. `redo` leaves
+/// out deliveries that have their row already and plans that exist.
+fn plans_sql(first: usize, redo: bool) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "INSERT INTO walhook.fanouts (event_id, event_occurred_at, tenant_id, event_type, delivery_ids, \
+                                      endpoint_ids, config_versions, created_at, expires_at, lease_owner) \
+         SELECT ev, occ, tenant, etype, array_agg(id ORDER BY id), array_agg(ep ORDER BY id), \
+                array_agg(ver ORDER BY id), created, expires, owner \
+         FROM unnest({}::uuid[], {}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::timestamptz[], \
+                     {}::int4[], {}::timestamptz[], {}::timestamptz[], {}::text[]) \
+              AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner) \
+         {} \
+         GROUP BY ev, occ, tenant, etype, created, expires, owner \
+         {} \
+         RETURNING event_id, delivery_ids",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8),
+        p(9),
+        if redo {
+            "WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = t.id)"
+        } else {
+            ""
+        },
+        if redo { "ON CONFLICT DO NOTHING" } else { "" }
+    )
+}
+
+/// Events and their plans in one statement (one round trip, atomic
+/// without an explicit transaction), with plain inserts: the first fan-out
+/// of an event conflicts with nothing, and an `ON CONFLICT` clause costs
+/// every row a second index search. A redo after a crash meets rows that
+/// exist (unique violation) and takes [`MATERIALIZE_EVENTS`] and the
+/// gap-filling plans instead.
+static MATERIALIZE_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH e AS ( \
+            INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+                                        occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
+                                 $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], \
+                                 $12::bytea[])), \
+         f AS ({}) \
+         SELECT unnest(delivery_ids) FROM f",
+        plans_sql(13, false)
+    )
+});
 
 /// The redo's events: those already stored are left as they are.
 const MATERIALIZE_EVENTS: &str = "\
@@ -120,24 +149,16 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[],
                      $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[]) \
 ON CONFLICT DO NOTHING";
 
-/// The redo's deliveries: only those missing are made (with their pending
-/// rows, and returned).
-const MATERIALIZE_DELIVERIES: &str = "\
-WITH d AS ( \
-    INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
-                                    endpoint_config_version, next_attempt_at, expires_at, lease_version, \
-                                    lease_owner, lease_expires_at, created_at, updated_at) \
-    SELECT id, ev, ep, tenant, etype, occ, ver, created, expires, \
-           CASE WHEN owner IS NULL THEN 0 ELSE 1 END, owner, lease_exp, created, created \
-    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::int4[], \
-                $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[]) \
-         AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner, lease_exp) \
-    ON CONFLICT DO NOTHING \
-    RETURNING id, endpoint_id, created_at, next_attempt_at, lease_owner), \
-p AS ( \
-    INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
-    SELECT * FROM d) \
-SELECT id FROM d";
+/// The redo's plans: only missing ones are stored, of deliveries that
+/// have no row yet (a plan stored, finished and removed before the crash
+/// has rows for all its deliveries and comes back as nothing); returns
+/// those deliveries.
+static MATERIALIZE_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH f AS ({}) SELECT unnest(delivery_ids) FROM f",
+        plans_sql(1, true)
+    )
+});
 
 /// Whether `e` is a unique violation (a row that exists already).
 pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
@@ -192,10 +213,6 @@ impl FanoutStore for Platform {
         let d_created: Vec<SystemTime> = d.iter().map(|x| x.created_at.to_system_time()).collect();
         let d_expires: Vec<SystemTime> = d.iter().map(|x| x.expires_at.to_system_time()).collect();
         let d_owners: Vec<Option<&str>> = d.iter().map(|x| x.lease_owner.as_deref()).collect();
-        let d_lease_exp: Vec<Option<SystemTime>> = d
-            .iter()
-            .map(|x| x.lease_expires_at.map(|t| t.to_system_time()))
-            .collect();
 
         let event_params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
             &ids,
@@ -211,7 +228,7 @@ impl FanoutStore for Platform {
             &bodies,
             &hashes,
         ];
-        let delivery_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+        let plan_params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
             &d_ids,
             &d_events,
             &d_endpoints,
@@ -222,28 +239,27 @@ impl FanoutStore for Platform {
             &d_created,
             &d_expires,
             &d_owners,
-            &d_lease_exp,
         ];
+        let made_of = |rows: Vec<tokio_postgres::Row>| -> Vec<DeliveryId> {
+            rows.iter()
+                .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
+                .collect()
+        };
         let fast = client
-            .prepare_cached(MATERIALIZE_FAST)
+            .prepare_cached(&MATERIALIZE_FAST)
             .await
             .map_err(StoreError::query("prepare the fan-out write"))?;
         let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = event_params
             .iter()
-            .chain(delivery_params.iter())
+            .chain(plan_params.iter())
             .copied()
             .collect();
         match client.query(&fast, &all).await {
-            Ok(rows) => {
-                return Ok(rows
-                    .iter()
-                    .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
-                    .collect());
-            }
+            Ok(rows) => return Ok(made_of(rows)),
             Err(e) if is_unique_violation(&e) => {
                 tracing::debug!("fan-out redoes events it stored before; filling gaps only");
             }
-            Err(e) => return Err(StoreError::query("store events and deliveries")(e).into()),
+            Err(e) => return Err(StoreError::query("store events and plans")(e).into()),
         }
 
         // A redo (after a crash before the offset moved): fill gaps.
@@ -261,17 +277,14 @@ impl FanoutStore for Platform {
         let mut made = Vec::new();
         if !deliveries.is_empty() {
             let stmt = tx
-                .prepare_cached(MATERIALIZE_DELIVERIES)
+                .prepare_cached(&MATERIALIZE_PLANS)
                 .await
-                .map_err(StoreError::query("prepare the delivery insert"))?;
-            let rows = tx
-                .query(&stmt, &delivery_params)
-                .await
-                .map_err(StoreError::query("insert deliveries"))?;
-            made = rows
-                .iter()
-                .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
-                .collect();
+                .map_err(StoreError::query("prepare the plan insert"))?;
+            made = made_of(
+                tx.query(&stmt, &plan_params)
+                    .await
+                    .map_err(StoreError::query("insert plans"))?,
+            );
         }
         tx.commit()
             .await

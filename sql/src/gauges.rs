@@ -26,9 +26,16 @@ impl Platform {
         let client = self.client().await?;
         let row = client
             .query_one(
-                "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
-                        count(*) FILTER (WHERE next_attempt_at <= now() AND lease_owner IS NULL) \
-                 FROM walhook.pending",
+                "WITH planned AS ( \
+                    SELECT f.created_at, f.lease_owner FROM walhook.fanouts f \
+                    CROSS JOIN LATERAL unnest(f.delivery_ids) AS x(id) \
+                    WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = x.id)), \
+                 waiting AS ( \
+                    SELECT created_at, next_attempt_at <= now() AND lease_owner IS NULL AS unheld FROM walhook.pending \
+                    UNION ALL SELECT created_at, lease_owner IS NULL FROM planned) \
+                 SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
+                        count(*) FILTER (WHERE unheld) \
+                 FROM waiting",
                 &[],
             )
             .await

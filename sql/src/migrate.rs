@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pending",
         sql: include_str!("../migrations/0008_pending.sql"),
     },
+    Migration {
+        version: 9,
+        name: "fanouts",
+        sql: include_str!("../migrations/0009_fanouts.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

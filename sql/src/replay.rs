@@ -28,6 +28,9 @@ pub enum ReplayOutcome {
     Requested(i64),
     /// No such delivery for this tenant.
     NotFound,
+    /// The delivery is planned and has not had its first attempt yet: it
+    /// is being sent anyway.
+    NotAttemptedYet,
     /// The delivery's endpoint was deleted: nothing to send to.
     EndpointDeleted,
     /// A request for this delivery is open already (not carried out yet).
@@ -101,6 +104,9 @@ impl Platform {
             .await
             .map_err(StoreError::query("read a delivery"))?;
         let endpoint: Uuid = match row.map(|r| (r.get::<_, bool>(0), r.get(1))) {
+            None if self.is_planned(tenant, id).await? => {
+                return Ok(ReplayOutcome::NotAttemptedYet);
+            }
             None => return Ok(ReplayOutcome::NotFound),
             Some((true, _)) => return Ok(ReplayOutcome::EndpointDeleted),
             Some((false, endpoint)) => endpoint,

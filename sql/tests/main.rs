@@ -1,4 +1,5 @@
 //! Integration tests of the platform database against real Postgres
 //! clusters (devkit), never a fake.
 
+mod plans;
 mod tls;

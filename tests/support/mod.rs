@@ -262,6 +262,22 @@ impl World {
         );
     }
 
+    /// Panics unless every delivery fan-out planned has its row (call once
+    /// every delivery is done).
+    pub async fn assert_plans_written(&self) {
+        let missing: i64 = self
+            .platform_sql
+            .query_one(
+                "SELECT count(*) FROM walhook.fanouts f CROSS JOIN LATERAL unnest(f.delivery_ids) AS x(id) \
+                 WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = x.id)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(missing, 0, "planned deliveries that never got their row");
+    }
+
     /// Counts of the platform's tables and the receiver's requests, for
     /// failure messages.
     pub async fn state(&self) -> String {

@@ -200,6 +200,10 @@ pub async fn replay_delivery(
                     },
                 )),
                 ReplayOutcome::NotFound => Err(not_found(&did.to_string())),
+                ReplayOutcome::NotAttemptedYet => Err(ApiError::Conflict(format!(
+                    "delivery {did} has not had its first attempt yet; it is pending and is sent \
+                     without a replay: follow it with GET /v1/webhook-deliveries/{did}"
+                ))),
                 ReplayOutcome::EndpointDeleted => Err(ApiError::Conflict(format!(
                     "the endpoint of delivery {did} was deleted; there is nowhere to send it"
                 ))),

@@ -60,6 +60,7 @@ fn job(n: u32, endpoint: EndpointId, tenant: &str, now: Timestamp) -> DeliveryJo
         attempt_count: 0,
         manual_attempt_count: 0,
         after_unknown: false,
+        materialized: true,
         created_at: now,
         next_attempt_at: now,
         expires_at: now.plus(Duration::from_secs(24 * 3600)),

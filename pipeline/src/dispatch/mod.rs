@@ -470,6 +470,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             && state.sched.queued_at(&job.endpoint_id) >= self.settings.endpoint_max_queued
         {
             let release = Release {
+                first_write: job.first_write(),
                 delivery_id: job.delivery_id,
                 lease_version: job.lease_version,
                 not_before: until,
@@ -543,6 +544,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     send(
                         record_tx,
                         Record::Transition(Transition {
+                            first_write: job.first_write(),
                             delivery_id: job.delivery_id,
                             lease_version: job.lease_version,
                             status,
@@ -679,6 +681,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             hold_until: None,
             replay_request: manual.map(|r| r.request_id),
             note: job.after_unknown.then_some(ATTEMPT_NOTE_UNKNOWN),
+            first_write: job.first_write(),
         };
         if manual.is_some() {
             // A replay leaves the automatic schedule as it is.
@@ -723,8 +726,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         if hold {
             let mut job = f.job;
             job.attempt_count = next.attempts;
-            // Recorded now: the next attempt follows this one.
+            // Recorded now: the next attempt follows this one, and the
+            // delivery has its row.
             job.after_unknown = false;
+            job.materialized = true;
             state.sched.reschedule(job, next.next_attempt_at);
         }
     }

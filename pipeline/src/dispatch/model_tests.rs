@@ -158,6 +158,7 @@ fn job(n: u32, endpoint: u8, tenant: u8, now: Timestamp) -> DeliveryJob {
         attempt_count: 0,
         manual_attempt_count: 0,
         after_unknown: false,
+        materialized: true,
         created_at: now,
         next_attempt_at: now,
         expires_at: now.plus(policy().deadline),

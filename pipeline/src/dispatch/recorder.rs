@@ -146,6 +146,7 @@ async fn set_aside<S: DispatchStore>(
                 Err(e) => return Err(e.into()),
             }
             let release = Release {
+                first_write: a.first_write.clone(),
                 delivery_id: a.delivery_id,
                 lease_version: a.lease_version,
                 not_before: Timestamp::now().plus(REFUSED_RETRY),

@@ -489,6 +489,7 @@ pub(crate) mod tests {
             attempt_count: 0,
             manual_attempt_count: 0,
             after_unknown: false,
+            materialized: true,
             created_at: Timestamp(0),
             next_attempt_at: Timestamp(at),
             expires_at: Timestamp(i64::MAX),

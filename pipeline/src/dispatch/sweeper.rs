@@ -18,6 +18,9 @@ use crate::ids::EndpointId;
 use crate::store::DispatchStore;
 use crate::time::Timestamp;
 
+/// How often finished fan-out plans left behind are removed.
+const TIDY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Work the sweeper found.
 #[derive(Debug)]
 pub enum Claimed {
@@ -76,9 +79,51 @@ pub async fn run<S: DispatchStore>(
             }
         }
     }
+    // And fan-out's plans it held (deliveries that had no row yet).
+    let mut after = None;
+    loop {
+        match store
+            .reclaim_plans(
+                &settings.node_id,
+                after,
+                settings.sweep_batch,
+                after_unknown,
+            )
+            .await
+        {
+            Ok((jobs, next)) => {
+                if !jobs.is_empty() {
+                    tracing::info!(
+                        count = jobs.len(),
+                        "reclaimed planned deliveries this node held"
+                    );
+                    if out.send(Claimed::Due(jobs)).await.is_err() {
+                        return;
+                    }
+                }
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not reclaim this node's planned deliveries");
+                break;
+            }
+        }
+    }
+    let mut last_tidy = std::time::Instant::now();
     loop {
         if crate::failpoint::hit("dispatch.sweeper") {
             return;
+        }
+        if last_tidy.elapsed() >= TIDY_EVERY {
+            match store.tidy_plans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(count = n, "removed finished fan-out plans"),
+                Err(e) => tracing::warn!(error = %e, "could not remove finished fan-out plans"),
+            }
+            last_tidy = std::time::Instant::now();
         }
         if last_heartbeat.elapsed() >= settings.lease / 4 {
             match store.heartbeat(&settings.node_id, settings.lease).await {

@@ -1,0 +1,336 @@
+//! Fan-out's plans against a real cluster: a delivery with no row yet is
+//! held by its plan's lease, gets its row with its first attempt, moves to
+//! another node when its holder's lease lapses, and a late result under an
+//! old lease writes no state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uuid::Uuid;
+use walhook_devkit::postgres::LocalPostgres;
+use walhook_pipeline::delivery::{
+    AttemptRecord, DeliveryJob, DeliveryStatus, NewDelivery, Trigger,
+};
+use walhook_pipeline::event::{Event, EventKey, EventType};
+use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId, Lsn, TenantId};
+use walhook_pipeline::store::{DispatchStore, FanoutStore};
+use walhook_pipeline::time::Timestamp;
+use walhook_sql::Platform;
+
+struct World {
+    _pg: LocalPostgres,
+    sql: tokio_postgres::Client,
+    platform: Platform,
+    endpoints: Vec<EndpointId>,
+}
+
+async fn world() -> World {
+    let pg = LocalPostgres::start().await.unwrap();
+    let mut sql = pg.connect("postgres").await.unwrap();
+    walhook_sql::migrate::run(&mut sql).await.unwrap();
+    sql.execute(
+        "INSERT INTO walhook.tenants (id, name) VALUES ('acme', 'Acme')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut endpoints = Vec::new();
+    for i in 1..=3u8 {
+        let id = EndpointId([i; 16]);
+        sql.execute(
+            "INSERT INTO walhook.endpoints (id, tenant_id, url) VALUES ($1, 'acme', 'https://127.0.0.1/hook')",
+            &[&Uuid::from_bytes(id.0)],
+        )
+        .await
+        .unwrap();
+        endpoints.push(id);
+    }
+    let platform = Platform::new(&pg.url("postgres"), 4).unwrap();
+    World {
+        _pg: pg,
+        sql,
+        platform,
+        endpoints,
+    }
+}
+
+impl World {
+    /// An event committed at `lsn`, planned for every endpoint, held by
+    /// `owner`, made `age` ago.
+    async fn plan(&self, lsn: u64, owner: Option<&str>, age: Duration) -> Vec<DeliveryId> {
+        let created = Timestamp(Timestamp::now().0 - age.as_micros() as i64);
+        let event = Event {
+            id: EventId::derive("shop", Lsn(lsn), 0, "orders"),
+            source: Arc::from("shop"),
+            key: EventKey {
+                commit_lsn: Lsn(lsn),
+                tx_ordinal: 0,
+            },
+            tenant_id: TenantId::new("acme").unwrap(),
+            event_type: EventType::new("order.created").unwrap(),
+            schema_version: 1,
+            object_id: None,
+            object_version: None,
+            // The commit time is the event's: a redo repeats it exactly.
+            occurred_at: Timestamp(1_796_000_000_000_000 + lsn as i64),
+            payload: bytes::Bytes::from_static(b"{\"n\":1}"),
+            payload_hash: [7; 32],
+        };
+        let deliveries: Vec<NewDelivery> = self
+            .endpoints
+            .iter()
+            .map(|ep| NewDelivery {
+                id: DeliveryId::derive(event.id, *ep),
+                event_id: event.id,
+                endpoint_id: *ep,
+                tenant_id: event.tenant_id.clone(),
+                event_type: event.event_type.clone(),
+                event_occurred_at: event.occurred_at,
+                endpoint_config_version: 1,
+                created_at: created,
+                expires_at: created.plus(Duration::from_secs(24 * 3600)),
+                lease_owner: owner.map(str::to_owned),
+                lease_expires_at: None,
+            })
+            .collect();
+        self.platform
+            .materialize(std::slice::from_ref(&event), &deliveries)
+            .await
+            .unwrap()
+    }
+
+    async fn count(&self, what: &str) -> i64 {
+        self.sql
+            .query_one(&format!("SELECT count(*) FROM {what}"), &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// The record of `job`'s next automatic attempt, succeeded.
+fn success(job: &DeliveryJob) -> AttemptRecord {
+    let number = job.next_auto_number();
+    let now = Timestamp::now();
+    AttemptRecord {
+        attempt_id: AttemptId::derive(job.delivery_id, number),
+        delivery_id: job.delivery_id,
+        endpoint_id: job.endpoint_id,
+        tenant_id: job.tenant_id.clone(),
+        number,
+        trigger: Trigger::Auto,
+        endpoint_config_version: job.endpoint_config_version,
+        started_at: now,
+        finished_at: now,
+        http_status: Some(200),
+        outcome: "succeeded",
+        error_class: None,
+        response_sha256: None,
+        response_excerpt: None,
+        status: DeliveryStatus::Succeeded,
+        attempt_count: number,
+        next_attempt_at: now,
+        lease_version: job.lease_version,
+        hold_until: None,
+        replay_request: None,
+        note: None,
+        first_write: job.first_write(),
+    }
+}
+
+#[tokio::test]
+async fn a_planned_delivery_gets_its_row_with_its_first_attempt() {
+    let w = world().await;
+    let made = w.plan(1_000, Some("a"), Duration::ZERO).await;
+    assert_eq!(made.len(), 3, "three new deliveries");
+    assert_eq!(w.count("walhook.fanouts").await, 1, "one plan per event");
+    assert_eq!(
+        w.count("walhook.deliveries").await,
+        0,
+        "no row before an attempt"
+    );
+
+    // Fan-out redone: nothing new, nothing twice.
+    assert!(w.plan(1_000, Some("a"), Duration::ZERO).await.is_empty());
+    assert_eq!(w.count("walhook.fanouts").await, 1);
+
+    let (mut jobs, next) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    assert_eq!(next, None, "one page");
+    jobs.sort_by_key(|j| j.delivery_id);
+    let mut expected = made.clone();
+    expected.sort();
+    assert_eq!(
+        jobs.iter().map(|j| j.delivery_id).collect::<Vec<_>>(),
+        expected
+    );
+    assert!(jobs.iter().all(|j| !j.materialized && j.lease_version == 2));
+
+    // The first attempt writes the row; the plan stays for the others.
+    let stale = w.platform.record(&[success(&jobs[0])]).await.unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
+    assert_eq!(w.count("walhook.deliveries").await, 1);
+    assert_eq!(w.count("walhook.attempts").await, 1);
+    assert_eq!(w.count("walhook.fanouts").await, 1);
+    assert_eq!(
+        w.count("walhook.pending").await,
+        0,
+        "a succeeded delivery is not pending"
+    );
+
+    // The last ones remove the plan.
+    let stale = w
+        .platform
+        .record(&[success(&jobs[1]), success(&jobs[2])])
+        .await
+        .unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
+    assert_eq!(w.count("walhook.deliveries").await, 3);
+    assert_eq!(
+        w.count("walhook.deliveries WHERE status = 'succeeded' AND attempt_count = 1")
+            .await,
+        3
+    );
+    assert_eq!(w.count("walhook.fanouts").await, 0, "the plan is gone");
+
+    // Fan-out redone after everything was written: no plan comes back.
+    assert!(w.plan(1_000, Some("a"), Duration::ZERO).await.is_empty());
+    assert_eq!(w.count("walhook.fanouts").await, 0);
+    assert_eq!(w.count("walhook.deliveries").await, 3);
+}
+
+#[tokio::test]
+async fn a_lapsed_nodes_plans_move_to_another_node_and_its_late_results_are_stale() {
+    let w = world().await;
+    assert!(
+        w.platform
+            .node_started("a", Duration::from_millis(50))
+            .await
+            .unwrap()
+    );
+    let made = w.plan(2_000, Some("a"), Duration::ZERO).await;
+    let (a_jobs, _) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    assert_eq!(a_jobs.len(), 3);
+
+    // Node b finds a's lease lapsed (a never stopped cleanly) and takes its
+    // plan: the attempt a may have sent is unknown.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        w.platform
+            .node_started("b", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    let b_jobs = w.platform.claim_due("b", 10, &[]).await.unwrap();
+    assert_eq!(b_jobs.len(), 3, "{b_jobs:?}");
+    assert!(b_jobs.iter().all(|j| j.after_unknown && !j.materialized));
+    assert!(
+        b_jobs
+            .iter()
+            .all(|j| j.lease_version > a_jobs[0].lease_version)
+    );
+    let a_first = a_jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+    let b_first = b_jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+    assert_eq!(
+        b_first.next_auto_number(),
+        2,
+        "one number left for a's unknown attempt"
+    );
+
+    // a's late result: its attempt is history, its state is refused.
+    let stale = w.platform.record(&[success(a_first)]).await.unwrap();
+    assert_eq!(stale, vec![made[0]]);
+    assert_eq!(
+        w.count("walhook.deliveries").await,
+        0,
+        "no row under an old lease"
+    );
+    assert_eq!(w.count("walhook.attempts").await, 1);
+
+    // b's result writes the row, after a's attempt in one sequence.
+    let stale = w.platform.record(&[success(b_first)]).await.unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
+    let row = w
+        .sql
+        .query_one(
+            "SELECT status::text, attempt_count, lease_version FROM walhook.deliveries WHERE id = $1",
+            &[&Uuid::from_bytes(made[0].0)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "succeeded");
+    assert_eq!(row.get::<_, i32>(1), 2);
+    assert_eq!(row.get::<_, i64>(2), b_first.lease_version);
+    let numbers: Vec<i32> = w
+        .sql
+        .query(
+            "SELECT number FROM walhook.attempts WHERE delivery_id = $1 ORDER BY number",
+            &[&Uuid::from_bytes(made[0].0)],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(numbers, vec![1, 2]);
+
+    // Nothing of a's is left to claim; b still holds the other two.
+    assert!(w.platform.claim_due("c", 10, &[]).await.unwrap().is_empty());
+    assert_eq!(w.count("walhook.fanouts WHERE lease_owner = 'b'").await, 1);
+}
+
+#[tokio::test]
+async fn plans_nobody_holds_are_claimed_and_leftovers_are_tidied() {
+    let w = world().await;
+    assert!(
+        w.platform
+            .node_started("a", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    // Fan-out in a process of its own: the plan is nobody's.
+    w.plan(3_000, None, Duration::from_secs(30)).await;
+    let jobs = w.platform.claim_due("a", 10, &[]).await.unwrap();
+    assert_eq!(jobs.len(), 3);
+    assert!(
+        jobs.iter().all(|j| !j.after_unknown),
+        "nobody held it: nothing unknown"
+    );
+    assert!(
+        w.platform.claim_due("a", 10, &[]).await.unwrap().is_empty(),
+        "taken once"
+    );
+
+    // A plan whose deliveries all have rows, left behind (two writers
+    // finishing one plan at once), is tidied; one still needed is not.
+    w.sql
+        .batch_execute("CREATE TABLE saved AS SELECT * FROM walhook.fanouts")
+        .await
+        .unwrap();
+    let all: Vec<AttemptRecord> = jobs.iter().map(success).collect();
+    assert!(w.platform.record(&all).await.unwrap().is_empty());
+    assert_eq!(w.count("walhook.fanouts").await, 0);
+    w.sql
+        .batch_execute("INSERT INTO walhook.fanouts SELECT * FROM saved")
+        .await
+        .unwrap();
+    w.plan(4_000, Some("a"), Duration::from_secs(30)).await;
+    assert_eq!(w.count("walhook.fanouts").await, 2);
+    assert_eq!(w.platform.tidy_plans().await.unwrap(), 1);
+    assert_eq!(
+        w.count("walhook.fanouts").await,
+        1,
+        "the unfinished plan stays"
+    );
+    // A recent plan is left alone even when finished (its writer may still
+    // be on its way).
+    w.plan(5_000, Some("a"), Duration::ZERO).await;
+    assert_eq!(w.platform.tidy_plans().await.unwrap(), 0);
+}
