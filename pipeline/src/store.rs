@@ -211,6 +211,15 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
     /// many.
     fn tidy_plans(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Cleans the queue tables (plans, pending deliveries) of the rows they
+    /// no longer hold. Their rows live for milliseconds, thousands a
+    /// second; left to autovacuum (which visits a database about once a
+    /// minute), every scan of them reads pages of dead rows. A store
+    /// without such tables does nothing.
+    fn clean_queues(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
     /// Hands held deliveries back (no attempt): they stay pending, become
     /// due no earlier than the given time, and any node may claim them then.
     fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -176,7 +176,7 @@ impl Platform {
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&tenant];
         let mut rows_where = String::from("d.tenant_id = $1");
         let mut plans_where = String::from(
-            "f.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM walhook.deliveries r WHERE r.id = x.id)",
+            "f.tenant_id = $1 AND (SELECT true FROM walhook.deliveries r WHERE r.id = x.id) IS NULL",
         );
         // The placeholder of the next parameter pushed.
         let mut n = 1;

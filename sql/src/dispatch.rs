@@ -68,7 +68,10 @@ fn states_sql(first: usize) -> String {
 /// The CTEs `n`, `np`, `done`: the first rows of deliveries that had none
 /// (planned by fan-out), for parameters from `$first` on (16 arrays),
 /// written only under their plan's current lease; their pending rows; and
-/// the plans whose deliveries now all have rows, removed. `careful` adds
+/// the plans whose deliveries now all have rows, removed (the rows of `n`
+/// are new, so they and the rows from before are disjoint: counting both
+/// needs only primary-key probes, never a scan of `deliveries`, which the
+/// statement's snapshot shows without `n`'s rows). `careful` adds
 /// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
 /// it is and counts as stale).
 fn fresh_sql(first: usize, careful: bool) -> String {
@@ -96,10 +99,9 @@ fn fresh_sql(first: usize, careful: bool) -> String {
         done AS ( \
             DELETE FROM walhook.fanouts p \
             WHERE p.event_id IN (SELECT event_id FROM n) \
-              AND NOT EXISTS ( \
-                SELECT 1 FROM unnest(p.delivery_ids) AS q(id) \
-                WHERE q.id NOT IN (SELECT id FROM n) \
-                  AND NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = q.id)))",
+              AND (SELECT count(*) FROM n WHERE n.event_id = p.event_id) \
+                  + (SELECT count(*) FROM walhook.deliveries d WHERE d.id = ANY (p.delivery_ids)) \
+                  >= cardinality(p.delivery_ids))",
         p[0],
         p[1],
         p[2],
@@ -124,28 +126,43 @@ fn fresh_sql(first: usize, careful: bool) -> String {
     )
 }
 
-/// Attempts, the states after them and the first rows of deliveries that
-/// had none, in one statement (one round trip, atomic without an explicit
-/// transaction), inserts plain: only a redo meets existing rows, and takes
-/// [`RECORD_CAREFUL`] after [`INSERT_ATTEMPTS`].
-static RECORD_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH a AS ( \
-            INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
-                                          endpoint_config_version, started_at, finished_at, http_status, \
-                                          latency_ms, outcome, error_class, response_sha256, \
-                                          response_excerpt, note) \
-            SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
-                   greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
-            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
-                        $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], \
-                        $13::bytea[], $14::text[], $15::text[]) \
-                 AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note)), \
-        {}, {} \
-        SELECT id FROM u UNION ALL SELECT id FROM n",
-        states_sql(16),
-        fresh_sql(24, false)
-    )
+/// Attempts, the states after them (`updates`: 8 arrays) and the first
+/// rows of deliveries that had none (`fresh`: 16 arrays), in one statement
+/// (one round trip, atomic without an explicit transaction), inserts
+/// plain: only a redo meets existing rows, and takes [`RECORD_CAREFUL`]
+/// after [`INSERT_ATTEMPTS`]. A part with no rows is left out of the
+/// statement rather than run empty.
+fn record_fast_sql(updates: bool, fresh: bool) -> String {
+    let plain = INSERT_ATTEMPTS
+        .strip_suffix(" ON CONFLICT DO NOTHING")
+        .expect("the attempt insert ends with its conflict clause");
+    let mut ctes = vec![format!("a AS ({plain})")];
+    let mut results = Vec::new();
+    let mut next = 16;
+    if updates {
+        ctes.push(states_sql(next));
+        results.push("SELECT id FROM u");
+        next += 8;
+    }
+    if fresh {
+        ctes.push(fresh_sql(next, false));
+        results.push("SELECT id FROM n");
+    }
+    if results.is_empty() {
+        results.push("SELECT NULL::uuid WHERE false");
+    }
+    format!("WITH {} {}", ctes.join(", "), results.join(" UNION ALL "))
+}
+
+/// [`record_fast_sql`] for each combination of parts, by index
+/// `updates as usize * 2 + fresh as usize`.
+static RECORD_FAST: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+    [
+        record_fast_sql(false, false),
+        record_fast_sql(false, true),
+        record_fast_sql(true, false),
+        record_fast_sql(true, true),
+    ]
 });
 
 /// The states and first rows alone, gap-filling (the careful path, after
@@ -166,7 +183,9 @@ static FRESH_ONLY: std::sync::LazyLock<String> =
 /// Fan-out's plans (deliveries with no row yet) picked by `picked` (a
 /// `SELECT event_id, lease_owner AS old_owner … FOR UPDATE SKIP LOCKED`),
 /// taken under a new lease by `$1`, expanded into the deliveries that have
-/// no row yet, in the column order of [`Platform::jobs_from_rows`] (a plan
+/// no row yet (asked as a scalar subquery, which the planner never turns
+/// into a join: a primary-key probe per delivery, never a scan of
+/// `deliveries`), in the column order of [`Platform::jobs_from_rows`] (a plan
 /// whose deliveries all have rows gives one row with a NULL delivery, so
 /// that every plan taken shows); `after_unknown` says whether an attempt
 /// may have gone out unrecorded.
@@ -184,7 +203,7 @@ fn plans_claim_sql(picked: &str, after_unknown: &str) -> String {
          FROM f JOIN walhook.events e ON e.id = f.event_id AND e.occurred_at = f.event_occurred_at \
          LEFT JOIN LATERAL ( \
             SELECT * FROM unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS u(id, ep, ver) \
-            WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = u.id)) x ON true \
+            WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = u.id) IS NULL) x ON true \
          ORDER BY f.event_id"
     )
 }
@@ -212,8 +231,7 @@ static CLAIM_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 const TIDY_PLANS: &str = "\
 DELETE FROM walhook.fanouts p \
 WHERE p.created_at < now() - interval '10 seconds' \
-  AND NOT EXISTS (SELECT 1 FROM unnest(p.delivery_ids) AS q(id) \
-                  WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = q.id))";
+  AND (SELECT count(*) FROM walhook.deliveries d WHERE d.id = ANY (p.delivery_ids)) >= cardinality(p.delivery_ids)";
 
 /// Replay requests, one per delivery, of deliveries no other live node
 /// holds (every attempt of a delivery goes through its holder, which keeps
@@ -332,9 +350,15 @@ impl DispatchStore for Platform {
         ];
 
         // One state per delivery: the latest attempt's (an UPDATE … FROM
-        // with two source rows for one target applies either).
+        // with two source rows for one target applies either). A delivery
+        // whose row is written by this batch may have a later attempt in
+        // it too (a near retry): the row is written with the latest state.
         let mut latest: HashMap<DeliveryId, &AttemptRecord> = HashMap::new();
+        let mut first_writes: HashMap<DeliveryId, &FirstWrite> = HashMap::new();
         for r in a.iter().filter(|x| x.trigger == Trigger::Auto) {
+            if let Some(w) = &r.first_write {
+                first_writes.insert(r.delivery_id, w);
+            }
             match latest.get(&r.delivery_id) {
                 Some(prev) if prev.number > r.number => {}
                 _ => {
@@ -344,23 +368,22 @@ impl DispatchStore for Platform {
         }
         // Deliveries that have their row are updated; those planned by
         // fan-out and attempted for the first time get their row now.
-        let (fresh, u): (Vec<&AttemptRecord>, Vec<&AttemptRecord>) =
-            latest.into_values().partition(|x| x.first_write.is_some());
+        let (fresh, u): (Vec<&AttemptRecord>, Vec<&AttemptRecord>) = latest
+            .into_values()
+            .partition(|x| first_writes.contains_key(&x.delivery_id));
         let mut first = FreshRows::default();
         for x in &fresh {
-            if let Some(w) = &x.first_write {
-                first.push(
-                    x.delivery_id,
-                    w,
-                    x.status.as_str(),
-                    x.attempt_count,
-                    x.next_attempt_at,
-                    x.hold_until,
-                    x.lease_version,
-                    x.http_status,
-                    x.error_class,
-                );
-            }
+            first.push(
+                x.delivery_id,
+                first_writes[&x.delivery_id],
+                x.status.as_str(),
+                x.attempt_count,
+                x.next_attempt_at,
+                x.hold_until,
+                x.lease_version,
+                x.http_status,
+                x.error_class,
+            );
         }
         let fresh_params = first.params();
         let u_ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
@@ -403,16 +426,20 @@ impl DispatchStore for Platform {
         let manual: Vec<&AttemptRecord> =
             a.iter().filter(|x| x.trigger == Trigger::Manual).collect();
         if manual.is_empty() {
+            let (with_updates, with_fresh) = (!u.is_empty(), !fresh.is_empty());
             let fast = client
-                .prepare_cached(&RECORD_FAST)
+                .prepare_cached(
+                    &RECORD_FAST[usize::from(with_updates) * 2 + usize::from(with_fresh)],
+                )
                 .await
                 .map_err(StoreError::query("prepare the attempt record"))?;
-            let all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = attempt_params
-                .iter()
-                .chain(update_params.iter())
-                .chain(fresh_params.iter())
-                .copied()
-                .collect();
+            let mut all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = attempt_params.to_vec();
+            if with_updates {
+                all.extend(update_params.iter().copied());
+            }
+            if with_fresh {
+                all.extend(fresh_params.iter().copied());
+            }
             match client.query(&fast, &all).await {
                 Ok(rows) => return Ok(stale_of(&rows)),
                 Err(e) if crate::fanout::is_unique_violation(&e) => {
@@ -712,6 +739,18 @@ impl DispatchStore for Platform {
             .execute(TIDY_PLANS, &[])
             .await
             .map_err(StoreError::query("remove finished plans"))?)
+    }
+
+    async fn clean_queues(&self) -> Result<(), walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        // A table locked by someone else is skipped this time; a role that
+        // does not own the tables gets a warning from the server, not an
+        // error (autovacuum still cleans them then, only later).
+        client
+            .batch_execute("VACUUM (SKIP_LOCKED) walhook.fanouts, walhook.pending")
+            .await
+            .map_err(StoreError::query("vacuum the queue tables"))?;
+        Ok(())
     }
 
     async fn release(

@@ -87,7 +87,8 @@ impl Platform {
 
 /// The plan rows of the deliveries passed as `$first`.. (one row per
 /// event), returning the event ids and their delivery ids. `redo` leaves
-/// out deliveries that have their row already and plans that exist.
+/// out deliveries that have their row already (a primary-key probe each)
+/// and plans that exist.
 fn plans_sql(first: usize, redo: bool) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
@@ -113,7 +114,7 @@ fn plans_sql(first: usize, redo: bool) -> String {
         p(8),
         p(9),
         if redo {
-            "WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = t.id)"
+            "WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL"
         } else {
             ""
         },

@@ -29,7 +29,7 @@ impl Platform {
                 "WITH planned AS ( \
                     SELECT f.created_at, f.lease_owner FROM walhook.fanouts f \
                     CROSS JOIN LATERAL unnest(f.delivery_ids) AS x(id) \
-                    WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = x.id)), \
+                    WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = x.id) IS NULL), \
                  waiting AS ( \
                     SELECT created_at, next_attempt_at <= now() AND lease_owner IS NULL AS unheld FROM walhook.pending \
                     UNION ALL SELECT created_at, lease_owner IS NULL FROM planned) \

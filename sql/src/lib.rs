@@ -168,7 +168,19 @@ pub struct Platform {
     partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
     /// Event types known to be in the catalog (see `fanout`).
     catalogued: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+    /// When the prepared statements were last dropped (see [`REPLAN_EVERY`]).
+    replanned: std::sync::Arc<parking_lot::Mutex<std::time::Instant>>,
 }
+
+/// How often every connection's prepared statements are dropped and
+/// prepared again. Postgres keeps a prepared statement's generic plan
+/// until the statistics of its tables change, and autovacuum may take
+/// minutes to analyze them: a plan made while a table was small (a fresh
+/// install, `walhook.fanouts` between bursts) scans the whole table on
+/// every batch once it has grown, and a backlog would never drain. A new
+/// plan scales each table's row estimate by its current size, so the hot
+/// statements go back to primary-key probes within this time.
+pub const REPLAN_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl std::fmt::Debug for Platform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,6 +246,7 @@ impl Platform {
             keyring: None,
             partitions: Default::default(),
             catalogued: Default::default(),
+            replanned: std::sync::Arc::new(parking_lot::Mutex::new(std::time::Instant::now())),
         })
     }
 
@@ -259,6 +272,13 @@ impl Platform {
 
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        {
+            let mut last = self.replanned.lock();
+            if last.elapsed() >= REPLAN_EVERY {
+                *last = std::time::Instant::now();
+                self.pool.manager().statement_caches.clear();
+            }
+        }
         Ok(self.pool.get().await?)
     }
 }

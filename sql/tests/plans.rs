@@ -334,3 +334,49 @@ async fn plans_nobody_holds_are_claimed_and_leftovers_are_tidied() {
     w.plan(5_000, Some("a"), Duration::ZERO).await;
     assert_eq!(w.platform.tidy_plans().await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_latest_state() {
+    let w = world().await;
+    let made = w.plan(6_000, Some("a"), Duration::ZERO).await;
+    let (jobs, _) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    let job = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+
+    // The first attempt fails and is retried at once; the dispatcher marks
+    // the job as having its row as soon as it hands the first result over,
+    // so the retry's record carries no first write. Both reach the
+    // recorder in one batch.
+    let mut failed = success(job);
+    failed.http_status = Some(503);
+    failed.outcome = "retryable";
+    failed.error_class = Some("http_5xx");
+    failed.status = DeliveryStatus::Pending;
+    failed.hold_until = Some(Timestamp::now().plus(Duration::from_secs(60)));
+    let mut held = job.clone();
+    held.attempt_count = 1;
+    held.materialized = true;
+    let retried = success(&held);
+    assert!(retried.first_write.is_none() && retried.number == 2);
+
+    let stale = w.platform.record(&[failed, retried]).await.unwrap();
+    assert!(
+        stale.is_empty(),
+        "the retry's result was refused: {stale:?}"
+    );
+    let row = w
+        .sql
+        .query_one(
+            "SELECT status::text, attempt_count FROM walhook.deliveries WHERE id = $1",
+            &[&Uuid::from_bytes(made[0].0)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "succeeded");
+    assert_eq!(row.get::<_, i32>(1), 2);
+    assert_eq!(w.count("walhook.attempts").await, 2);
+    assert_eq!(w.count("walhook.pending").await, 0);
+}

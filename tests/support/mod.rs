@@ -296,8 +296,38 @@ impl World {
         let (e, d, s, a, i): (i64, i64, i64, i64, i64) =
             (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         let errors: Option<String> = row.get(5);
+        // Plans left (deliveries waiting for their first row) and attempts
+        // of deliveries that have no row: both say where a delivery stopped.
+        let plans: Vec<String> = self
+            .platform_sql
+            .query(
+                "SELECT format('%s: %s of %s written, lease %s v%s', f.event_id, \
+                        (SELECT count(*) FROM walhook.deliveries d WHERE d.id = ANY (f.delivery_ids)), \
+                        cardinality(f.delivery_ids), coalesce(f.lease_owner, '-'), f.lease_version) \
+                 FROM walhook.fanouts f ORDER BY f.event_id LIMIT 5",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let rowless: Vec<String> = self
+            .platform_sql
+            .query(
+                "SELECT format('%s (%s attempts)', a.delivery_id, count(*)) FROM walhook.attempts a \
+                 WHERE NOT EXISTS (SELECT 1 FROM walhook.deliveries d WHERE d.id = a.delivery_id) \
+                 GROUP BY a.delivery_id LIMIT 5",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         format!(
-            "events {e}, deliveries {d} ({s} succeeded), attempts {a}, incidents {i}, errors {errors:?}, requests received {}",
+            "events {e}, deliveries {d} ({s} succeeded), attempts {a}, incidents {i}, errors {errors:?}, requests received {}, \
+             plans left {plans:?}, attempted deliveries without a row {rowless:?}",
             self.receiver.count()
         )
     }

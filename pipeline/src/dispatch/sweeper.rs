@@ -21,6 +21,10 @@ use crate::time::Timestamp;
 /// How often finished fan-out plans left behind are removed.
 const TIDY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How often the queue tables are cleaned of dead rows
+/// ([`DispatchStore::clean_queues`]).
+const CLEAN_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Work the sweeper found.
 #[derive(Debug)]
 pub enum Claimed {
@@ -113,6 +117,7 @@ pub async fn run<S: DispatchStore>(
         }
     }
     let mut last_tidy = std::time::Instant::now();
+    let mut last_clean = std::time::Instant::now();
     loop {
         if crate::failpoint::hit("dispatch.sweeper") {
             return;
@@ -124,6 +129,12 @@ pub async fn run<S: DispatchStore>(
                 Err(e) => tracing::warn!(error = %e, "could not remove finished fan-out plans"),
             }
             last_tidy = std::time::Instant::now();
+        }
+        if last_clean.elapsed() >= CLEAN_EVERY {
+            if let Err(e) = store.clean_queues().await {
+                tracing::warn!(error = %e, "could not clean the queue tables");
+            }
+            last_clean = std::time::Instant::now();
         }
         if last_heartbeat.elapsed() >= settings.lease / 4 {
             match store.heartbeat(&settings.node_id, settings.lease).await {

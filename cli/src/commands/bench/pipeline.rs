@@ -64,7 +64,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub api_flood: u64,
     /// Load `pg_stat_statements` and report the statements that took the
-    /// most Postgres time, with µs per row.
+    /// most Postgres time (µs per row), and each platform table's scans,
+    /// inserts, updates (HOT or not) and deletes.
     #[arg(long)]
     pub statements: bool,
 }
@@ -191,10 +192,10 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let cpu_done = cpu_seconds();
     let wal_end = world.wal().await?;
     let receiver_done = receiver_cpu();
-    let statements = if args.statements {
-        world.statements(12).await?
+    let (statements, tables) = if args.statements {
+        (world.statements(12).await?, world.table_activity().await?)
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     sampler_stop.cancel();
     shutdown.cancel();
@@ -243,6 +244,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "statements": statements.iter().map(|(q, calls, rows, ms, us_per_row)| serde_json::json!({
             "query": q, "calls": calls, "rows": rows, "total_ms": ms, "us_per_row": us_per_row,
         })).collect::<Vec<_>>(),
+        "tables": tables,
         "commit": build_commit(),
         "machine": { "cores": std::thread::available_parallelism().map_or(0, |n| n.get()) },
         "settings": { "walhook": SETTINGS, "postgres": "devkit's throwaway cluster (fsync off, synchronous_commit on, full_page_writes off, shared_buffers 128MB)" },
@@ -295,6 +297,32 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         );
         for (q, calls, rows, ms, us) in &statements {
             println!("    {ms:>9.0} ms {calls:>8} calls {rows:>9} rows {us:>7.1} µs/row  {q}");
+        }
+        if !tables.is_empty() {
+            println!(
+                "    {:<22} {:>9} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "table",
+                "seq scans",
+                "seq rows",
+                "idx scans",
+                "inserted",
+                "updated",
+                "HOT",
+                "deleted"
+            );
+        }
+        for t in &tables {
+            println!(
+                "    {:<22} {:>9} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                t.table,
+                t.seq_scans,
+                t.seq_rows_read,
+                t.index_scans,
+                t.inserted,
+                t.updated,
+                t.hot_updated,
+                t.deleted
+            );
         }
         if let Some(f) = &flood {
             println!(

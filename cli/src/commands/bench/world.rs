@@ -387,6 +387,60 @@ impl World {
     }
 }
 
+/// What one platform table went through (`pg_stat_user_tables`, summed
+/// over partitions).
+#[derive(Debug, serde::Serialize)]
+pub struct TableActivity {
+    /// The table (partitions count under their parent).
+    pub table: String,
+    /// Sequential scans and the rows they read.
+    pub seq_scans: i64,
+    /// Rows read by sequential scans.
+    pub seq_rows_read: i64,
+    /// Index scans.
+    pub index_scans: i64,
+    /// Rows inserted.
+    pub inserted: i64,
+    /// Rows updated, and of those HOT (no index entry).
+    pub updated: i64,
+    /// HOT updates.
+    pub hot_updated: i64,
+    /// Rows deleted.
+    pub deleted: i64,
+}
+
+impl World {
+    /// The platform tables' activity since the cluster started, busiest
+    /// first.
+    pub async fn table_activity(&self) -> anyhow::Result<Vec<TableActivity>> {
+        let rows = self
+            .platform_sql
+            .query(
+                "SELECT regexp_replace(relname, '_[0-9]{8}$', ''), sum(seq_scan)::int8, sum(seq_tup_read)::int8, \
+                        sum(coalesce(idx_scan, 0))::int8, sum(n_tup_ins)::int8, sum(n_tup_upd)::int8, \
+                        sum(n_tup_hot_upd)::int8, sum(n_tup_del)::int8 \
+                 FROM pg_stat_user_tables WHERE schemaname = 'walhook' \
+                 GROUP BY 1 HAVING sum(n_tup_ins + n_tup_upd + n_tup_del + seq_tup_read) > 0 \
+                 ORDER BY sum(n_tup_ins + n_tup_upd + n_tup_del) DESC",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| TableActivity {
+                table: r.get(0),
+                seq_scans: r.get(1),
+                seq_rows_read: r.get(2),
+                index_scans: r.get(3),
+                inserted: r.get(4),
+                updated: r.get(5),
+                hot_updated: r.get(6),
+                deleted: r.get(7),
+            })
+            .collect())
+    }
+}
+
 /// The commit this binary was built from (`WALHOOK_COMMIT` at build time),
 /// or "unknown".
 pub fn build_commit() -> &'static str {
