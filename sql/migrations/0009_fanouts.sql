@@ -25,10 +25,14 @@ CREATE TABLE walhook.fanouts (
     lease_version      bigint NOT NULL DEFAULT 1
 ) WITH (
     -- Rows live for milliseconds: clean up often and without throttling.
+    -- Dispatch also vacuums it every few seconds; the emptied pages at the
+    -- end stay (cutting them off takes a lock that stalls every writer).
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 10000,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_cost_delay = 0,
+    vacuum_truncate = false
 );
+ALTER TABLE walhook.pending SET (vacuum_truncate = false);
 CREATE INDEX fanouts_held ON walhook.fanouts (lease_owner) WHERE lease_owner IS NOT NULL;
 CREATE INDEX fanouts_unheld ON walhook.fanouts (created_at) WHERE lease_owner IS NULL;
 -- The API lists a tenant's deliveries, these included.

@@ -20,13 +20,17 @@ impl EndpointSource for Platform {
     /// the directory has to reload then too. Only equality is meaningful.
     async fn config_epoch(&self) -> Result<i64, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_one(
+        // Asked before every fan-out batch: prepared once per connection.
+        let stmt = client
+            .prepare_cached(
                 "SELECT c.epoch, coalesce((SELECT (extract(epoch FROM max(s.expires_at)) * 1000000)::int8 \
                  FROM walhook.endpoint_secrets s WHERE s.expires_at <= now()), 0) \
                  FROM walhook.config_epoch c",
-                &[],
             )
+            .await
+            .map_err(StoreError::query("prepare the config epoch query"))?;
+        let row = client
+            .query_one(&stmt, &[])
             .await
             .map_err(StoreError::query("read the config epoch"))?;
         let (epoch, expired_micros): (i64, i64) = (row.get(0), row.get(1));

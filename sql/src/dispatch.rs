@@ -747,7 +747,7 @@ impl DispatchStore for Platform {
         // does not own the tables gets a warning from the server, not an
         // error (autovacuum still cleans them then, only later).
         client
-            .batch_execute("VACUUM (SKIP_LOCKED) walhook.fanouts, walhook.pending")
+            .batch_execute("VACUUM (SKIP_LOCKED, TRUNCATE false) walhook.fanouts, walhook.pending")
             .await
             .map_err(StoreError::query("vacuum the queue tables"))?;
         Ok(())

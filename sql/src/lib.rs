@@ -168,8 +168,9 @@ pub struct Platform {
     partitions: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(&'static str, i64)>>>,
     /// Event types known to be in the catalog (see `fanout`).
     catalogued: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
-    /// When the prepared statements were last dropped (see [`REPLAN_EVERY`]).
-    replanned: std::sync::Arc<parking_lot::Mutex<std::time::Instant>>,
+    /// When the prepared statements were last dropped, and the time until
+    /// the next drop (see [`REPLAN_EVERY`]).
+    replanned: std::sync::Arc<parking_lot::Mutex<(std::time::Instant, std::time::Duration)>>,
 }
 
 /// How often every connection's prepared statements are dropped and
@@ -179,7 +180,9 @@ pub struct Platform {
 /// install, `walhook.fanouts` between bursts) scans the whole table on
 /// every batch once it has grown, and a backlog would never drain. A new
 /// plan scales each table's row estimate by its current size, so the hot
-/// statements go back to primary-key probes within this time.
+/// statements go back to primary-key probes within this time. Tables grow
+/// fastest from empty, so the first drops come sooner: after 1 s, then
+/// 2, 4, 8 and 16 s.
 pub const REPLAN_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl std::fmt::Debug for Platform {
@@ -246,7 +249,10 @@ impl Platform {
             keyring: None,
             partitions: Default::default(),
             catalogued: Default::default(),
-            replanned: std::sync::Arc::new(parking_lot::Mutex::new(std::time::Instant::now())),
+            replanned: std::sync::Arc::new(parking_lot::Mutex::new((
+                std::time::Instant::now(),
+                std::time::Duration::from_secs(1),
+            ))),
         })
     }
 
@@ -273,9 +279,10 @@ impl Platform {
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         {
-            let mut last = self.replanned.lock();
-            if last.elapsed() >= REPLAN_EVERY {
-                *last = std::time::Instant::now();
+            let mut replanned = self.replanned.lock();
+            let (last, gap) = *replanned;
+            if last.elapsed() >= gap {
+                *replanned = (std::time::Instant::now(), (gap * 2).min(REPLAN_EVERY));
                 self.pool.manager().statement_caches.clear();
             }
         }

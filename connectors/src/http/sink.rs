@@ -39,6 +39,15 @@ pub const EXCERPT_MAX_BYTES: usize = 1024;
 /// How long an idle pooled connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// URLs whose check is remembered, at most; the memory is emptied when full.
+const CHECKED_URLS: usize = 4096;
+
+/// A URL that passed [`check_url`]: what is sent, and the host as checked.
+struct Checked {
+    url: reqwest::Url,
+    host: VettedHost,
+}
+
 /// The reqwest-based egress.
 #[derive(Clone)]
 pub struct HttpEgress {
@@ -46,6 +55,10 @@ pub struct HttpEgress {
     settings: EgressSettings,
     policy: UrlPolicy,
     observer: Arc<dyn EgressObserver>,
+    /// Endpoint URLs already checked against `policy` (which never changes
+    /// while the egress lives), so that each attempt does not parse its URL
+    /// again. Addresses are still vetted at every new connection.
+    checked: Arc<parking_lot::RwLock<std::collections::HashMap<String, Arc<Checked>>>>,
 }
 
 impl std::fmt::Debug for HttpEgress {
@@ -140,6 +153,10 @@ impl EgressBuilder {
         );
         builder = builder
             .redirect(reqwest::redirect::Policy::none())
+            // One attempt is one request: reqwest's own retries of refused
+            // streams are off (and with them the copy of every request
+            // they would keep).
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .referer(false)
             .no_gzip()
             .no_brotli()
@@ -165,6 +182,7 @@ impl EgressBuilder {
             settings,
             policy,
             observer: self.observer,
+            checked: Default::default(),
         })
     }
 }
@@ -188,6 +206,24 @@ impl HttpEgress {
     /// The URL and address policy applied.
     pub fn policy(&self) -> &UrlPolicy {
         &self.policy
+    }
+
+    /// `text` checked against the policy, remembered when it passes.
+    fn check(&self, text: &str) -> Result<Arc<Checked>, Refusal> {
+        if let Some(c) = self.checked.read().get(text) {
+            return Ok(c.clone());
+        }
+        let vetted = check_url(text, &self.policy)?;
+        let checked = Arc::new(Checked {
+            url: vetted.url,
+            host: vetted.host,
+        });
+        let mut memory = self.checked.write();
+        if memory.len() >= CHECKED_URLS {
+            memory.clear();
+        }
+        memory.insert(text.to_owned(), checked.clone());
+        Ok(checked)
     }
 }
 
@@ -242,7 +278,7 @@ pub fn response_excerpt(body: &[u8]) -> String {
 
 impl Egress for HttpEgress {
     async fn send(&self, request: Outbound) -> EgressResult {
-        let vetted = match check_url(&request.url, &self.policy) {
+        let vetted = match self.check(&request.url) {
             Ok(v) => v,
             Err(refusal) => {
                 // The detail may quote the URL, which may carry a customer's
@@ -259,10 +295,18 @@ impl Egress for HttpEgress {
         {
             return blocked();
         }
-        let mut builder = self.client.post(vetted.url);
-        for (name, value) in &request.headers {
-            builder = builder.header(*name, value);
+        let mut headers = reqwest::header::HeaderMap::with_capacity(request.headers.len());
+        for (name, value) in request.headers {
+            match reqwest::header::HeaderValue::try_from(value) {
+                Ok(v) => {
+                    headers.insert(reqwest::header::HeaderName::from_static(name), v);
+                }
+                // Our own values (ids, numbers, signatures) are always
+                // valid header text; refuse rather than send without one.
+                Err(_) => return EgressResult::bare(classify_failure(ErrorClass::Blocked)),
+            }
         }
+        let builder = self.client.post(vetted.url.clone()).headers(headers);
         let response = match builder.body(request.body).send().await {
             Ok(r) => r,
             Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),

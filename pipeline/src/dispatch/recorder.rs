@@ -41,6 +41,12 @@ pub enum Record {
 
 const BATCH: usize = 1000;
 
+/// A batch smaller than this waits up to [`LINGER`] for more records.
+const LINGER_BELOW: usize = 64;
+
+/// How long a small batch waits for more records.
+const LINGER: Duration = Duration::from_millis(2);
+
 /// How long a delivery whose result could not be stored waits before it is
 /// attempted again.
 const REFUSED_RETRY: Duration = Duration::from_secs(60);
@@ -61,9 +67,25 @@ pub async fn run<S: DispatchStore>(
             return Ok(());
         }
         batch.push(first);
+        let mut closed = false;
         while batch.len() < BATCH {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        // A small batch waits a moment for company: each write costs the
+        // database a round trip and a statement start whatever its size,
+        // and the attempts it records have already been made (nobody waits
+        // for this write but the durability of their results).
+        let linger_until = tokio::time::Instant::now() + LINGER;
+        while batch.len() < LINGER_BELOW {
+            match tokio::time::timeout_at(linger_until, rx.recv()).await {
+                Ok(Some(r)) => batch.push(r),
+                Ok(None) => {
+                    closed = true;
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -74,6 +96,9 @@ pub async fn run<S: DispatchStore>(
                 count = stale,
                 "results of deliveries whose lease moved on were not applied"
             );
+        }
+        if closed {
+            return Ok(());
         }
     }
 }
