@@ -31,7 +31,6 @@ ON CONFLICT DO NOTHING";
 /// from `$first` on (8 arrays). The state change touches no indexed column
 /// of `deliveries`: a HOT update.
 fn states_sql(first: usize) -> String {
-    let p = |i: usize| format!("${}", first + i);
     format!(
         "u AS ( \
             UPDATE walhook.deliveries d SET \
@@ -43,8 +42,7 @@ fn states_sql(first: usize) -> String {
                 last_http_status = x.http, \
                 last_error_class = x.err, \
                 updated_at = now() \
-            FROM unnest({}::uuid[], {}::text[], {}::int4[], {}::timestamptz[], {}::timestamptz[], \
-                        {}::int8[], {}::int4[], {}::text[]) \
+            FROM unnest({}) \
                  AS x(id, status, attempts, next_at, hold, lease, http, err) \
             WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
             RETURNING d.id, d.status, d.lease_owner, d.next_attempt_at), \
@@ -54,14 +52,19 @@ fn states_sql(first: usize) -> String {
         freed AS ( \
             UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = u.next_attempt_at FROM u \
             WHERE p.delivery_id = u.id AND u.status = 'pending' AND u.lease_owner IS NULL)",
-        p(0),
-        p(1),
-        p(2),
-        p(3),
-        p(4),
-        p(5),
-        p(6),
-        p(7)
+        crate::typed_params(
+            first,
+            &[
+                "uuid",
+                "text",
+                "int4",
+                "timestamptz",
+                "timestamptz",
+                "int8",
+                "int4",
+                "text"
+            ]
+        )
     )
 }
 
@@ -75,7 +78,6 @@ fn states_sql(first: usize) -> String {
 /// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
 /// it is and counts as stale).
 fn fresh_sql(first: usize, careful: bool) -> String {
-    let p: Vec<String> = (0..16).map(|i| format!("${}", first + i)).collect();
     format!(
         "n AS ( \
             INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
@@ -85,9 +87,7 @@ fn fresh_sql(first: usize, careful: bool) -> String {
                    x.attempts, x.next_at, x.expires, x.lease, \
                    CASE WHEN x.hold IS NULL THEN NULL ELSE f.lease_owner END, x.hold, x.http, x.err, \
                    x.created, now() \
-            FROM unnest({}::uuid[], {}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::timestamptz[], \
-                        {}::int4[], {}::text[], {}::int4[], {}::timestamptz[], {}::timestamptz[], \
-                        {}::timestamptz[], {}::timestamptz[], {}::int8[], {}::int4[], {}::text[]) \
+            FROM unnest({}) \
                  AS x(id, ev, ep, tenant, etype, occ, ver, status, attempts, next_at, expires, created, \
                       hold, lease, http, err) \
             JOIN walhook.fanouts f ON f.event_id = x.ev AND f.lease_version = x.lease \
@@ -102,22 +102,27 @@ fn fresh_sql(first: usize, careful: bool) -> String {
               AND (SELECT count(*) FROM n WHERE n.event_id = p.event_id) \
                   + (SELECT count(*) FROM walhook.deliveries d WHERE d.id = ANY (p.delivery_ids)) \
                   >= cardinality(p.delivery_ids))",
-        p[0],
-        p[1],
-        p[2],
-        p[3],
-        p[4],
-        p[5],
-        p[6],
-        p[7],
-        p[8],
-        p[9],
-        p[10],
-        p[11],
-        p[12],
-        p[13],
-        p[14],
-        p[15],
+        crate::typed_params(
+            first,
+            &[
+                "uuid",
+                "uuid",
+                "uuid",
+                "text",
+                "text",
+                "timestamptz",
+                "int4",
+                "text",
+                "int4",
+                "timestamptz",
+                "timestamptz",
+                "timestamptz",
+                "timestamptz",
+                "int8",
+                "int4",
+                "text"
+            ]
+        ),
         if careful {
             "ON CONFLICT DO NOTHING"
         } else {
@@ -541,14 +546,7 @@ impl DispatchStore for Platform {
                     );
                 }
             }
-            let stmt = client
-                .prepare_cached(&FRESH_ONLY)
-                .await
-                .map_err(StoreError::query("prepare the first rows"))?;
-            client
-                .query(&stmt, &first.params())
-                .await
-                .map_err(StoreError::query("end planned deliveries"))?;
+            first.write(&client, "end planned deliveries").await?;
         }
         if changes.is_empty() {
             return Ok(());
@@ -779,14 +777,7 @@ impl DispatchStore for Platform {
                     );
                 }
             }
-            let stmt = client
-                .prepare_cached(&FRESH_ONLY)
-                .await
-                .map_err(StoreError::query("prepare the first rows"))?;
-            client
-                .query(&stmt, &first.params())
-                .await
-                .map_err(StoreError::query("hand planned deliveries back"))?;
+            first.write(&client, "hand planned deliveries back").await?;
         }
         if releases.is_empty() {
             return Ok(());
@@ -992,6 +983,23 @@ impl<'a> FreshRows<'a> {
         self.leases.push(lease);
         self.http.push(http.map(i32::from));
         self.errs.push(err);
+    }
+
+    /// Writes these rows alone ([`FRESH_ONLY`]), gap-filling.
+    async fn write(
+        &self,
+        client: &deadpool_postgres::Object,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
+        let stmt = client
+            .prepare_cached(&FRESH_ONLY)
+            .await
+            .map_err(StoreError::query("prepare the first rows"))?;
+        client
+            .query(&stmt, &self.params())
+            .await
+            .map_err(StoreError::query(what))?;
+        Ok(())
     }
 
     fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {

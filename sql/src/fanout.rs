@@ -90,29 +90,32 @@ impl Platform {
 /// out deliveries that have their row already (a primary-key probe each)
 /// and plans that exist.
 fn plans_sql(first: usize, redo: bool) -> String {
-    let p = |i: usize| format!("${}", first + i);
     format!(
         "INSERT INTO walhook.fanouts (event_id, event_occurred_at, tenant_id, event_type, delivery_ids, \
                                       endpoint_ids, config_versions, created_at, expires_at, lease_owner) \
          SELECT ev, occ, tenant, etype, array_agg(id ORDER BY id), array_agg(ep ORDER BY id), \
                 array_agg(ver ORDER BY id), created, expires, owner \
-         FROM unnest({}::uuid[], {}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::timestamptz[], \
-                     {}::int4[], {}::timestamptz[], {}::timestamptz[], {}::text[]) \
+         FROM unnest({}) \
               AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner) \
          {} \
          GROUP BY ev, occ, tenant, etype, created, expires, owner \
          {} \
          RETURNING event_id, delivery_ids",
-        p(0),
-        p(1),
-        p(2),
-        p(3),
-        p(4),
-        p(5),
-        p(6),
-        p(7),
-        p(8),
-        p(9),
+        crate::typed_params(
+            first,
+            &[
+                "uuid",
+                "uuid",
+                "uuid",
+                "text",
+                "text",
+                "timestamptz",
+                "int4",
+                "timestamptz",
+                "timestamptz",
+                "text"
+            ]
+        ),
         if redo {
             "WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL"
         } else {

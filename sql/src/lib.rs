@@ -290,6 +290,17 @@ impl Platform {
     }
 }
 
+/// Typed array placeholders from `$first` on, one per type, as an
+/// `unnest(…)` takes them: `$3::uuid[], $4::text[]`.
+pub(crate) fn typed_params(first: usize, types: &[&str]) -> String {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("${}::{t}[]", first + i))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl From<StoreError> for walhook_pipeline::store::StoreError {
     fn from(e: StoreError) -> Self {
         walhook_pipeline::store::StoreError {
