@@ -11,6 +11,7 @@
 //!   canonical body writer in [`canonical`].
 //! - [`log`]: the log port, its embedded implementation and its contract.
 //! - [`failpoint`]: named crash points for the kill tests.
+//! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
 //!   that never print.
 //!
@@ -29,6 +30,7 @@ pub mod fanout;
 pub mod ids;
 pub mod incident;
 pub mod log;
+pub mod objstore;
 pub mod redact;
 pub mod sanitize;
 pub mod signing;
