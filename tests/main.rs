@@ -4,6 +4,7 @@
 mod support;
 
 mod api;
+mod archive;
 mod capture;
 mod cli;
 mod egress;

@@ -20,8 +20,10 @@ use walhook_sql::Keyring;
 use walhook_sql::secrets::MasterKey;
 
 mod api;
+mod archive;
 
 pub use api::ApiConfig;
+pub use archive::ArchiveConfig;
 
 /// The whole config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -57,6 +59,9 @@ pub struct Config {
     /// Master keys for endpoint secrets at rest.
     #[serde(default)]
     pub secrets: SecretsConfig,
+    /// Cold history: where day partitions go once they leave Postgres.
+    #[serde(default)]
+    pub archive: ArchiveConfig,
 }
 
 /// `[secrets]`: the master keys that seal endpoint secrets at rest.
@@ -261,6 +266,7 @@ impl Config {
             Self::parse(&text).with_context(|| format!("config file {}", path.display()))?;
         if let Some(dir) = path.parent() {
             cfg.secrets.resolve_paths(dir);
+            cfg.archive.resolve_paths(dir);
             // The sections' CA files, like key files, are read from the
             // config's folder; an `sslrootcert` in a URL stays as libpq
             // reads it (from the working directory).
@@ -314,6 +320,7 @@ impl Config {
         if let Some(api) = &cfg.api {
             api.validate()?;
         }
+        cfg.archive.validate()?;
         if let Some(p) = &cfg.platform
             && p.max_connections == 0
         {

@@ -49,6 +49,9 @@ pub enum Command {
     Api(commands::api::Args),
     /// Run the capture stage alone; with --stdout, print events to try rules.
     Capture(commands::capture::Args),
+    /// Move days past the hot window to Parquet (local directory or S3),
+    /// verified, then drop them from Postgres; --dry-run shows what is due.
+    Archive(commands::archive::Args),
     /// Measure throughput and latency on a throwaway Postgres.
     Bench(commands::bench::Args),
     /// Check a URL against the egress policy (URL rules, then every address
@@ -137,6 +140,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
+        Command::Archive(args) => commands::archive::run(args).await,
         Command::CheckUrl(args) => commands::check_url::run(args).await,
         Command::Secrets(args) => commands::secrets::run(args).await,
     }

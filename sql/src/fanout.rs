@@ -13,7 +13,11 @@ use crate::{Platform, StoreError};
 
 impl Platform {
     /// Creates the daily partitions of `table` that `times` fall in, once
-    /// per process and day.
+    /// per process and day for recent days. A day older than yesterday may
+    /// have been archived and its partition dropped by another process
+    /// (`walhook archive`), so a late row for it (an outbox row with an old
+    /// `occurred_at`) checks the partition every time: rare, and it finds
+    /// a partition instead of failing.
     pub(crate) async fn ensure_partitions(
         &self,
         client: &impl deadpool_postgres::GenericClient,
@@ -21,6 +25,10 @@ impl Platform {
         times: impl Iterator<Item = walhook_pipeline::time::Timestamp>,
     ) -> Result<(), StoreError> {
         let mut missing: Vec<(i64, SystemTime)> = Vec::new();
+        let yesterday = walhook_pipeline::time::Timestamp::now()
+            .unix_seconds()
+            .div_euclid(86_400)
+            - 1;
         {
             let known = self.partitions.lock();
             for t in times {
@@ -35,7 +43,9 @@ impl Platform {
                 .execute("SELECT walhook.ensure_day_partition($1, ($2::timestamptz AT TIME ZONE 'UTC')::date)", &[&table, &at])
                 .await
                 .map_err(StoreError::query("create a daily partition"))?;
-            self.partitions.lock().insert((table, day));
+            if day >= yesterday {
+                self.partitions.lock().insert((table, day));
+            }
         }
         Ok(())
     }

@@ -69,6 +69,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fanouts",
         sql: include_str!("../migrations/0009_fanouts.sql"),
     },
+    Migration {
+        version: 10,
+        name: "archive",
+        sql: include_str!("../migrations/0010_archive.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod api;
+pub mod archive;
 pub mod bench;
 pub mod capture;
 pub mod check_url;

@@ -1,6 +1,7 @@
 //! `walhook bench`: throughput and latency, measured on a throwaway
 //! Postgres. Benchmarks print figures; tests check behaviour.
 
+pub mod archive;
 pub mod capture;
 pub mod flood;
 pub mod noisy;
@@ -34,6 +35,9 @@ pub enum Scenario {
     /// with 1,000 failing endpoints and a hanging endpoint.
     #[command(name = "noisy-neighbour")]
     NoisyNeighbour(noisy::Args),
+    /// The archive: attempt rows per second and per core, and Parquet
+    /// bytes per attempt.
+    Archive(archive::Args),
     /// The benchmarks' receiver, started by them in a process of its own.
     #[command(hide = true)]
     Receiver,
@@ -45,6 +49,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Scenario::Capture(a) => capture::run(a).await,
         Scenario::Pipeline(a) => pipeline::run(a).await,
         Scenario::NoisyNeighbour(a) => noisy::run(a).await,
+        Scenario::Archive(a) => archive::run(a).await,
         Scenario::Receiver => receiver::serve().await,
     }
 }

@@ -1,0 +1,875 @@
+//! The archive protocol: which days are due, and for each one export →
+//! manifest → verify → drop, with a catalog row recording how far it got.
+//!
+//! Rules that make a crash anywhere harmless:
+//! - The hot rows stay until the objects that hold them have been read back
+//!   and matched ([`crate::verify`]); only then does the partition go.
+//! - Object keys are a pure function of the day and the rows, and the bytes
+//!   are a pure function of the rows (sorted by bucket, tenant, time, id; no
+//!   wall clock in any object), so redoing a step rewrites identical objects.
+//! - The catalog row is written after the manifest: a run that finds no row
+//!   exports again (same bytes), one that finds `written` verifies, one that
+//!   finds `verified` drops. A `verified` day is never exported again, since
+//!   its hot rows may be partly gone.
+//! - A day is due only when nothing can still change it: for deliveries, no
+//!   planned, pending or replaying delivery of that day; for events, no such
+//!   delivery of an event of that day (the dispatcher still needs its body).
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use bytes::Bytes;
+use chrono::{Duration, NaiveDate, Utc};
+use futures::StreamExt;
+use tokio_postgres::types::ToSql;
+use walhook_pipeline::failpoint;
+use walhook_pipeline::objstore::ObjectStore;
+use walhook_sql::Platform;
+
+use crate::encode::encode;
+use crate::layout::{bucket_sql, manifest_key, part_key, partition_day, partition_name};
+use crate::manifest::{FileEntry, Manifest};
+use crate::table::{BatchBuilder, Kind, Table};
+use crate::{ArchiveError, verify};
+
+/// The default hot window: days younger than this stay in Postgres.
+pub const DEFAULT_HOT_DAYS: u32 = 3;
+/// The default number of rows per Parquet part.
+pub const DEFAULT_PART_ROWS: usize = 1_000_000;
+/// Rows deleted per statement when a day of deliveries leaves.
+const DELETE_BATCH: i64 = 10_000;
+
+/// What a run archives and how.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Days whose end is more than this many days ago are due.
+    pub hot_days: u32,
+    /// Tenant buckets per day.
+    pub tenant_buckets: u16,
+    /// Rows per Parquet part at most.
+    pub part_rows: usize,
+    /// The tables to archive.
+    pub tables: Vec<Table>,
+    /// Plan only: read counts, write and drop nothing.
+    pub dry_run: bool,
+    /// "Today", for the hot window (tests and `--today`); `None` is the UTC
+    /// date now.
+    pub today: Option<NaiveDate>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            hot_days: DEFAULT_HOT_DAYS,
+            tenant_buckets: crate::layout::DEFAULT_TENANT_BUCKETS,
+            part_rows: DEFAULT_PART_ROWS,
+            tables: Table::ALL.to_vec(),
+            dry_run: false,
+            today: None,
+        }
+    }
+}
+
+impl Settings {
+    /// The first day that stays hot.
+    pub fn cutoff(&self) -> NaiveDate {
+        let today = self.today.unwrap_or_else(|| Utc::now().date_naive());
+        today - Duration::days(i64::from(self.hot_days))
+    }
+}
+
+/// Hears about a run's progress (the command line draws a bar).
+pub trait Progress: Send + Sync {
+    /// A table's day starts, with the rows it holds.
+    fn start(&self, _table: Table, _day: NaiveDate, _rows: u64) {}
+    /// More rows were written.
+    fn rows(&self, _n: u64) {}
+    /// The day ended.
+    fn finish(&self, _report: &PartitionReport) {}
+}
+
+/// A [`Progress`] that hears nothing.
+pub struct Silent;
+impl Progress for Silent {}
+
+/// How one table's day ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// `--dry-run`: what would be archived.
+    Planned,
+    /// Written, verified and dropped from the hot tables.
+    Archived,
+    /// Not yet due: the reason.
+    Waiting(String),
+    /// Failed; the hot rows are kept. The error, as text.
+    Failed(String),
+}
+
+/// One table's day in a run.
+#[derive(Debug, Clone)]
+pub struct PartitionReport {
+    /// The table.
+    pub table: Table,
+    /// The day.
+    pub day: NaiveDate,
+    /// The generation written or resumed.
+    pub generation: u32,
+    /// Rows archived (or, dry run, that would be).
+    pub rows: u64,
+    /// Parquet bytes stored.
+    pub bytes: u64,
+    /// Parts stored.
+    pub files: usize,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Wall time spent on it.
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+struct CatalogRow {
+    generation: u32,
+    state: String,
+    manifest_key: String,
+    manifest_sha256: String,
+    written_at: std::time::SystemTime,
+}
+
+/// Runs the archive protocol against one platform database and one store.
+pub struct Archiver<S: ObjectStore> {
+    platform: Platform,
+    store: S,
+    settings: Settings,
+}
+
+impl<S: ObjectStore> Archiver<S> {
+    /// An archiver of `platform`'s hot tables into `store`.
+    pub fn new(platform: Platform, store: S, settings: Settings) -> Self {
+        Archiver {
+            platform,
+            store,
+            settings,
+        }
+    }
+
+    /// The store written to.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Archives every due day of every table, oldest first; a day that fails
+    /// is reported and the run goes on with the next (a definite failure of
+    /// the store or the database ends the run).
+    pub async fn run(&self, progress: &dyn Progress) -> Result<Vec<PartitionReport>, ArchiveError> {
+        let mut reports = Vec::new();
+        for table in self.settings.tables.clone() {
+            for day in self.due_days(table).await? {
+                let started = Instant::now();
+                let mut report = match self.archive_day(table, day, progress).await {
+                    Ok(r) => r,
+                    Err(e) if matches!(e, ArchiveError::Verification { .. }) => {
+                        tracing::error!(%table, %day, error = %e, "archive verification failed; the hot rows are kept");
+                        failed(table, day, &e)
+                    }
+                    Err(e) => {
+                        tracing::error!(%table, %day, error = %e, "archiving a day failed; the hot rows are kept");
+                        if !e.is_transient() && !matches!(e, ArchiveError::Shape { .. }) {
+                            return Err(e);
+                        }
+                        failed(table, day, &e)
+                    }
+                };
+                report.seconds = started.elapsed().as_secs_f64();
+                progress.finish(&report);
+                reports.push(report);
+            }
+        }
+        Ok(reports)
+    }
+
+    /// The days of `table` that a run takes: hot days before the cutoff and
+    /// days whose protocol stopped half-way, oldest first.
+    pub async fn due_days(&self, table: Table) -> Result<Vec<NaiveDate>, ArchiveError> {
+        let cutoff = self.settings.cutoff();
+        let client = self.platform.client().await?;
+        let mut days = BTreeSet::new();
+        for row in client
+            .query(
+                "SELECT day FROM walhook.archive_partitions WHERE table_name = $1 AND state <> 'dropped'",
+                &[&table.name()],
+            )
+            .await
+            .map_err(ArchiveError::query("read the archive catalog"))?
+        {
+            days.insert(row.get::<_, NaiveDateSql>(0).0);
+        }
+        if table.partitioned() {
+            let parent = format!("walhook.{}", table.name());
+            for row in client
+                .query(
+                    "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                     WHERE i.inhparent = $1::text::regclass",
+                    &[&parent],
+                )
+                .await
+                .map_err(ArchiveError::query("list the day partitions"))?
+            {
+                if let Some(day) = partition_day(table, row.get(0)) {
+                    if day < cutoff {
+                        days.insert(day);
+                    }
+                }
+            }
+        } else {
+            // The oldest delivery through each tenant's index, then every day
+            // from there to the cutoff that has rows.
+            let oldest: Option<i64> = client
+                .query_one(
+                    "SELECT min(x.m) FROM walhook.tenants t, LATERAL (SELECT \
+                     (extract(epoch FROM min(created_at)) / 86400)::int8 AS m \
+                     FROM walhook.deliveries d WHERE d.tenant_id = t.id) x",
+                    &[],
+                )
+                .await
+                .map_err(ArchiveError::query("find the oldest delivery"))?
+                .get(0);
+            if let Some(first) = oldest {
+                let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date");
+                let mut day = epoch + Duration::days(first - 1);
+                while day < cutoff {
+                    let (from, to) = bounds(day);
+                    let has: bool = client
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM walhook.tenants t, LATERAL (SELECT 1 \
+                             FROM walhook.deliveries d WHERE d.tenant_id = t.id \
+                             AND d.created_at >= $1 AND d.created_at < $2 LIMIT 1) x)",
+                            &[&from, &to],
+                        )
+                        .await
+                        .map_err(ArchiveError::query("look for deliveries of a day"))?
+                        .get(0);
+                    if has {
+                        days.insert(day);
+                    }
+                    day += Duration::days(1);
+                }
+            }
+        }
+        Ok(days.into_iter().collect())
+    }
+
+    /// Takes one table's day as far as it can go.
+    pub async fn archive_day(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        progress: &dyn Progress,
+    ) -> Result<PartitionReport, ArchiveError> {
+        let pending = self.catalog(table, day).await?;
+        let mut report = PartitionReport {
+            table,
+            day,
+            generation: 0,
+            rows: 0,
+            bytes: 0,
+            files: 0,
+            outcome: Outcome::Archived,
+            seconds: 0.0,
+        };
+        let resume = match pending {
+            Some(row) if row.state != "dropped" => {
+                // A written manifest that has gone from the store (removed by
+                // the operator after a failed verification) means: write the
+                // day anew, which is safe while nothing was dropped.
+                if row.state == "written"
+                    && self.store.get(&row.manifest_key).await?.is_none()
+                {
+                    self.forget(table, day, row.generation).await?;
+                    None
+                } else {
+                    Some(row)
+                }
+            }
+            _ => None,
+        };
+        let row = match resume {
+            Some(row) => row,
+            None => {
+                if let Some(reason) = self.not_due_because(table, day).await? {
+                    report.outcome = Outcome::Waiting(reason);
+                    return Ok(report);
+                }
+                let generation = self.next_generation(table, day).await?;
+                if self.settings.dry_run {
+                    report.generation = generation;
+                    report.rows = self.hot_count(table, day).await?;
+                    report.outcome = Outcome::Planned;
+                    return Ok(report);
+                }
+                self.export(table, day, generation, progress).await?
+            }
+        };
+        report.generation = row.generation;
+        if self.settings.dry_run {
+            report.outcome = Outcome::Planned;
+            return Ok(report);
+        }
+        failpoint::hit("archive.before_verify");
+        let manifest = verify::verify(&self.store, table, day, &row.manifest_key, &row.manifest_sha256).await?;
+        report.rows = manifest.row_count;
+        report.bytes = manifest.byte_count;
+        report.files = manifest.files.len();
+        if row.state == "written" {
+            let hot = self.hot_count(table, day).await?;
+            if hot != manifest.row_count {
+                // Rows reached or left the day after it was exported; the
+                // hot rows are whole, so the next run writes the day anew.
+                self.forget(table, day, row.generation).await?;
+                report.outcome = Outcome::Waiting(format!(
+                    "the hot table holds {hot} rows of this day, the manifest {}: rows changed after the export; the day is written anew on the next run",
+                    manifest.row_count
+                ));
+                return Ok(report);
+            }
+            self.set_state(table, day, row.generation, "verified").await?;
+        }
+        failpoint::hit("archive.before_drop");
+        let left = self.drop_hot(table, day, &manifest, row.written_at).await?;
+        failpoint::hit("archive.after_drop");
+        self.set_state(table, day, row.generation, "dropped").await?;
+        if left > 0 {
+            report.outcome = Outcome::Waiting(format!(
+                "{left} deliveries of this day changed after the export (a replay) and stay hot; they are archived as generation {} on a later run",
+                row.generation + 1
+            ));
+        }
+        Ok(report)
+    }
+
+    /// Why `table`'s `day` is not due yet, if it is not.
+    async fn not_due_because(&self, table: Table, day: NaiveDate) -> Result<Option<String>, ArchiveError> {
+        let (_, to) = bounds(day);
+        let client = self.platform.client().await?;
+        let count = |sql: &'static str, what: &'static str| {
+            let client = &client;
+            let to = to;
+            async move {
+                client
+                    .query_one(sql, &[&to])
+                    .await
+                    .map(|r| r.get::<_, i64>(0))
+                    .map_err(ArchiveError::query(what))
+            }
+        };
+        let blocked = match table {
+            Table::Attempts => None,
+            Table::Deliveries => {
+                let planned = count(
+                    "SELECT count(*) FROM walhook.fanouts WHERE created_at < $1",
+                    "count planned deliveries",
+                )
+                .await?;
+                let pending = count(
+                    "SELECT count(*) FROM walhook.pending WHERE created_at < $1",
+                    "count pending deliveries",
+                )
+                .await?;
+                let replaying = count(
+                    "SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
+                     ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.created_at < $1",
+                    "count open replays",
+                )
+                .await?;
+                (planned + pending + replaying > 0).then(|| {
+                    format!("{planned} planned, {pending} pending and {replaying} replaying deliveries were made on or before this day; they end by their retry deadline")
+                })
+            }
+            Table::Events => {
+                let planned = count(
+                    "SELECT count(*) FROM walhook.fanouts WHERE event_occurred_at < $1",
+                    "count planned deliveries",
+                )
+                .await?;
+                let pending = count(
+                    "SELECT count(*) FROM walhook.pending p LEFT JOIN walhook.deliveries d \
+                     ON d.id = p.delivery_id WHERE d.id IS NULL OR d.event_occurred_at < $1",
+                    "count pending deliveries",
+                )
+                .await?;
+                let replaying = count(
+                    "SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
+                     ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.event_occurred_at < $1",
+                    "count open replays",
+                )
+                .await?;
+                (planned + pending + replaying > 0).then(|| {
+                    format!("{planned} planned, {pending} pending and {replaying} replaying deliveries are of events of this day or older; their bodies stay hot until they end")
+                })
+            }
+        };
+        Ok(blocked)
+    }
+
+    /// Rows of `table`'s `day` in the hot table.
+    async fn hot_count(&self, table: Table, day: NaiveDate) -> Result<u64, ArchiveError> {
+        let client = self.platform.client().await?;
+        let n: i64 = if table.partitioned() {
+            if !self.partition_exists(&client, table, day).await? {
+                return Ok(0);
+            }
+            client
+                .query_one(
+                    &format!("SELECT count(*) FROM walhook.{}", partition_name(table, day)),
+                    &[],
+                )
+                .await
+                .map_err(ArchiveError::query("count a day partition"))?
+                .get(0)
+        } else {
+            let (from, to) = bounds(day);
+            client
+                .query_one(
+                    "SELECT count(*) FROM walhook.tenants t, LATERAL (SELECT 1 FROM walhook.deliveries d \
+                     WHERE d.tenant_id = t.id AND d.created_at >= $1 AND d.created_at < $2) x",
+                    &[&from, &to],
+                )
+                .await
+                .map_err(ArchiveError::query("count a day of deliveries"))?
+                .get(0)
+        };
+        Ok(n as u64)
+    }
+
+    async fn partition_exists(
+        &self,
+        client: &deadpool_client::Client,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<bool, ArchiveError> {
+        let name = format!("walhook.{}", partition_name(table, day));
+        Ok(client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+            .await
+            .map_err(ArchiveError::query("look for a day partition"))?
+            .get(0))
+    }
+
+    /// Writes every hot row of the day as parts and a manifest, and records
+    /// the generation as `written`.
+    async fn export(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+        progress: &dyn Progress,
+    ) -> Result<CatalogRow, ArchiveError> {
+        let started_at = std::time::SystemTime::now();
+        let buckets = self.settings.tenant_buckets;
+        let mut client = self.platform.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(ArchiveError::query("start the export snapshot"))?;
+        tx.execute("SET LOCAL statement_timeout = 0", &[])
+            .await
+            .map_err(ArchiveError::query("lift the statement timeout for the export"))?;
+        let (from, to) = bounds(day);
+        let day_col = table.day_column();
+        let (source, params): (String, Vec<Box<dyn ToSql + Sync + Send>>) = if table.partitioned() {
+            (
+                format!("walhook.{}", partition_name(table, day)),
+                vec![Box::new(i32::from(buckets))],
+            )
+        } else {
+            (
+                "(SELECT d.* FROM walhook.tenants t, LATERAL (SELECT * FROM walhook.deliveries d \
+                 WHERE d.tenant_id = t.id AND d.created_at >= $2 AND d.created_at < $3) d) d"
+                    .to_string(),
+                vec![Box::new(i32::from(buckets)), Box::new(from), Box::new(to)],
+            )
+        };
+        let p: Vec<&(dyn ToSql + Sync)> = params.iter().map(|b| b.as_ref() as &(dyn ToSql + Sync)).collect();
+        let total: i64 = tx
+            .query_one(&format!("SELECT count(*) FROM {source} WHERE $1::int4 > 0"), &p)
+            .await
+            .map_err(ArchiveError::query("count the day's rows"))?
+            .get(0);
+        let sql = format!(
+            "SELECT {}, {} FROM {source} ORDER BY {}, tenant_id, {day_col}, id",
+            table.select_list(),
+            bucket_sql(1),
+            bucket_sql(1),
+        );
+        progress.start(table, day, total as u64);
+        let rows = tx
+            .query_raw(&sql, p)
+            .await
+            .map_err(ArchiveError::query("read the day's rows"))?;
+        futures::pin_mut!(rows);
+        let mut manifest = Manifest::new(table, &day.format("%Y-%m-%d").to_string(), generation, buckets);
+        let mut part = PartBuilder::new(table);
+        let bucket_col = table.columns().len();
+        let status_col = table.column_index("status");
+        let mut current: Option<(u16, u32)> = None; // (bucket, next sequence)
+        while let Some(row) = rows.next().await {
+            let row = row.map_err(ArchiveError::query("read the day's rows"))?;
+            if let Some(i) = status_col {
+                if row.get::<_, &str>(i) == "pending" {
+                    return Err(ArchiveError::Verification {
+                        table,
+                        day,
+                        object: "walhook.deliveries".into(),
+                        problem: "a delivery of this day is still pending but has no pending entry".into(),
+                        fix: "nothing was written; run `walhook reconcile` for this day, or wait until the delivery ends".into(),
+                    });
+                }
+            }
+            let bucket = row.get::<_, i32>(bucket_col) as u16;
+            let seq = match current {
+                Some((b, seq)) if b == bucket && part.len() < self.settings.part_rows => seq,
+                Some((b, seq)) => {
+                    let file = self.put_part(&mut part, table, day, generation, b, seq).await?;
+                    progress.rows(file.rows);
+                    manifest.add(file);
+                    if b == bucket { seq + 1 } else { 0 }
+                }
+                None => 0,
+            };
+            current = Some((bucket, seq));
+            part.push(&row)?;
+        }
+        if let Some((b, seq)) = current {
+            let file = self.put_part(&mut part, table, day, generation, b, seq).await?;
+            progress.rows(file.rows);
+            manifest.add(file);
+        }
+        drop(rows);
+        tx.commit().await.map_err(ArchiveError::query("end the export snapshot"))?;
+        let key = manifest_key(table, day, generation);
+        let receipt = self.store.put(&key, Bytes::from(manifest.to_bytes())).await?;
+        failpoint::hit("archive.after_manifest");
+        let client = self.platform.client().await?;
+        client
+            .execute(
+                "INSERT INTO walhook.archive_partitions (table_name, day, generation, state, manifest_key, \
+                 manifest_sha256, row_count, byte_count, file_count, store, written_at) \
+                 VALUES ($1, $2, $3, 'written', $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (table_name, day, generation) DO UPDATE SET state = 'written', \
+                 manifest_key = excluded.manifest_key, manifest_sha256 = excluded.manifest_sha256, \
+                 row_count = excluded.row_count, byte_count = excluded.byte_count, \
+                 file_count = excluded.file_count, store = excluded.store, written_at = excluded.written_at, \
+                 verified_at = NULL, dropped_at = NULL",
+                &[
+                    &table.name(),
+                    &NaiveDateSql(day),
+                    &(generation as i32),
+                    &key,
+                    &receipt.sha256,
+                    &(manifest.row_count as i64),
+                    &(manifest.byte_count as i64),
+                    &(manifest.files.len() as i32),
+                    &self.store.describe(),
+                    &started_at,
+                ],
+            )
+            .await
+            .map_err(ArchiveError::query("record the written day in the archive catalog"))?;
+        Ok(CatalogRow {
+            generation,
+            state: "written".into(),
+            manifest_key: key,
+            manifest_sha256: receipt.sha256,
+            written_at: started_at,
+        })
+    }
+
+    async fn put_part(
+        &self,
+        part: &mut PartBuilder,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+        bucket: u16,
+        seq: u32,
+    ) -> Result<FileEntry, ArchiveError> {
+        let (batch, id_range, time_range, tenant_range) = part.finish()?;
+        let rows = batch.num_rows() as u64;
+        let bytes = encode(table, &batch)?;
+        let key = part_key(table, day, generation, bucket, seq);
+        let receipt = self.store.put(&key, bytes).await?;
+        failpoint::hit("archive.after_part");
+        Ok(FileEntry {
+            key,
+            tenant_bucket: bucket,
+            rows,
+            bytes: receipt.size,
+            sha256: receipt.sha256,
+            id_range,
+            time_range,
+            tenant_range,
+        })
+    }
+
+    /// Removes the day's hot rows; returns how many stay (deliveries changed
+    /// since the export).
+    async fn drop_hot(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        manifest: &Manifest,
+        written_at: std::time::SystemTime,
+    ) -> Result<u64, ArchiveError> {
+        let mut client = self.platform.client().await?;
+        if table.partitioned() {
+            if !self.partition_exists(&client, table, day).await? {
+                return Ok(0);
+            }
+            let name = partition_name(table, day);
+            let tx = client
+                .transaction()
+                .await
+                .map_err(ArchiveError::query("start the drop"))?;
+            tx.batch_execute(&format!(
+                "SET LOCAL lock_timeout = '5s'; LOCK TABLE walhook.{name} IN ACCESS EXCLUSIVE MODE"
+            ))
+            .await
+            .map_err(ArchiveError::query("lock the day partition"))?;
+            let n: i64 = tx
+                .query_one(&format!("SELECT count(*) FROM walhook.{name}"), &[])
+                .await
+                .map_err(ArchiveError::query("count the day partition"))?
+                .get(0);
+            if n as u64 != manifest.row_count {
+                return Err(ArchiveError::Verification {
+                    table,
+                    day,
+                    object: format!("walhook.{name}"),
+                    problem: format!("it holds {n} rows at the drop, the manifest {}", manifest.row_count),
+                    fix: "nothing was dropped; run `walhook archive` again, which writes the day anew".into(),
+                });
+            }
+            tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
+                .await
+                .map_err(ArchiveError::query("drop the day partition"))?;
+            tx.commit().await.map_err(ArchiveError::query("drop the day partition"))?;
+            return Ok(0);
+        }
+        let (from, to) = bounds(day);
+        let tenants: Vec<String> = client
+            .query("SELECT id FROM walhook.tenants ORDER BY id", &[])
+            .await
+            .map_err(ArchiveError::query("list tenants"))?
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect();
+        for tenant in &tenants {
+            loop {
+                let n = client
+                    .execute(
+                        "DELETE FROM walhook.deliveries WHERE id IN (SELECT d.id FROM walhook.deliveries d \
+                         WHERE d.tenant_id = $1 AND d.created_at >= $2 AND d.created_at < $3 \
+                         AND d.status <> 'pending' AND d.updated_at <= $4 \
+                         AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests r \
+                         WHERE r.delivery_id = d.id AND r.done_at IS NULL) LIMIT $5)",
+                        &[tenant, &from, &to, &written_at, &DELETE_BATCH],
+                    )
+                    .await
+                    .map_err(ArchiveError::query("delete a day of archived deliveries"))?;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        let left = self.hot_count(table, day).await?;
+        Ok(left)
+    }
+
+    async fn catalog(&self, table: Table, day: NaiveDate) -> Result<Option<CatalogRow>, ArchiveError> {
+        let client = self.platform.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT generation, state, manifest_key, manifest_sha256, written_at \
+                 FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 \
+                 ORDER BY generation DESC LIMIT 1",
+                &[&table.name(), &NaiveDateSql(day)],
+            )
+            .await
+            .map_err(ArchiveError::query("read the archive catalog"))?;
+        Ok(row.map(|r| CatalogRow {
+            generation: r.get::<_, i32>(0) as u32,
+            state: r.get(1),
+            manifest_key: r.get(2),
+            manifest_sha256: r.get(3),
+            written_at: r.get(4),
+        }))
+    }
+
+    async fn next_generation(&self, table: Table, day: NaiveDate) -> Result<u32, ArchiveError> {
+        Ok(match self.catalog(table, day).await? {
+            Some(row) if row.state == "dropped" => row.generation + 1,
+            Some(row) => row.generation,
+            None => 0,
+        })
+    }
+
+    async fn forget(&self, table: Table, day: NaiveDate, generation: u32) -> Result<(), ArchiveError> {
+        let client = self.platform.client().await?;
+        client
+            .execute(
+                "DELETE FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 AND generation = $3",
+                &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
+            )
+            .await
+            .map_err(ArchiveError::query("reset a day in the archive catalog"))?;
+        Ok(())
+    }
+
+    async fn set_state(&self, table: Table, day: NaiveDate, generation: u32, state: &str) -> Result<(), ArchiveError> {
+        let client = self.platform.client().await?;
+        client
+            .execute(
+                "UPDATE walhook.archive_partitions SET state = $4, \
+                 verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
+                 dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
+                 WHERE table_name = $1 AND day = $2 AND generation = $3",
+                &[&table.name(), &NaiveDateSql(day), &(generation as i32), &state],
+            )
+            .await
+            .map_err(ArchiveError::query("advance a day in the archive catalog"))?;
+        Ok(())
+    }
+}
+
+fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    PartitionReport {
+        table,
+        day,
+        generation: 0,
+        rows: 0,
+        bytes: 0,
+        files: 0,
+        outcome: Outcome::Failed(text),
+        seconds: 0.0,
+    }
+}
+
+/// The instants that bound a UTC day.
+pub fn bounds(day: NaiveDate) -> (std::time::SystemTime, std::time::SystemTime) {
+    let at = |d: NaiveDate| {
+        let secs = d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp();
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64)
+    };
+    (at(day), at(day + Duration::days(1)))
+}
+
+/// Gathers one part's rows and the ranges its manifest entry names.
+struct PartBuilder {
+    table: Table,
+    batch: BatchBuilder,
+    ids: Option<(uuid::Uuid, uuid::Uuid)>,
+    times: Option<(i64, i64)>,
+    tenants: Option<(String, String)>,
+    time_col: usize,
+    tenant_col: usize,
+}
+
+impl PartBuilder {
+    fn new(table: Table) -> Self {
+        PartBuilder {
+            table,
+            batch: BatchBuilder::new(table),
+            ids: None,
+            times: None,
+            tenants: None,
+            time_col: table.column_index(table.day_column()).expect("day column"),
+            tenant_col: table.column_index("tenant_id").expect("tenant column"),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    fn push(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
+        debug_assert_eq!(self.table.columns()[0].kind, Kind::Uuid);
+        self.batch.push_row(row)?;
+        let id: uuid::Uuid = row.get(0);
+        let t: i64 = row.get(self.time_col);
+        let tenant: &str = row.get(self.tenant_col);
+        self.ids = Some(match self.ids {
+            None => (id, id),
+            Some((lo, hi)) => (lo.min(id), hi.max(id)),
+        });
+        self.times = Some(match self.times {
+            None => (t, t),
+            Some((lo, hi)) => (lo.min(t), hi.max(t)),
+        });
+        match &mut self.tenants {
+            None => self.tenants = Some((tenant.to_string(), tenant.to_string())),
+            Some((_, last)) if last != tenant => *last = tenant.to_string(),
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        &mut self,
+    ) -> Result<(arrow_array::RecordBatch, (String, String), (i64, i64), (String, String)), ArchiveError> {
+        let batch = self.batch.finish()?;
+        let (lo, hi) = self.ids.take().unwrap_or_default();
+        let times = self.times.take().unwrap_or_default();
+        let tenants = self.tenants.take().unwrap_or_default();
+        Ok((batch, (lo.to_string(), hi.to_string()), times, tenants))
+    }
+}
+
+/// A `date` parameter and column without a chrono feature in
+/// tokio-postgres: days since 2000-01-01, as Postgres sends them.
+#[derive(Debug, Clone, Copy)]
+pub struct NaiveDateSql(pub NaiveDate);
+
+const PG_EPOCH: NaiveDate = match NaiveDate::from_ymd_opt(2000, 1, 1) {
+    Some(d) => d,
+    None => panic!("a valid date"),
+};
+
+impl ToSql for NaiveDateSql {
+    fn to_sql(
+        &self,
+        _ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let days = (self.0 - PG_EPOCH).num_days();
+        let days = i32::try_from(days)?;
+        bytes::BufMut::put_i32(out, days);
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+    tokio_postgres::types::accepts!(DATE);
+    tokio_postgres::types::to_sql_checked!();
+}
+
+impl<'a> tokio_postgres::types::FromSql<'a> for NaiveDateSql {
+    fn from_sql(
+        _ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let days = i32::from_be_bytes(raw.try_into()?);
+        Ok(NaiveDateSql(PG_EPOCH + Duration::days(i64::from(days))))
+    }
+    tokio_postgres::types::accepts!(DATE);
+}
+
+mod deadpool_client {
+    pub type Client = deadpool_postgres::Object;
+}

@@ -1,0 +1,98 @@
+//! Where objects go: Hive-style keys, tenant buckets and day names.
+//!
+//! ```text
+//! table=attempts/date=2026-11-27/tenant_bucket=03/part-00000.parquet
+//! table=attempts/date=2026-11-27/_manifest.json
+//! ```
+//!
+//! Names are a pure function of (table, day, generation, bucket, sequence), so
+//! a rerun writes the same keys and every step is idempotent. A day archived
+//! again later (rows that reached the hot table after its first archive, or
+//! rows changed since) is a new *generation*: its parts are numbered from
+//! `generation × 10,000` and its manifest is `_manifest-gN.json`.
+
+use chrono::NaiveDate;
+use sha2::{Digest, Sha256};
+
+use crate::table::Table;
+
+/// The default number of tenant buckets per day.
+pub const DEFAULT_TENANT_BUCKETS: u16 = 16;
+
+/// The bucket of `tenant` among `buckets`: the first two bytes of SHA-256 of
+/// the tenant id, modulo the bucket count. The same expression runs in SQL
+/// ([`bucket_sql`]) so that Postgres sorts rows by bucket.
+pub fn bucket_of(tenant: &str, buckets: u16) -> u16 {
+    let d = Sha256::digest(tenant.as_bytes());
+    (u16::from(d[0]) * 256 + u16::from(d[1])) % buckets.max(1)
+}
+
+/// [`bucket_of`] in SQL over the column `tenant_id`, with the bucket count
+/// as parameter `$n`.
+pub fn bucket_sql(param: usize) -> String {
+    format!(
+        "((get_byte(sha256(convert_to(tenant_id, 'UTF8')), 0) * 256 \
+         + get_byte(sha256(convert_to(tenant_id, 'UTF8')), 1)) % ${param}::int4)"
+    )
+}
+
+/// The key prefix of one table's day: `table=T/date=YYYY-MM-DD/`.
+pub fn day_prefix(table: Table, day: NaiveDate) -> String {
+    format!("table={}/date={}/", table.name(), day.format("%Y-%m-%d"))
+}
+
+/// The key of part `seq` of `bucket` in generation `generation`.
+pub fn part_key(table: Table, day: NaiveDate, generation: u32, bucket: u16, seq: u32) -> String {
+    format!(
+        "{}tenant_bucket={bucket:02}/part-{:05}.parquet",
+        day_prefix(table, day),
+        generation * 10_000 + seq
+    )
+}
+
+/// The key of a generation's manifest.
+pub fn manifest_key(table: Table, day: NaiveDate, generation: u32) -> String {
+    if generation == 0 {
+        format!("{}_manifest.json", day_prefix(table, day))
+    } else {
+        format!("{}_manifest-g{generation}.json", day_prefix(table, day))
+    }
+}
+
+/// The day a hot partition named `<table>_YYYYMMDD` holds.
+pub fn partition_day(table: Table, relname: &str) -> Option<NaiveDate> {
+    let suffix = relname.strip_prefix(table.name())?.strip_prefix('_')?;
+    NaiveDate::parse_from_str(suffix, "%Y%m%d").ok()
+}
+
+/// The hot partition's name for `day`.
+pub fn partition_name(table: Table, day: NaiveDate) -> String {
+    format!("{}_{}", table.name(), day.format("%Y%m%d"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_hive_style_and_deterministic() {
+        let d = NaiveDate::from_ymd_opt(2026, 11, 27).unwrap();
+        assert_eq!(
+            part_key(Table::Attempts, d, 0, 3, 0),
+            "table=attempts/date=2026-11-27/tenant_bucket=03/part-00000.parquet"
+        );
+        assert_eq!(
+            part_key(Table::Events, d, 2, 15, 1),
+            "table=events/date=2026-11-27/tenant_bucket=15/part-20001.parquet"
+        );
+        assert_eq!(manifest_key(Table::Deliveries, d, 0), "table=deliveries/date=2026-11-27/_manifest.json");
+        assert_eq!(manifest_key(Table::Deliveries, d, 1), "table=deliveries/date=2026-11-27/_manifest-g1.json");
+        assert_eq!(partition_day(Table::Attempts, "attempts_20261127"), Some(d));
+        assert_eq!(partition_day(Table::Attempts, "events_20261127"), None);
+        assert_eq!(partition_name(Table::Events, d), "events_20261127");
+        for t in ["", "acme", "t-1", "テナント"] {
+            assert!(bucket_of(t, 16) < 16);
+            assert_eq!(bucket_of(t, 16), bucket_of(t, 16));
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! walhook's cold history: day partitions of the hot tables become Parquet
+//! on object storage, verified, and only then leave Postgres.
+//!
+//! ```text
+//!  hot day (events_20261127, attempts_20261127, deliveries of that day)
+//!     │ read sorted by (tenant bucket, tenant, time, id)        [export]
+//!     ▼
+//!  parts: table=T/date=D/tenant_bucket=NN/part-NNNNN.parquet   archive.after_part
+//!     ▼
+//!  manifest: table=T/date=D/_manifest.json                     archive.after_manifest
+//!     ▼ catalog: written
+//!  verify: every object read back, hashes, sizes, footers, hot count
+//!     ▼ catalog: verified                                      archive.before_drop
+//!  drop the partition (or delete the day's terminal deliveries)
+//!     ▼ catalog: dropped
+//! ```
+//!
+//! - [`table`]: the archived tables and their columns.
+//! - [`layout`]: object keys, tenant buckets.
+//! - [`encode`]: rows to Parquet and back.
+//! - [`manifest`]: what a day's objects hold.
+//! - [`archiver`]: the protocol above, its plan and its report.
+//! - [`verify`]: reading every object back.
+//! - [`cold`]: reading archived deliveries, attempts and events by id.
+//!
+//! The archive is generic over the object-store port
+//! ([`walhook_pipeline::objstore::ObjectStore`]); `connectors` provides the
+//! local-directory and S3 stores.
+
+pub mod archiver;
+pub mod cold;
+pub mod encode;
+pub mod layout;
+pub mod manifest;
+pub mod table;
+pub mod verify;
+
+pub use archiver::{Archiver, Outcome, PartitionReport, Progress, Settings};
+
+use walhook_pipeline::objstore::ObjectStoreError;
+use walhook_sql::StoreError;
+
+use crate::table::Table;
+
+/// An archive failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The platform database failed.
+    #[error(transparent)]
+    Db(#[from] StoreError),
+    /// A query of the archive failed.
+    #[error("{what}")]
+    Query {
+        /// What was being done.
+        what: &'static str,
+        /// The database error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The object store failed.
+    #[error(transparent)]
+    Store(#[from] ObjectStoreError),
+    /// A hot row could not be read as its column's type.
+    #[error("reading column {column} of {table}")]
+    Row {
+        /// The table.
+        table: Table,
+        /// The column.
+        column: &'static str,
+        /// The database error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A hot value does not have the shape its column needs.
+    #[error("column {column} of {table}: {detail}")]
+    Shape {
+        /// The table.
+        table: Table,
+        /// The column.
+        column: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Parquet could not be written or read.
+    #[error("parquet")]
+    Parquet(#[source] parquet::errors::ParquetError),
+    /// Arrow could not build or read a batch.
+    #[error("arrow")]
+    Arrow(#[source] arrow_schema::ArrowError),
+    /// An object does not match its manifest, or the manifest does not match
+    /// the hot rows: nothing was dropped.
+    #[error("verification of {table} {day} failed: {object}: {problem}. {fix}")]
+    Verification {
+        /// The table.
+        table: Table,
+        /// The day.
+        day: chrono::NaiveDate,
+        /// The object (or the hot table) that does not match.
+        object: String,
+        /// What does not match.
+        problem: String,
+        /// What the operator should do.
+        fix: String,
+    },
+}
+
+impl ArchiveError {
+    /// A mapper for `map_err` on queries.
+    pub fn query(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> ArchiveError {
+        move |source| ArchiveError::Query { what, source }
+    }
+
+    /// Whether retrying may help (connection trouble, a lock not granted in
+    /// time, a store that timed out) rather than the operator having to act.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ArchiveError::Db(e) => e.is_transient(),
+            ArchiveError::Query { source, .. } => walhook_sql::kind_of(source)
+                == walhook_pipeline::store::ErrorKind::Transient,
+            ArchiveError::Store(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}

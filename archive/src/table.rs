@@ -1,0 +1,376 @@
+//! The three archived tables: their columns, how a row is read from the hot
+//! table and how it becomes an Arrow column.
+//!
+//! One column list per table drives everything: the `SELECT` that reads a day
+//! (values converted in SQL to what Parquet stores: timestamps as UTC
+//! microseconds, enums as text, LSNs as integers), the Arrow schema, the
+//! column builders, and the manifest's schema description. Adding a column is
+//! one line here and a schema-version bump.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, FixedSizeBinaryBuilder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+use crate::ArchiveError;
+
+/// The version of the Parquet layout; manifests carry it and readers check it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A hot table that is archived by day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// `walhook.events`, by `occurred_at`.
+    Events,
+    /// `walhook.deliveries` (terminal rows only), by `created_at`.
+    Deliveries,
+    /// `walhook.attempts`, by `started_at`.
+    Attempts,
+}
+
+/// What a column holds, and so its SQL conversion and Arrow type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A uuid, stored as 16 bytes (Parquet `UUID`).
+    Uuid,
+    /// Text (dictionary-encoded where it repeats).
+    Text,
+    /// A 32-bit integer.
+    Int32,
+    /// A 64-bit integer.
+    Int64,
+    /// An instant, UTC microseconds.
+    Timestamp,
+    /// Bytes.
+    Bytes,
+    /// A SHA-256 digest, 32 bytes.
+    Sha256,
+}
+
+/// One archived column.
+#[derive(Debug, Clone, Copy)]
+pub struct Column {
+    /// The Parquet column name (the hot column's name).
+    pub name: &'static str,
+    /// The SQL expression that reads it (`$` stands for nothing: plain SQL
+    /// over the hot table).
+    pub sql: &'static str,
+    /// What it holds.
+    pub kind: Kind,
+    /// Whether it may be null.
+    pub nullable: bool,
+    /// Whether values repeat enough for a dictionary to pay.
+    pub dictionary: bool,
+}
+
+const fn col(name: &'static str, sql: &'static str, kind: Kind, nullable: bool) -> Column {
+    let dictionary = matches!(kind, Kind::Text | Kind::Int32);
+    Column {
+        name,
+        sql,
+        kind,
+        nullable,
+        dictionary,
+    }
+}
+
+const fn unique(mut c: Column) -> Column {
+    c.dictionary = false;
+    c
+}
+
+const fn repeats(mut c: Column) -> Column {
+    c.dictionary = true;
+    c
+}
+
+macro_rules! us {
+    ($c:literal) => {
+        concat!("(extract(epoch FROM ", $c, ") * 1000000)::int8")
+    };
+}
+
+const EVENTS: &[Column] = &[
+    col("id", "id", Kind::Uuid, false),
+    col("tenant_id", "tenant_id", Kind::Text, false),
+    col("event_type", "event_type", Kind::Text, false),
+    col("schema_version", "schema_version", Kind::Int32, false),
+    col("object_id", "object_id", Kind::Text, true),
+    unique(col("object_version", "object_version", Kind::Text, true)),
+    col("occurred_at", us!("occurred_at"), Kind::Timestamp, false),
+    col("source", "source", Kind::Text, false),
+    col("commit_lsn", "(commit_lsn - '0/0'::pg_lsn)::int8", Kind::Int64, false),
+    col("tx_ordinal", "tx_ordinal", Kind::Int32, false),
+    col("payload", "payload", Kind::Bytes, false),
+    col("payload_sha256", "payload_sha256", Kind::Sha256, false),
+    col("created_at", us!("created_at"), Kind::Timestamp, false),
+];
+
+const DELIVERIES: &[Column] = &[
+    col("id", "id", Kind::Uuid, false),
+    col("event_id", "event_id", Kind::Uuid, false),
+    repeats(col("endpoint_id", "endpoint_id", Kind::Uuid, false)),
+    col("tenant_id", "tenant_id", Kind::Text, false),
+    col("event_type", "event_type", Kind::Text, false),
+    col("event_occurred_at", us!("event_occurred_at"), Kind::Timestamp, false),
+    col("endpoint_config_version", "endpoint_config_version", Kind::Int32, false),
+    col("status", "status::text", Kind::Text, false),
+    col("attempt_count", "attempt_count", Kind::Int32, false),
+    col("manual_attempt_count", "manual_attempt_count", Kind::Int32, false),
+    col("next_attempt_at", us!("next_attempt_at"), Kind::Timestamp, false),
+    col("expires_at", us!("expires_at"), Kind::Timestamp, false),
+    col("last_http_status", "last_http_status", Kind::Int32, true),
+    col("last_error_class", "last_error_class", Kind::Text, true),
+    col("created_at", us!("created_at"), Kind::Timestamp, false),
+    col("updated_at", us!("updated_at"), Kind::Timestamp, false),
+];
+
+const ATTEMPTS: &[Column] = &[
+    col("id", "id", Kind::Uuid, false),
+    col("delivery_id", "delivery_id", Kind::Uuid, false),
+    repeats(col("endpoint_id", "endpoint_id", Kind::Uuid, false)),
+    col("tenant_id", "tenant_id", Kind::Text, false),
+    col("number", "number", Kind::Int32, false),
+    col("trigger", "trigger::text", Kind::Text, false),
+    col("endpoint_config_version", "endpoint_config_version", Kind::Int32, false),
+    col("started_at", us!("started_at"), Kind::Timestamp, false),
+    col("finished_at", us!("finished_at"), Kind::Timestamp, false),
+    col("http_status", "http_status", Kind::Int32, true),
+    col("latency_ms", "latency_ms", Kind::Int32, false),
+    col("outcome", "outcome", Kind::Text, false),
+    col("error_class", "error_class", Kind::Text, true),
+    repeats(col("response_sha256", "response_sha256", Kind::Sha256, true)),
+    col("response_excerpt", "response_excerpt", Kind::Text, true),
+    col("note", "note", Kind::Text, true),
+];
+
+impl Table {
+    /// Every archived table, in the order a run takes them.
+    pub const ALL: [Table; 3] = [Table::Attempts, Table::Deliveries, Table::Events];
+
+    /// The hot table's name (and the `table=` key segment).
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Events => "events",
+            Table::Deliveries => "deliveries",
+            Table::Attempts => "attempts",
+        }
+    }
+
+    /// Parses a name given on the command line.
+    pub fn parse(s: &str) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// The column that decides a row's day.
+    pub fn day_column(self) -> &'static str {
+        match self {
+            Table::Events => "occurred_at",
+            Table::Deliveries => "created_at",
+            Table::Attempts => "started_at",
+        }
+    }
+
+    /// Whether the hot table is partitioned by day (dropped whole) rather
+    /// than emptied of a day's rows.
+    pub fn partitioned(self) -> bool {
+        !matches!(self, Table::Deliveries)
+    }
+
+    /// The archived columns, in Parquet order.
+    pub fn columns(self) -> &'static [Column] {
+        match self {
+            Table::Events => EVENTS,
+            Table::Deliveries => DELIVERIES,
+            Table::Attempts => ATTEMPTS,
+        }
+    }
+
+    /// The Arrow schema of the Parquet parts.
+    pub fn schema(self) -> SchemaRef {
+        let fields: Vec<Field> = self
+            .columns()
+            .iter()
+            .map(|c| {
+                let f = Field::new(c.name, data_type(c.kind), c.nullable);
+                if c.kind == Kind::Uuid {
+                    f.with_metadata(
+                        [("ARROW:extension:name".to_string(), "arrow.uuid".to_string())]
+                            .into_iter()
+                            .collect::<std::collections::HashMap<String, String>>(),
+                    )
+                } else {
+                    f
+                }
+            })
+            .collect();
+        Arc::new(Schema::new(fields))
+    }
+
+    /// The SQL select list, in column order, followed by the tenant bucket.
+    pub fn select_list(self) -> String {
+        self.columns()
+            .iter()
+            .map(|c| c.sql)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The index of a column by name.
+    pub fn column_index(self, name: &str) -> Option<usize> {
+        self.columns().iter().position(|c| c.name == name)
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn data_type(kind: Kind) -> DataType {
+    match kind {
+        Kind::Uuid => DataType::FixedSizeBinary(16),
+        Kind::Text => DataType::Utf8,
+        Kind::Int32 => DataType::Int32,
+        Kind::Int64 => DataType::Int64,
+        Kind::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        Kind::Bytes => DataType::Binary,
+        Kind::Sha256 => DataType::FixedSizeBinary(32),
+    }
+}
+
+enum Builder {
+    Uuid(FixedSizeBinaryBuilder),
+    Text(StringBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Timestamp(TimestampMicrosecondBuilder),
+    Bytes(BinaryBuilder),
+    Sha256(FixedSizeBinaryBuilder),
+}
+
+/// Rows of one table gathered into Arrow columns.
+pub struct BatchBuilder {
+    table: Table,
+    builders: Vec<Builder>,
+    rows: usize,
+}
+
+impl BatchBuilder {
+    /// An empty batch of `table`.
+    pub fn new(table: Table) -> Self {
+        let builders = table
+            .columns()
+            .iter()
+            .map(|c| match c.kind {
+                Kind::Uuid => Builder::Uuid(FixedSizeBinaryBuilder::new(16)),
+                Kind::Text => Builder::Text(StringBuilder::new()),
+                Kind::Int32 => Builder::Int32(Int32Builder::new()),
+                Kind::Int64 => Builder::Int64(Int64Builder::new()),
+                Kind::Timestamp => Builder::Timestamp(
+                    TimestampMicrosecondBuilder::new().with_timezone("UTC"),
+                ),
+                Kind::Bytes => Builder::Bytes(BinaryBuilder::new()),
+                Kind::Sha256 => Builder::Sha256(FixedSizeBinaryBuilder::new(32)),
+            })
+            .collect();
+        BatchBuilder {
+            table,
+            builders,
+            rows: 0,
+        }
+    }
+
+    /// The rows gathered so far.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether no row was gathered.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Appends one row read by [`Table::select_list`].
+    pub fn push_row(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
+        let table = self.table;
+        for (i, (b, c)) in self
+            .builders
+            .iter_mut()
+            .zip(table.columns())
+            .enumerate()
+        {
+            let bad = |e: tokio_postgres::Error| ArchiveError::Row {
+                table,
+                column: c.name,
+                source: e,
+            };
+            let shape = |got: usize| ArchiveError::Shape {
+                table,
+                column: c.name,
+                detail: format!("{got} bytes where a fixed width is expected"),
+            };
+            match b {
+                Builder::Uuid(b) => match row.try_get::<_, Option<uuid::Uuid>>(i).map_err(bad)? {
+                    Some(u) => b.append_value(u.as_bytes()).expect("16 bytes"),
+                    None => b.append_null(),
+                },
+                Builder::Text(b) => b.append_option(row.try_get::<_, Option<&str>>(i).map_err(bad)?),
+                Builder::Int32(b) => b.append_option(row.try_get::<_, Option<i32>>(i).map_err(bad)?),
+                Builder::Int64(b) => b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?),
+                Builder::Timestamp(b) => {
+                    b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
+                }
+                Builder::Bytes(b) => b.append_option(row.try_get::<_, Option<&[u8]>>(i).map_err(bad)?),
+                Builder::Sha256(b) => match row.try_get::<_, Option<&[u8]>>(i).map_err(bad)? {
+                    Some(v) if v.len() == 32 => b.append_value(v).expect("32 bytes"),
+                    Some(v) => return Err(shape(v.len())),
+                    None => b.append_null(),
+                },
+            }
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    /// The gathered rows as one record batch; the builder is empty after.
+    pub fn finish(&mut self) -> Result<RecordBatch, ArchiveError> {
+        let columns: Vec<ArrayRef> = self
+            .builders
+            .iter_mut()
+            .map(|b| -> ArrayRef {
+                match b {
+                    Builder::Uuid(b) | Builder::Sha256(b) => Arc::new(b.finish()),
+                    Builder::Text(b) => Arc::new(b.finish()),
+                    Builder::Int32(b) => Arc::new(b.finish()),
+                    Builder::Int64(b) => Arc::new(b.finish()),
+                    Builder::Timestamp(b) => Arc::new(b.finish()),
+                    Builder::Bytes(b) => Arc::new(b.finish()),
+                }
+            })
+            .collect();
+        self.rows = 0;
+        RecordBatch::try_new(self.table.schema(), columns).map_err(ArchiveError::Arrow)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_has_an_id_a_tenant_and_its_day_column() {
+        for t in Table::ALL {
+            assert_eq!(t.columns()[0].name, "id");
+            assert!(t.column_index("tenant_id").is_some(), "{t}");
+            assert!(t.column_index(t.day_column()).is_some(), "{t}");
+            assert_eq!(t.schema().fields().len(), t.columns().len());
+            assert_eq!(Table::parse(t.name()), Some(t));
+        }
+    }
+}

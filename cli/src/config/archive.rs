@@ -1,0 +1,130 @@
+//! `[archive]`: where cold history goes (a local directory by default, or
+//! S3), the hot window, and how often `walhook run` archives.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+/// `[archive]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArchiveConfig {
+    /// `local` (a directory; the default) or `s3`.
+    pub store: String,
+    /// The local store's directory; relative paths are read from the config
+    /// file's folder.
+    pub path: PathBuf,
+    /// Days that stay in Postgres: a day is archived once it ended more than
+    /// this many days ago (and nothing of it is still pending).
+    pub hot_days: u32,
+    /// Tenant hash buckets per day (`tenant_bucket=NN` in object keys).
+    pub tenant_buckets: u16,
+    /// Rows per Parquet part at most.
+    pub part_rows: usize,
+    /// How often `walhook run` archives due days; `0s` turns it off (then
+    /// run `walhook archive` from cron).
+    #[serde(with = "walhook_pipeline::duration")]
+    pub every: Duration,
+    /// S3 settings, when `store = "s3"`.
+    pub s3: Option<S3Config>,
+}
+
+/// `[archive.s3]`. Credentials come from the usual AWS chain (environment
+/// variables `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, profiles, instance
+/// roles), never from this file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// The bucket (it must exist).
+    pub bucket: String,
+    /// A key prefix inside the bucket, e.g. `walhook/prod`.
+    #[serde(default)]
+    pub prefix: String,
+    /// An endpoint for S3-compatible servers (MinIO, Garage, Ceph), e.g.
+    /// `http://127.0.0.1:9000`; AWS when absent.
+    pub endpoint: Option<String>,
+    /// The region (`us-east-1` when absent).
+    pub region: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`), which most
+    /// S3-compatible servers need.
+    #[serde(default)]
+    pub force_path_style: bool,
+}
+
+impl Default for ArchiveConfig {
+    fn default() -> Self {
+        ArchiveConfig {
+            store: "local".into(),
+            path: PathBuf::from("walhook-archive"),
+            hot_days: walhook_archive::archiver::DEFAULT_HOT_DAYS,
+            tenant_buckets: walhook_archive::layout::DEFAULT_TENANT_BUCKETS,
+            part_rows: walhook_archive::archiver::DEFAULT_PART_ROWS,
+            every: Duration::from_secs(3600),
+            s3: None,
+        }
+    }
+}
+
+impl ArchiveConfig {
+    /// Checks the values; the message names the field and the fix.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        match self.store.as_str() {
+            "local" => {}
+            "s3" => {
+                let Some(s3) = &self.s3 else {
+                    bail!("[archive] store = \"s3\" needs an [archive.s3] section with at least bucket = \"…\"");
+                };
+                if s3.bucket.trim().is_empty() {
+                    bail!("[archive.s3] bucket is empty: name an existing bucket");
+                }
+                if let Some(e) = &s3.endpoint
+                    && !(e.starts_with("http://") || e.starts_with("https://"))
+                {
+                    bail!("[archive.s3] endpoint = {e:?} is not an http(s) URL: write e.g. \"http://127.0.0.1:9000\"");
+                }
+            }
+            other => bail!("[archive] store = {other:?} is not known: use \"local\" or \"s3\""),
+        }
+        if self.hot_days < 1 {
+            bail!("[archive] hot_days = 0 would archive today's partitions while they are written: use 1 or more (default 3)");
+        }
+        if !(1..=256).contains(&self.tenant_buckets) {
+            bail!("[archive] tenant_buckets = {} is out of range: use 1 to 256 (default 16)", self.tenant_buckets);
+        }
+        if self.part_rows < 1000 {
+            bail!("[archive] part_rows = {} is too small: use 1000 or more (default 1000000)", self.part_rows);
+        }
+        Ok(())
+    }
+
+    /// Reads a relative `path` from `dir`.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        if self.path.is_relative() {
+            self.path = dir.join(&self.path);
+        }
+    }
+
+    /// Opens the configured store.
+    pub async fn open_store(&self) -> anyhow::Result<walhook_connectors::objstore::AnyStore> {
+        use walhook_connectors::objstore::{AnyStore, LocalDirStore, S3Settings, S3Store};
+        Ok(match self.store.as_str() {
+            "s3" => {
+                let s3 = self.s3.as_ref().expect("validated");
+                AnyStore::S3(
+                    S3Store::connect(S3Settings {
+                        bucket: s3.bucket.clone(),
+                        prefix: s3.prefix.clone(),
+                        endpoint: s3.endpoint.clone(),
+                        region: s3.region.clone(),
+                        force_path_style: s3.force_path_style,
+                        ..S3Settings::default()
+                    })
+                    .await?,
+                )
+            }
+            _ => AnyStore::Local(LocalDirStore::open(&self.path)?),
+        })
+    }
+}

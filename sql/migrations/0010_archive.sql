@@ -1,0 +1,24 @@
+-- The archive's catalog: one row per generation of one table's day written
+-- to object storage (archive/). The manifest in the store is the record of
+-- what the objects hold; this row says how far the protocol got, so that a
+-- run knows what to verify or drop next and the API, the reconciler and the
+-- metrics know which days are cold without listing the store.
+--
+-- state: 'written' (parts and manifest stored), 'verified' (every object read
+-- back and matched), 'dropped' (the hot rows are gone).
+CREATE TABLE walhook.archive_partitions (
+    table_name       text NOT NULL CHECK (table_name IN ('events', 'deliveries', 'attempts')),
+    day              date NOT NULL,
+    generation       integer NOT NULL CHECK (generation >= 0),
+    state            text NOT NULL CHECK (state IN ('written', 'verified', 'dropped')),
+    manifest_key     text NOT NULL,
+    manifest_sha256  text NOT NULL,
+    row_count        bigint NOT NULL,
+    byte_count       bigint NOT NULL,
+    file_count       integer NOT NULL,
+    store            text NOT NULL,
+    written_at       timestamptz NOT NULL DEFAULT now(),
+    verified_at      timestamptz,
+    dropped_at       timestamptz,
+    PRIMARY KEY (table_name, day, generation)
+);

@@ -1,0 +1,385 @@
+//! `walhook archive` against a real pipeline run: three days of events,
+//! deliveries and attempts become Parquet that DuckDB and pyarrow read with
+//! the same counts and aggregates the hot tables held; crashes at every step
+//! end in the same objects as an uninterrupted run; corrupted, missing and
+//! miscounted objects stop the drop with an error that names them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use walhook_devkit::receiver::Behaviour;
+
+use crate::support::{Child, World, run, stderr, stdout, walhook};
+
+const TODAY_PLUS: i64 = 5;
+
+/// Aggregates of the hot tables, as the analysts' queries compute them.
+const SNAPSHOT_SQL: &str = r#"
+SELECT json_build_object(
+  'events', (SELECT json_object_agg(tenant_id, n) FROM (SELECT tenant_id, count(*) n FROM walhook.events GROUP BY 1) x),
+  'event_bytes', (SELECT sum(length(payload)) FROM walhook.events),
+  'event_days', (SELECT count(DISTINCT (occurred_at AT TIME ZONE 'UTC')::date) FROM walhook.events),
+  'deliveries', (SELECT json_object_agg(k, n) FROM (SELECT tenant_id || '/' || status k, count(*) n FROM walhook.deliveries GROUP BY 1) x),
+  'deliveries_by_endpoint', (SELECT json_object_agg(endpoint_id, n) FROM (SELECT endpoint_id::text endpoint_id, count(*) n FROM walhook.deliveries GROUP BY 1) x),
+  'attempts', (SELECT json_object_agg(k, n) FROM (SELECT endpoint_id || '/' || outcome k, count(*) n FROM walhook.attempts GROUP BY 1) x),
+  'attempt_latency_ms', (SELECT sum(latency_ms) FROM walhook.attempts)
+)::text
+"#;
+
+/// The same aggregates from the Parquet files, with DuckDB and with pyarrow.
+const CHECKER: &str = r#"
+import json, sys, uuid, collections
+import duckdb, pyarrow.dataset as ds
+root = sys.argv[1]
+def glob(t): return f"{root}/table={t}/*/*/*.parquet"
+con = duckdb.connect()
+def q(sql): return con.execute(sql).fetchall()
+duck = {
+  "events": {t: n for t, n in q(f"SELECT tenant_id, count(*) FROM read_parquet('{glob('events')}', hive_partitioning=true) GROUP BY 1")},
+  "event_bytes": q(f"SELECT sum(octet_length(payload)) FROM read_parquet('{glob('events')}')")[0][0],
+  "event_days": q(f"SELECT count(DISTINCT date) FROM read_parquet('{glob('events')}', hive_partitioning=true)")[0][0],
+  "deliveries": {k: n for k, n in q(f"SELECT tenant_id || '/' || status, count(*) FROM read_parquet('{glob('deliveries')}') GROUP BY 1")},
+  "deliveries_by_endpoint": {str(k): n for k, n in q(f"SELECT endpoint_id::varchar, count(*) FROM read_parquet('{glob('deliveries')}') GROUP BY 1")},
+  "attempts": {k: n for k, n in q(f"SELECT endpoint_id::varchar || '/' || outcome, count(*) FROM read_parquet('{glob('attempts')}') GROUP BY 1")},
+  "attempt_latency_ms": q(f"SELECT sum(latency_ms) FROM read_parquet('{glob('attempts')}')")[0][0],
+}
+def table(t):
+  return ds.dataset(f"{root}/table={t}", format="parquet", partitioning="hive").to_table()
+def u(v): return str(uuid.UUID(bytes=v)) if isinstance(v, bytes) else str(v)
+ev, de, at = table("events"), table("deliveries"), table("attempts")
+arrow = {
+  "events": dict(collections.Counter(ev.column("tenant_id").to_pylist())),
+  "event_bytes": sum(len(p) for p in ev.column("payload").to_pylist()),
+  "event_days": len(set(str(d) for d in ev.column("date").to_pylist())),
+  "deliveries": dict(collections.Counter(f"{t}/{s}" for t, s in zip(de.column("tenant_id").to_pylist(), de.column("status").to_pylist()))),
+  "deliveries_by_endpoint": dict(collections.Counter(u(e) for e in de.column("endpoint_id").to_pylist())),
+  "attempts": dict(collections.Counter(f"{u(e)}/{o}" for e, o in zip(at.column("endpoint_id").to_pylist(), at.column("outcome").to_pylist()))),
+  "attempt_latency_ms": sum(at.column("latency_ms").to_pylist()),
+}
+types = {f.name: str(f.type) for f in at.schema}
+print(json.dumps({"duckdb": duck, "pyarrow": arrow, "types": types,
+                  "duck_uuid_type": q(f"SELECT typeof(id) FROM read_parquet('{glob('attempts')}') LIMIT 1")[0][0]}))
+"#;
+
+fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("WALHOOK_PYTHON") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/walhook-venv/bin/python")
+}
+
+fn archive(cfg: &Path, today: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = walhook();
+    cmd.args(["archive", "--config"]).arg(cfg).args(["--today", today]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+/// Every object under `root`: relative path → bytes.
+fn objects(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, root, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if root.exists() {
+        walk(root, root, &mut out);
+    }
+    out
+}
+
+async fn hot_rows(sql: &tokio_postgres::Client) -> (i64, i64, i64) {
+    let r = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM walhook.events), (SELECT count(*) FROM walhook.deliveries), \
+             (SELECT count(*) FROM walhook.attempts)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// A real run: 3 tenants, 4 endpoints (one failing every third request),
+/// 60 orders; then the rows of two tenants are moved one and two days back,
+/// so the run spans three days.
+async fn three_days() -> (World, String) {
+    let w = World::new().await;
+    w.endpoint("acme", "acme-all", &[]).await;
+    w.endpoint("acme", "acme-orders", &["order.created"]).await;
+    w.endpoint("globex", "globex", &[]).await;
+    w.endpoint("initech", "initech", &[]).await;
+    w.receiver
+        .set_behaviour("acme-all", Behaviour::FailEvery { n: 3, status: 503 });
+    let child = Child::run(&w.config(""));
+    w.wait_streaming().await;
+    let tenants = ["acme", "globex", "initech"];
+    for i in 0..60i64 {
+        w.shop
+            .execute(
+                "INSERT INTO orders VALUES ($1, $2, 1)",
+                &[&i, &tenants[(i % 3) as usize]],
+            )
+            .await
+            .unwrap();
+    }
+    // acme: 20 orders × 2 endpoints, globex and initech 20 × 1.
+    w.wait_count(
+        "deliveries succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        80,
+    )
+    .await;
+    child.terminate();
+    for (tenant, back) in [("globex", 1), ("initech", 2)] {
+        let shift = format!("interval '{back} days'");
+        w.platform_sql
+            .batch_execute(&format!(
+                "SELECT walhook.ensure_day_partition(t, (now() AT TIME ZONE 'UTC')::date - {back}) \
+                   FROM unnest(ARRAY['events', 'attempts']) t;
+                 UPDATE walhook.events SET occurred_at = occurred_at - {shift}, created_at = created_at - {shift} WHERE tenant_id = '{tenant}';
+                 UPDATE walhook.deliveries SET event_occurred_at = event_occurred_at - {shift}, created_at = created_at - {shift}, \
+                   updated_at = updated_at - {shift}, next_attempt_at = next_attempt_at - {shift}, expires_at = expires_at - {shift} WHERE tenant_id = '{tenant}';
+                 UPDATE walhook.attempts SET started_at = started_at - {shift}, finished_at = finished_at - {shift} WHERE tenant_id = '{tenant}';"
+            ))
+            .await
+            .unwrap();
+    }
+    let today: chrono::NaiveDate = w
+        .platform_sql
+        .query_one("SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD')", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    let later = (today + chrono::Duration::days(TODAY_PLUS)).to_string();
+    (w, later)
+}
+
+/// A copy of the platform database, for a second archive of the same rows.
+async fn clone_platform(w: &mut World, name: &str) -> String {
+    let admin = w.pg.connect("postgres").await.unwrap();
+    admin
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'platform' AND pid <> pg_backend_pid()",
+        )
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE platform"))
+        .await
+        .unwrap();
+    w.platform_sql = w.pg.connect("platform").await.unwrap();
+    w.pg.url(name)
+}
+
+fn config_for(w: &World, platform_url: &str, store: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(w.config("")).unwrap();
+    let text = text.replacen(
+        "[platform]\nurl = \"",
+        &format!("[archive]\npath = {:?}\n\n[platform]\nurl = \"", store.display().to_string()),
+        1,
+    );
+    let text = regex_free_replace_platform(&text, platform_url);
+    let path = w.dir.path().join(format!("archive-{}.toml", store.file_name().unwrap().to_string_lossy()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn regex_free_replace_platform(text: &str, url: &str) -> String {
+    let start = text.find("[platform]\nurl = \"").unwrap() + "[platform]\nurl = \"".len();
+    let end = start + text[start..].find('"').unwrap();
+    format!("{}{}{}", &text[..start], url, &text[end..])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
+    let (mut w, later) = three_days().await;
+    let before: String = w.platform_sql.query_one(SNAPSHOT_SQL, &[]).await.unwrap().get(0);
+    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    assert_eq!(before["event_days"], 3, "{before}");
+    let clean_url = clone_platform(&mut w, "platform_clean").await;
+    let crashed_store = w.dir.path().join("crashed");
+    let clean_store = w.dir.path().join("clean");
+    let crashed_cfg = config_for(&w, &w.pg.url("platform"), &crashed_store);
+    let clean_cfg = config_for(&w, &clean_url, &clean_store);
+
+    // --dry-run writes nothing and lists the nine due days.
+    let mut cmd = walhook();
+    cmd.args(["archive", "--dry-run", "--json", "--config"]).arg(&crashed_cfg).args(["--today", &later]);
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(plan.as_array().unwrap().len(), 9, "{plan}");
+    assert!(plan.as_array().unwrap().iter().all(|p| p["outcome"] == "due"), "{plan}");
+    assert!(objects(&crashed_store).is_empty());
+
+    // Crash after a part, after a manifest, before a drop, then finish.
+    for fp in [
+        "archive.after_part=abort@2",
+        "archive.after_manifest=abort@2",
+        "archive.before_drop=abort@3",
+    ] {
+        let out = archive(&crashed_cfg, &later, &[("WALHOOK_FAILPOINTS", fp)]);
+        assert!(!out.status.success(), "{fp} did not crash: {}", stderr(&out));
+    }
+    // And a SIGKILL in the middle of a run.
+    let mut child = walhook()
+        .args(["archive", "--config"])
+        .arg(&crashed_cfg)
+        .args(["--today", &later])
+        .env("WALHOOK_FAILPOINTS", "archive.after_part=sleep(400)")
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = archive(&crashed_cfg, &later, &[]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0), "{}", stdout(&out));
+    let again = archive(&crashed_cfg, &later, &[]);
+    assert!(stdout(&again).contains("nothing is due"), "{}", stdout(&again));
+
+    let out = archive(&clean_cfg, &later, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (crashed, clean) = (objects(&crashed_store), objects(&clean_store));
+    assert_eq!(
+        crashed.keys().collect::<Vec<_>>(),
+        clean.keys().collect::<Vec<_>>(),
+        "the crashed run left another object set"
+    );
+    for (k, v) in &clean {
+        assert!(crashed[k] == *v, "{k} differs between the crashed and the clean run");
+    }
+    assert_eq!(clean.keys().filter(|k| k.ends_with("_manifest.json")).count(), 9);
+
+    let out = Command::new(python())
+        .args(["-c", CHECKER])
+        .arg(&clean_store)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "checker: {}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for reader in ["duckdb", "pyarrow"] {
+        for k in ["events", "event_bytes", "event_days", "deliveries", "deliveries_by_endpoint", "attempts", "attempt_latency_ms"] {
+            assert_eq!(
+                normalise(&got[reader][k]),
+                normalise(&before[k]),
+                "{reader} {k}: archive {} vs hot {}",
+                got[reader][k],
+                before[k]
+            );
+        }
+    }
+    assert_eq!(got["duck_uuid_type"], "UUID", "{got}");
+    assert!(got["types"]["started_at"].as_str().unwrap().contains("timestamp[us, tz=UTC]"), "{got}");
+}
+
+/// Numbers compared as numbers (DuckDB sums are big integers, Postgres's
+/// `sum` is numeric in JSON).
+fn normalise(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Number(n) => serde_json::json!(n.as_f64()),
+        serde_json::Value::Object(m) => {
+            serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), normalise(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
+    let (w, later) = three_days().await;
+    let store = w.dir.path().join("store");
+    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let attempts_only = |env: &[(&str, &str)]| {
+        let mut cmd = walhook();
+        cmd.args(["archive", "--table", "attempts", "--config"]).arg(&cfg).args(["--today", &later]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(&mut cmd)
+    };
+    // Written and recorded, not yet verified.
+    let out = attempts_only(&[("WALHOOK_FAILPOINTS", "archive.before_verify=exit@1")]);
+    assert!(!out.status.success());
+    let part = objects(&store)
+        .into_keys()
+        .find(|k| k.starts_with("table=attempts") && k.ends_with(".parquet"))
+        .unwrap();
+    let day = part.split('/').nth(1).unwrap().trim_start_matches("date=").to_string();
+    let day_rows = || async {
+        w.platform_sql
+            .query_one(
+                "SELECT count(*) FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date",
+                &[&day],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let hot = day_rows().await;
+    assert!(hot > 0);
+    let path = store.join(&part);
+    let original = std::fs::read(&path).unwrap();
+
+    let mut corrupt = original.clone();
+    corrupt[original.len() / 2] ^= 0xff;
+    std::fs::write(&path, &corrupt).unwrap();
+    let out = attempts_only(&[]);
+    assert!(!out.status.success());
+    let text = stdout(&out) + &stderr(&out);
+    assert!(text.contains(&part) && text.contains("SHA-256") && text.contains("Remove the manifest"), "{text}");
+    assert_eq!(day_rows().await, hot, "a corrupt object let rows go");
+
+    std::fs::remove_file(&path).unwrap();
+    let out = attempts_only(&[]);
+    let text = stdout(&out) + &stderr(&out);
+    assert!(!out.status.success() && text.contains(&part) && text.contains("missing"), "{text}");
+    assert_eq!(day_rows().await, hot);
+
+    // A manifest whose counts do not match its parts (its hash recorded as
+    // a buggy writer would have).
+    std::fs::write(&path, &original).unwrap();
+    let manifest_key = {
+        let day = part.split('/').nth(1).unwrap();
+        format!("table=attempts/{day}/_manifest.json")
+    };
+    let mpath = store.join(&manifest_key);
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let files = m["files"].as_array_mut().unwrap();
+    let entry = files.iter_mut().find(|f| f["key"] == part.as_str()).unwrap();
+    entry["rows"] = serde_json::json!(entry["rows"].as_u64().unwrap() + 1);
+    m["row_count"] = serde_json::json!(m["row_count"].as_u64().unwrap() + 1);
+    let bytes = serde_json::to_vec_pretty(&m).unwrap();
+    std::fs::write(&mpath, &bytes).unwrap();
+    w.platform_sql
+        .execute(
+            "UPDATE walhook.archive_partitions SET manifest_sha256 = $1 WHERE manifest_key = $2",
+            &[&walhook_pipeline::objstore::sha256_hex(&bytes), &manifest_key],
+        )
+        .await
+        .unwrap();
+    let out = attempts_only(&[]);
+    let text = stdout(&out) + &stderr(&out);
+    assert!(!out.status.success() && text.contains("footer declares"), "{text}");
+    assert_eq!(day_rows().await, hot);
+
+    // The fix the error gives: remove the manifest and run again.
+    std::fs::remove_file(&mpath).unwrap();
+    let out = attempts_only(&[]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(hot_rows(&w.platform_sql).await.2, 0);
+}
