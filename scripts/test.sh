@@ -9,6 +9,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/walhook-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 scripts/ensure-postgres.sh
+# The S3-compatible server of the object-store and archive tests (s3s-fs,
+# built once into $HOME/.cache/walhook-tools). The tests fail without it.
+scripts/ensure-s3.sh
+export WALHOOK_S3S_FS="${WALHOOK_S3S_FS:-$HOME/.cache/walhook-tools/bin/s3s-fs}"
 
 # The PyPI packages `standardwebhooks` and `svix`, in a virtualenv of their
 # own, reinstalled only when tests/python-requirements.txt changes. The

@@ -4,6 +4,9 @@
 //!   `pgwire-replication`, our own `pgoutput` decoder, and the capture rules
 //!   that turn row changes into events.
 //! - [`http`]: the egress that sends signed attempts.
+//! - [`objstore`]: where cold history goes: a local directory or S3, behind
+//!   the object-store port of `walhook-pipeline`.
 
 pub mod http;
+pub mod objstore;
 pub mod postgres;

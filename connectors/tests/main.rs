@@ -1,6 +1,7 @@
 //! Integration tests of the connectors against real services: a throwaway
-//! Postgres per test (devkit), never a fake.
+//! Postgres per test and a real S3-compatible server (devkit), never a fake.
 
 mod capture;
 mod dispatch;
+mod objstore;
 mod tls;

@@ -7,10 +7,13 @@
 //!   [`tls`].
 //! - [`tls`]: a certificate authority and server certificates made in the
 //!   test (rcgen), for `sslmode=verify-full` against a real server.
+//! - [`s3`]: a throwaway S3-compatible server (`s3s-fs`, installed by
+//!   `scripts/ensure-s3.sh`) on a free loopback port, with one bucket.
 //! - [`receiver`]: HTTP receivers on `127.0.0.1:0` that record what arrives,
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
 
 pub mod postgres;
 pub mod receiver;
+pub mod s3;
 pub mod tls;

@@ -95,7 +95,10 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<PutReceipt, ObjectStoreError>> + Send;
 
     /// The whole object, or `None` when there is none.
-    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Bytes>, ObjectStoreError>> + Send;
+    fn get(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Bytes>, ObjectStoreError>> + Send;
 
     /// Every object whose key starts with `prefix`, sorted by key.
     fn list(
@@ -156,7 +159,9 @@ mod tests {
     #[test]
     fn keys_are_relative_printable_paths() {
         assert!(validate_key("table=attempts/date=2026-11-30/part-00000.parquet").is_ok());
-        for bad in ["", "/abs", "a//b", "a/../b", "./a", "a b", "a\\b", "é", "a/"] {
+        for bad in [
+            "", "/abs", "a//b", "a/../b", "./a", "a b", "a\\b", "é", "a/",
+        ] {
             assert!(validate_key(bad).is_err(), "{bad:?} accepted");
         }
         assert!(validate_key(&"a".repeat(1025)).is_err());

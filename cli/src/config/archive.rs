@@ -112,17 +112,12 @@ impl ArchiveConfig {
         Ok(match self.store.as_str() {
             "s3" => {
                 let s3 = self.s3.as_ref().expect("validated");
-                AnyStore::S3(
-                    S3Store::connect(S3Settings {
-                        bucket: s3.bucket.clone(),
-                        prefix: s3.prefix.clone(),
-                        endpoint: s3.endpoint.clone(),
-                        region: s3.region.clone(),
-                        force_path_style: s3.force_path_style,
-                        ..S3Settings::default()
-                    })
-                    .await?,
-                )
+                let mut settings = S3Settings::new(s3.bucket.clone());
+                settings.prefix = s3.prefix.clone();
+                settings.endpoint = s3.endpoint.clone();
+                settings.region = s3.region.clone();
+                settings.force_path_style = s3.force_path_style;
+                AnyStore::S3(S3Store::connect(settings).await?)
             }
             _ => AnyStore::Local(LocalDirStore::open(&self.path)?),
         })

@@ -1,0 +1,342 @@
+//! A directory on local disk as the object store: the embedded default.
+//!
+//! The key `a/b/c` is the file `<root>/a/b/c`. A `put` writes the bytes to a
+//! temporary file beside the target (`.c.tmp-<random>`), fsyncs it, renames
+//! it over the key and fsyncs the directory: a reader, or a restart after a
+//! crash, sees the old object or the new one, never a prefix. Directories
+//! that a `put` creates are fsynced into their parents too, so a durable
+//! object is never in a directory that a crash can lose. Temporary files
+//! left by a crash are skipped by `list` and replaced by the next `put`.
+//!
+//! The file system calls are blocking and run on tokio's blocking pool.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use walhook_pipeline::objstore::{
+    ObjectInfo, ObjectStore, ObjectStoreError, PutReceipt, sha256_hex, validate_key,
+};
+
+/// The marker in the names of temporary files (`.<name>.tmp-<random>`).
+const TMP_MARKER: &str = ".tmp-";
+
+/// Objects stored as files under a root directory.
+#[derive(Debug, Clone)]
+pub struct LocalDirStore {
+    root: Arc<PathBuf>,
+}
+
+impl LocalDirStore {
+    /// Opens the store at `root`, creating the directory (and its parents)
+    /// when it does not exist yet.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ObjectStoreError> {
+        let root = root.into();
+        let shown = root.display().to_string();
+        let fail = |e: io::Error| ObjectStoreError::Definite {
+            op: "open",
+            key: shown.clone(),
+            hint: format!(
+                "cannot create or open the archive directory {shown}: check the configured path \
+                 and that walhook's user may create and write files there"
+            ),
+            source: Box::new(e),
+        };
+        std::fs::create_dir_all(&root).map_err(fail)?;
+        // An absolute, symlink-free root: `describe` shows where the files
+        // really are, and a later change of working directory is harmless.
+        let root = std::fs::canonicalize(&root).map_err(fail)?;
+        if !root.is_dir() {
+            return Err(fail(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "the path exists and is not a directory",
+            )));
+        }
+        Ok(LocalDirStore {
+            root: Arc::new(root),
+        })
+    }
+
+    /// The root directory (absolute).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path_of(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+}
+
+/// Rejects keys whose last segment looks like one of our temporary files:
+/// `list` skips those names, so such an object could be written but never
+/// listed.
+fn validate_local_key(key: &str) -> Result<(), ObjectStoreError> {
+    validate_key(key)?;
+    let name = key.rsplit('/').next().unwrap_or(key);
+    if is_temporary(name) {
+        return Err(ObjectStoreError::InvalidKey {
+            key: key.chars().take(200).collect(),
+            reason: "names of the form .<name>.tmp-<suffix> are reserved for temporary files",
+        });
+    }
+    Ok(())
+}
+
+fn is_temporary(file_name: &str) -> bool {
+    file_name.starts_with('.') && file_name.contains(TMP_MARKER)
+}
+
+/// Decides, once, whether a file-system failure may pass on a retry: the
+/// ones an operator must fix (permissions, a read-only or full disk, a file
+/// where a directory should be) are definite, the rest transient.
+fn classify(op: &'static str, key: &str, path: &Path, e: io::Error) -> ObjectStoreError {
+    use io::ErrorKind as K;
+    let shown = path.display();
+    let hint = match e.kind() {
+        K::PermissionDenied => Some(format!(
+            "permission denied on {shown}: give walhook's user read and write access to the \
+             archive directory"
+        )),
+        K::ReadOnlyFilesystem => Some(format!(
+            "{shown} is on a read-only file system: mount it read-write or choose another \
+             archive directory"
+        )),
+        K::StorageFull | K::QuotaExceeded => Some(format!(
+            "no space left for {shown}: free space on that file system or move the archive \
+             directory"
+        )),
+        K::NotADirectory | K::IsADirectory => Some(format!(
+            "{shown} clashes with an existing file or directory (one key is the directory of \
+             another): remove the stray entry"
+        )),
+        _ => None,
+    };
+    match hint {
+        Some(hint) => ObjectStoreError::Definite {
+            op,
+            key: key.to_owned(),
+            hint,
+            source: Box::new(e),
+        },
+        None => ObjectStoreError::Transient {
+            op,
+            key: key.to_owned(),
+            source: Box::new(e),
+        },
+    }
+}
+
+/// Creates `dir` and any missing parents below `root`, fsyncing each new
+/// directory's parent so the new entry survives a crash.
+fn create_dirs_durably(root: &Path, dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let relative = dir.strip_prefix(root).map_err(io::Error::other)?;
+    let mut current = root.to_path_buf();
+    for part in relative.components() {
+        let parent = current.clone();
+        current.push(part);
+        match std::fs::create_dir(&current) {
+            Ok(()) => File::open(&parent)?.sync_all()?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && current.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn put_blocking(root: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("a key always has a parent directory"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("a key always has a file name"))?
+        .to_string_lossy();
+    create_dirs_durably(root, dir)?;
+    let tmp = dir.join(format!(".{name}{TMP_MARKER}{:016x}", rand::random::<u64>()));
+    let written = (|| {
+        let mut file = File::create_new(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, path)?;
+        // The rename is durable only once the directory is.
+        File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        // Best effort: a leftover is skipped by `list` anyway.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn list_blocking(root: &Path, prefix: &str) -> io::Result<Vec<ObjectInfo>> {
+    // Start the walk at the deepest directory that the prefix names whole,
+    // when that part is a valid key (so it cannot leave the root).
+    let start = match prefix.rfind('/') {
+        Some(i) if validate_key(&prefix[..i]).is_ok() => root.join(&prefix[..i]),
+        _ => root.to_path_buf(),
+    };
+    let mut out = Vec::new();
+    let mut pending = vec![start];
+    while let Some(dir) = pending.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            // The prefix names a directory that does not exist: nothing there.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            // Symbolic links and other special files are not objects.
+            if !kind.is_file() || is_temporary(&entry.file_name().to_string_lossy()) {
+                continue;
+            }
+            let Some(key) = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(|p| p.to_str())
+                .map(|p| p.replace(std::path::MAIN_SEPARATOR, "/"))
+            else {
+                continue;
+            };
+            // A stray file whose name is no valid key could not be read back
+            // through this store: it is not one of ours.
+            if key.starts_with(prefix) && validate_key(&key).is_ok() {
+                let size = entry.metadata()?.len();
+                out.push(ObjectInfo { key, size });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+/// Runs blocking file-system work off the async threads.
+async fn blocking<T: Send + 'static>(
+    op: &'static str,
+    key: &str,
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> Result<io::Result<T>, ObjectStoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ObjectStoreError::Transient {
+            op,
+            key: key.to_owned(),
+            source: Box::new(e),
+        })
+}
+
+impl ObjectStore for LocalDirStore {
+    async fn put(&self, key: &str, bytes: Bytes) -> Result<PutReceipt, ObjectStoreError> {
+        validate_local_key(key)?;
+        let path = self.path_of(key);
+        let root = Arc::clone(&self.root);
+        let receipt = PutReceipt {
+            size: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+        };
+        let target = path.clone();
+        blocking("put", key, move || put_blocking(&root, &target, &bytes))
+            .await?
+            .map_err(|e| classify("put", key, &path, e))?;
+        Ok(receipt)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectStoreError> {
+        validate_local_key(key)?;
+        let path = self.path_of(key);
+        match tokio::fs::read(&path).await {
+            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+            // Missing, a file where a directory of the key should be, or a
+            // directory (a prefix of other keys): no object by that key.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound
+                        | io::ErrorKind::NotADirectory
+                        | io::ErrorKind::IsADirectory
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(classify("get", key, &path, e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, ObjectStoreError> {
+        let root = Arc::clone(&self.root);
+        let owned = prefix.to_owned();
+        blocking("list", prefix, move || list_blocking(&root, &owned))
+            .await?
+            .map_err(|e| classify("list", prefix, &self.root, e))
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), ObjectStoreError> {
+        validate_local_key(key)?;
+        let path = self.path_of(key);
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify("delete", key, &path, e)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_names_are_recognised_and_reserved() {
+        assert!(is_temporary(".part-0.parquet.tmp-00ff"));
+        assert!(!is_temporary("part-0.parquet"));
+        assert!(!is_temporary(".hidden"));
+        assert!(validate_local_key("a/.b.tmp-1").is_err());
+        assert!(validate_local_key("a/.b").is_ok());
+    }
+
+    #[tokio::test]
+    async fn leftover_temporary_files_are_not_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::open(dir.path().join("objects")).unwrap();
+        store.put("t/a", Bytes::from_static(b"x")).await.unwrap();
+        std::fs::write(store.root().join("t/.a.tmp-1234"), b"half").unwrap();
+        let keys: Vec<_> = store
+            .list("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(keys, ["t/a"]);
+    }
+}
