@@ -72,7 +72,9 @@ fn python() -> PathBuf {
 
 fn archive(cfg: &Path, today: &str, env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = walhook();
-    cmd.args(["archive", "--config"]).arg(cfg).args(["--today", today]);
+    cmd.args(["archive", "--config"])
+        .arg(cfg)
+        .args(["--today", today]);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -158,7 +160,10 @@ async fn three_days() -> (World, String) {
     }
     let today: chrono::NaiveDate = w
         .platform_sql
-        .query_one("SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD')", &[])
+        .query_one(
+            "SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD')",
+            &[],
+        )
         .await
         .unwrap()
         .get::<_, String>(0)
@@ -189,11 +194,17 @@ fn config_for(w: &World, platform_url: &str, store: &Path) -> PathBuf {
     let text = std::fs::read_to_string(w.config("")).unwrap();
     let text = text.replacen(
         "[platform]\nurl = \"",
-        &format!("[archive]\npath = {:?}\n\n[platform]\nurl = \"", store.display().to_string()),
+        &format!(
+            "[archive]\npath = {:?}\n\n[platform]\nurl = \"",
+            store.display().to_string()
+        ),
         1,
     );
     let text = regex_free_replace_platform(&text, platform_url);
-    let path = w.dir.path().join(format!("archive-{}.toml", store.file_name().unwrap().to_string_lossy()));
+    let path = w.dir.path().join(format!(
+        "archive-{}.toml",
+        store.file_name().unwrap().to_string_lossy()
+    ));
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -207,7 +218,12 @@ fn regex_free_replace_platform(text: &str, url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     let (mut w, later) = three_days().await;
-    let before: String = w.platform_sql.query_one(SNAPSHOT_SQL, &[]).await.unwrap().get(0);
+    let before: String = w
+        .platform_sql
+        .query_one(SNAPSHOT_SQL, &[])
+        .await
+        .unwrap()
+        .get(0);
     let before: serde_json::Value = serde_json::from_str(&before).unwrap();
     assert_eq!(before["event_days"], 3, "{before}");
     let clean_url = clone_platform(&mut w, "platform_clean").await;
@@ -218,12 +234,20 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
 
     // --dry-run writes nothing and lists the nine due days.
     let mut cmd = walhook();
-    cmd.args(["archive", "--dry-run", "--json", "--config"]).arg(&crashed_cfg).args(["--today", &later]);
+    cmd.args(["archive", "--dry-run", "--json", "--config"])
+        .arg(&crashed_cfg)
+        .args(["--today", &later]);
     let out = run(&mut cmd);
     assert!(out.status.success(), "{}", stderr(&out));
     let plan: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(plan.as_array().unwrap().len(), 9, "{plan}");
-    assert!(plan.as_array().unwrap().iter().all(|p| p["outcome"] == "due"), "{plan}");
+    assert!(
+        plan.as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["outcome"] == "due"),
+        "{plan}"
+    );
     assert!(objects(&crashed_store).is_empty());
 
     // Crash after a part, after a manifest, before a drop, then finish.
@@ -233,7 +257,11 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
         "archive.before_drop=abort@3",
     ] {
         let out = archive(&crashed_cfg, &later, &[("WALHOOK_FAILPOINTS", fp)]);
-        assert!(!out.status.success(), "{fp} did not crash: {}", stderr(&out));
+        assert!(
+            !out.status.success(),
+            "{fp} did not crash: {}",
+            stderr(&out)
+        );
     }
     // And a SIGKILL in the middle of a run.
     let mut child = walhook()
@@ -248,9 +276,18 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     child.wait().unwrap();
     let out = archive(&crashed_cfg, &later, &[]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0), "{}", stdout(&out));
+    assert_eq!(
+        hot_rows(&w.platform_sql).await,
+        (0, 0, 0),
+        "{}",
+        stdout(&out)
+    );
     let again = archive(&crashed_cfg, &later, &[]);
-    assert!(stdout(&again).contains("nothing is due"), "{}", stdout(&again));
+    assert!(
+        stdout(&again).contains("nothing is due"),
+        "{}",
+        stdout(&again)
+    );
 
     let out = archive(&clean_cfg, &later, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -261,19 +298,40 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
         "the crashed run left another object set"
     );
     for (k, v) in &clean {
-        assert!(crashed[k] == *v, "{k} differs between the crashed and the clean run");
+        assert!(
+            crashed[k] == *v,
+            "{k} differs between the crashed and the clean run"
+        );
     }
-    assert_eq!(clean.keys().filter(|k| k.ends_with("_manifest.json")).count(), 9);
+    assert_eq!(
+        clean
+            .keys()
+            .filter(|k| k.ends_with("_manifest.json"))
+            .count(),
+        9
+    );
 
     let out = Command::new(python())
         .args(["-c", CHECKER])
         .arg(&clean_store)
         .output()
         .unwrap();
-    assert!(out.status.success(), "checker: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "checker: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for reader in ["duckdb", "pyarrow"] {
-        for k in ["events", "event_bytes", "event_days", "deliveries", "deliveries_by_endpoint", "attempts", "attempt_latency_ms"] {
+        for k in [
+            "events",
+            "event_bytes",
+            "event_days",
+            "deliveries",
+            "deliveries_by_endpoint",
+            "attempts",
+            "attempt_latency_ms",
+        ] {
             assert_eq!(
                 normalise(&got[reader][k]),
                 normalise(&before[k]),
@@ -284,7 +342,13 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
         }
     }
     assert_eq!(got["duck_uuid_type"], "UUID", "{got}");
-    assert!(got["types"]["started_at"].as_str().unwrap().contains("timestamp[us, tz=UTC]"), "{got}");
+    assert!(
+        got["types"]["started_at"]
+            .as_str()
+            .unwrap()
+            .contains("timestamp[us, tz=UTC]"),
+        "{got}"
+    );
 }
 
 /// Numbers compared as numbers (DuckDB sums are big integers, Postgres's
@@ -306,7 +370,9 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let cfg = config_for(&w, &w.pg.url("platform"), &store);
     let attempts_only = |env: &[(&str, &str)]| {
         let mut cmd = walhook();
-        cmd.args(["archive", "--table", "attempts", "--config"]).arg(&cfg).args(["--today", &later]);
+        cmd.args(["archive", "--table", "attempts", "--config"])
+            .arg(&cfg)
+            .args(["--today", &later]);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -319,7 +385,12 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
         .into_keys()
         .find(|k| k.starts_with("table=attempts") && k.ends_with(".parquet"))
         .unwrap();
-    let day = part.split('/').nth(1).unwrap().trim_start_matches("date=").to_string();
+    let day = part
+        .split('/')
+        .nth(1)
+        .unwrap()
+        .trim_start_matches("date=")
+        .to_string();
     let day_rows = || async {
         w.platform_sql
             .query_one(
@@ -341,13 +412,19 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let out = attempts_only(&[]);
     assert!(!out.status.success());
     let text = stdout(&out) + &stderr(&out);
-    assert!(text.contains(&part) && text.contains("SHA-256") && text.contains("Remove the manifest"), "{text}");
+    assert!(
+        text.contains(&part) && text.contains("SHA-256") && text.contains("Remove the manifest"),
+        "{text}"
+    );
     assert_eq!(day_rows().await, hot, "a corrupt object let rows go");
 
     std::fs::remove_file(&path).unwrap();
     let out = attempts_only(&[]);
     let text = stdout(&out) + &stderr(&out);
-    assert!(!out.status.success() && text.contains(&part) && text.contains("missing"), "{text}");
+    assert!(
+        !out.status.success() && text.contains(&part) && text.contains("missing"),
+        "{text}"
+    );
     assert_eq!(day_rows().await, hot);
 
     // A manifest whose counts do not match its parts (its hash recorded as
@@ -360,7 +437,10 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let mpath = store.join(&manifest_key);
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
     let files = m["files"].as_array_mut().unwrap();
-    let entry = files.iter_mut().find(|f| f["key"] == part.as_str()).unwrap();
+    let entry = files
+        .iter_mut()
+        .find(|f| f["key"] == part.as_str())
+        .unwrap();
     entry["rows"] = serde_json::json!(entry["rows"].as_u64().unwrap() + 1);
     m["row_count"] = serde_json::json!(m["row_count"].as_u64().unwrap() + 1);
     let bytes = serde_json::to_vec_pretty(&m).unwrap();
@@ -368,13 +448,19 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     w.platform_sql
         .execute(
             "UPDATE walhook.archive_partitions SET manifest_sha256 = $1 WHERE manifest_key = $2",
-            &[&walhook_pipeline::objstore::sha256_hex(&bytes), &manifest_key],
+            &[
+                &walhook_pipeline::objstore::sha256_hex(&bytes),
+                &manifest_key,
+            ],
         )
         .await
         .unwrap();
     let out = attempts_only(&[]);
     let text = stdout(&out) + &stderr(&out);
-    assert!(!out.status.success() && text.contains("footer declares"), "{text}");
+    assert!(
+        !out.status.success() && text.contains("footer declares"),
+        "{text}"
+    );
     assert_eq!(day_rows().await, hot);
 
     // The fix the error gives: remove the manifest and run again.
@@ -382,4 +468,90 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let out = attempts_only(&[]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     assert_eq!(hot_rows(&w.platform_sql).await.2, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_days_go_to_a_real_s3_server_and_read_back_exactly() {
+    let s3 = walhook_devkit::s3::S3Server::start("walhook-archive")
+        .await
+        .expect("the S3-compatible test server (s3s-fs): run scripts/ensure-s3.sh");
+    let (w, later) = three_days().await;
+    let before: String = w
+        .platform_sql
+        .query_one(SNAPSHOT_SQL, &[])
+        .await
+        .unwrap()
+        .get(0);
+    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    let text = std::fs::read_to_string(w.config("")).unwrap().replacen(
+        "[platform]\n",
+        &format!(
+            "[archive]\nstore = \"s3\"\n\n[archive.s3]\nbucket = \"walhook-archive\"\nprefix = \"prod/cold\"\n\
+             endpoint = \"{}\"\nforce_path_style = true\n\n[platform]\n",
+            s3.endpoint()
+        ),
+        1,
+    );
+    let cfg = w.dir.path().join("s3.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let env: Vec<(&str, String)> = s3.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // A crash between a part and the manifest, then the whole run.
+    let mut with_fp = env.clone();
+    with_fp.push(("WALHOOK_FAILPOINTS", "archive.after_part=abort@3"));
+    assert!(!archive(&cfg, &later, &with_fp).status.success());
+    let out = archive(&cfg, &later, &env);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("s3://walhook-archive/prod/cold"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        hot_rows(&w.platform_sql).await,
+        (0, 0, 0),
+        "{}",
+        stdout(&out)
+    );
+
+    // What the server stored (s3s-fs keeps each object as a file).
+    let root = s3.root().join("walhook-archive/prod/cold");
+    let stored = objects(&root);
+    assert_eq!(
+        stored
+            .keys()
+            .filter(|k| k.ends_with("_manifest.json"))
+            .count(),
+        9,
+        "{:?}",
+        stored.keys()
+    );
+    let out = Command::new(python())
+        .args(["-c", CHECKER])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "checker: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for reader in ["duckdb", "pyarrow"] {
+        for k in [
+            "events",
+            "event_bytes",
+            "event_days",
+            "deliveries",
+            "deliveries_by_endpoint",
+            "attempts",
+            "attempt_latency_ms",
+        ] {
+            assert_eq!(
+                normalise(&got[reader][k]),
+                normalise(&before[k]),
+                "{reader} {k}"
+            );
+        }
+    }
 }

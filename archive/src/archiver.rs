@@ -214,10 +214,10 @@ impl<S: ObjectStore> Archiver<S> {
                 .await
                 .map_err(ArchiveError::query("list the day partitions"))?
             {
-                if let Some(day) = partition_day(table, row.get(0)) {
-                    if day < cutoff {
-                        days.insert(day);
-                    }
+                if let Some(day) = partition_day(table, row.get(0))
+                    && day < cutoff
+                {
+                    days.insert(day);
                 }
             }
         } else {
@@ -281,9 +281,7 @@ impl<S: ObjectStore> Archiver<S> {
                 // A written manifest that has gone from the store (removed by
                 // the operator after a failed verification) means: write the
                 // day anew, which is safe while nothing was dropped.
-                if row.state == "written"
-                    && self.store.get(&row.manifest_key).await?.is_none()
-                {
+                if row.state == "written" && self.store.get(&row.manifest_key).await?.is_none() {
                     self.forget(table, day, row.generation).await?;
                     None
                 } else {
@@ -315,7 +313,14 @@ impl<S: ObjectStore> Archiver<S> {
             return Ok(report);
         }
         failpoint::hit("archive.before_verify");
-        let manifest = verify::verify(&self.store, table, day, &row.manifest_key, &row.manifest_sha256).await?;
+        let manifest = verify::verify(
+            &self.store,
+            table,
+            day,
+            &row.manifest_key,
+            &row.manifest_sha256,
+        )
+        .await?;
         report.rows = manifest.row_count;
         report.bytes = manifest.byte_count;
         report.files = manifest.files.len();
@@ -331,12 +336,14 @@ impl<S: ObjectStore> Archiver<S> {
                 ));
                 return Ok(report);
             }
-            self.set_state(table, day, row.generation, "verified").await?;
+            self.set_state(table, day, row.generation, "verified")
+                .await?;
         }
         failpoint::hit("archive.before_drop");
         let left = self.drop_hot(table, day, &manifest, row.written_at).await?;
         failpoint::hit("archive.after_drop");
-        self.set_state(table, day, row.generation, "dropped").await?;
+        self.set_state(table, day, row.generation, "dropped")
+            .await?;
         if left > 0 {
             report.outcome = Outcome::Waiting(format!(
                 "{left} deliveries of this day changed after the export (a replay) and stay hot; they are archived as generation {} on a later run",
@@ -347,12 +354,15 @@ impl<S: ObjectStore> Archiver<S> {
     }
 
     /// Why `table`'s `day` is not due yet, if it is not.
-    async fn not_due_because(&self, table: Table, day: NaiveDate) -> Result<Option<String>, ArchiveError> {
+    async fn not_due_because(
+        &self,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<Option<String>, ArchiveError> {
         let (_, to) = bounds(day);
         let client = self.platform.client().await?;
         let count = |sql: &'static str, what: &'static str| {
             let client = &client;
-            let to = to;
             async move {
                 client
                     .query_one(sql, &[&to])
@@ -419,7 +429,10 @@ impl<S: ObjectStore> Archiver<S> {
             }
             client
                 .query_one(
-                    &format!("SELECT count(*) FROM walhook.{}", partition_name(table, day)),
+                    &format!(
+                        "SELECT count(*) FROM walhook.{}",
+                        partition_name(table, day)
+                    ),
                     &[],
                 )
                 .await
@@ -475,7 +488,9 @@ impl<S: ObjectStore> Archiver<S> {
             .map_err(ArchiveError::query("start the export snapshot"))?;
         tx.execute("SET LOCAL statement_timeout = 0", &[])
             .await
-            .map_err(ArchiveError::query("lift the statement timeout for the export"))?;
+            .map_err(ArchiveError::query(
+                "lift the statement timeout for the export",
+            ))?;
         let (from, to) = bounds(day);
         let day_col = table.day_column();
         let (source, params): (String, Vec<Box<dyn ToSql + Sync + Send>>) = if table.partitioned() {
@@ -491,9 +506,15 @@ impl<S: ObjectStore> Archiver<S> {
                 vec![Box::new(i32::from(buckets)), Box::new(from), Box::new(to)],
             )
         };
-        let p: Vec<&(dyn ToSql + Sync)> = params.iter().map(|b| b.as_ref() as &(dyn ToSql + Sync)).collect();
+        let p: Vec<&(dyn ToSql + Sync)> = params
+            .iter()
+            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+            .collect();
         let total: i64 = tx
-            .query_one(&format!("SELECT count(*) FROM {source} WHERE $1::int4 > 0"), &p)
+            .query_one(
+                &format!("SELECT count(*) FROM {source} WHERE $1::int4 > 0"),
+                &p,
+            )
             .await
             .map_err(ArchiveError::query("count the day's rows"))?
             .get(0);
@@ -509,29 +530,36 @@ impl<S: ObjectStore> Archiver<S> {
             .await
             .map_err(ArchiveError::query("read the day's rows"))?;
         futures::pin_mut!(rows);
-        let mut manifest = Manifest::new(table, &day.format("%Y-%m-%d").to_string(), generation, buckets);
+        let mut manifest = Manifest::new(
+            table,
+            &day.format("%Y-%m-%d").to_string(),
+            generation,
+            buckets,
+        );
         let mut part = PartBuilder::new(table);
         let bucket_col = table.columns().len();
         let status_col = table.column_index("status");
         let mut current: Option<(u16, u32)> = None; // (bucket, next sequence)
         while let Some(row) = rows.next().await {
             let row = row.map_err(ArchiveError::query("read the day's rows"))?;
-            if let Some(i) = status_col {
-                if row.get::<_, &str>(i) == "pending" {
-                    return Err(ArchiveError::Verification {
-                        table,
-                        day,
-                        object: "walhook.deliveries".into(),
-                        problem: "a delivery of this day is still pending but has no pending entry".into(),
-                        fix: "nothing was written; run `walhook reconcile` for this day, or wait until the delivery ends".into(),
-                    });
-                }
+            if let Some(i) = status_col
+                && row.get::<_, &str>(i) == "pending"
+            {
+                return Err(ArchiveError::Verification {
+                    table,
+                    day,
+                    object: "walhook.deliveries".into(),
+                    problem: "a delivery of this day is still pending but has no pending entry".into(),
+                    fix: "nothing was written or dropped; find it with `SELECT id FROM walhook.deliveries WHERE status = 'pending'` and report it: the dispatcher keeps every pending delivery in walhook.pending".into(),
+                });
             }
             let bucket = row.get::<_, i32>(bucket_col) as u16;
             let seq = match current {
                 Some((b, seq)) if b == bucket && part.len() < self.settings.part_rows => seq,
                 Some((b, seq)) => {
-                    let file = self.put_part(&mut part, table, day, generation, b, seq).await?;
+                    let file = self
+                        .put_part(&mut part, table, day, generation, b, seq)
+                        .await?;
                     progress.rows(file.rows);
                     manifest.add(file);
                     if b == bucket { seq + 1 } else { 0 }
@@ -542,14 +570,20 @@ impl<S: ObjectStore> Archiver<S> {
             part.push(&row)?;
         }
         if let Some((b, seq)) = current {
-            let file = self.put_part(&mut part, table, day, generation, b, seq).await?;
+            let file = self
+                .put_part(&mut part, table, day, generation, b, seq)
+                .await?;
             progress.rows(file.rows);
             manifest.add(file);
         }
-        drop(rows);
-        tx.commit().await.map_err(ArchiveError::query("end the export snapshot"))?;
+        tx.commit()
+            .await
+            .map_err(ArchiveError::query("end the export snapshot"))?;
         let key = manifest_key(table, day, generation);
-        let receipt = self.store.put(&key, Bytes::from(manifest.to_bytes())).await?;
+        let receipt = self
+            .store
+            .put(&key, Bytes::from(manifest.to_bytes()))
+            .await?;
         failpoint::hit("archive.after_manifest");
         let client = self.platform.client().await?;
         client
@@ -654,7 +688,9 @@ impl<S: ObjectStore> Archiver<S> {
             tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
                 .await
                 .map_err(ArchiveError::query("drop the day partition"))?;
-            tx.commit().await.map_err(ArchiveError::query("drop the day partition"))?;
+            tx.commit()
+                .await
+                .map_err(ArchiveError::query("drop the day partition"))?;
             return Ok(0);
         }
         let (from, to) = bounds(day);
@@ -687,7 +723,11 @@ impl<S: ObjectStore> Archiver<S> {
         Ok(left)
     }
 
-    async fn catalog(&self, table: Table, day: NaiveDate) -> Result<Option<CatalogRow>, ArchiveError> {
+    async fn catalog(
+        &self,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<Option<CatalogRow>, ArchiveError> {
         let client = self.platform.client().await?;
         let row = client
             .query_opt(
@@ -715,7 +755,12 @@ impl<S: ObjectStore> Archiver<S> {
         })
     }
 
-    async fn forget(&self, table: Table, day: NaiveDate, generation: u32) -> Result<(), ArchiveError> {
+    async fn forget(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+    ) -> Result<(), ArchiveError> {
         let client = self.platform.client().await?;
         client
             .execute(
@@ -727,7 +772,13 @@ impl<S: ObjectStore> Archiver<S> {
         Ok(())
     }
 
-    async fn set_state(&self, table: Table, day: NaiveDate, generation: u32, state: &str) -> Result<(), ArchiveError> {
+    async fn set_state(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+        state: &str,
+    ) -> Result<(), ArchiveError> {
         let client = self.platform.client().await?;
         client
             .execute(
@@ -735,7 +786,12 @@ impl<S: ObjectStore> Archiver<S> {
                  verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
                  dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
                  WHERE table_name = $1 AND day = $2 AND generation = $3",
-                &[&table.name(), &NaiveDateSql(day), &(generation as i32), &state],
+                &[
+                    &table.name(),
+                    &NaiveDateSql(day),
+                    &(generation as i32),
+                    &state,
+                ],
             )
             .await
             .map_err(ArchiveError::query("advance a day in the archive catalog"))?;
@@ -766,7 +822,11 @@ fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
 /// The instants that bound a UTC day.
 pub fn bounds(day: NaiveDate) -> (std::time::SystemTime, std::time::SystemTime) {
     let at = |d: NaiveDate| {
-        let secs = d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp();
+        let secs = d
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight")
+            .and_utc()
+            .timestamp();
         std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64)
     };
     (at(day), at(day + Duration::days(1)))
@@ -825,7 +885,15 @@ impl PartBuilder {
     #[allow(clippy::type_complexity)]
     fn finish(
         &mut self,
-    ) -> Result<(arrow_array::RecordBatch, (String, String), (i64, i64), (String, String)), ArchiveError> {
+    ) -> Result<
+        (
+            arrow_array::RecordBatch,
+            (String, String),
+            (i64, i64),
+            (String, String),
+        ),
+        ArchiveError,
+    > {
         let batch = self.batch.finish()?;
         let (lo, hi) = self.ids.take().unwrap_or_default();
         let times = self.times.take().unwrap_or_default();

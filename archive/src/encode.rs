@@ -19,12 +19,16 @@ pub const ROW_GROUP_ROWS: usize = 131_072;
 
 /// The writer settings of `table`'s parts.
 pub fn properties(table: Table) -> WriterProperties {
-    let tenant = table.column_index("tenant_id").expect("every table has a tenant") as i32;
+    let tenant = table
+        .column_index("tenant_id")
+        .expect("every table has a tenant") as i32;
     let time = table
         .column_index(table.day_column())
         .expect("every table has its day column") as i32;
     let mut b = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("level 3 is valid")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("level 3 is valid"),
+        ))
         .set_dictionary_enabled(true)
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
@@ -64,7 +68,8 @@ pub fn encode(table: Table, batch: &RecordBatch) -> Result<Bytes, ArchiveError> 
 /// `table`'s (column names in order).
 pub fn footer_rows(table: Table, bytes: &Bytes) -> Result<u64, String> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let r = SerializedFileReader::new(bytes.clone()).map_err(|e| format!("not a Parquet file: {e}"))?;
+    let r =
+        SerializedFileReader::new(bytes.clone()).map_err(|e| format!("not a Parquet file: {e}"))?;
     let meta = r.metadata().file_metadata();
     let names: Vec<&str> = meta
         .schema_descr()
@@ -74,7 +79,9 @@ pub fn footer_rows(table: Table, bytes: &Bytes) -> Result<u64, String> {
         .collect();
     let want: Vec<&str> = table.columns().iter().map(|c| c.name).collect();
     if names != want {
-        return Err(format!("its columns are {names:?}, not the {table} layout {want:?}"));
+        return Err(format!(
+            "its columns are {names:?}, not the {table} layout {want:?}"
+        ));
     }
     u64::try_from(meta.num_rows()).map_err(|_| "a negative row count".to_string())
 }

@@ -85,8 +85,14 @@ mod tests {
             part_key(Table::Events, d, 2, 15, 1),
             "table=events/date=2026-11-27/tenant_bucket=15/part-20001.parquet"
         );
-        assert_eq!(manifest_key(Table::Deliveries, d, 0), "table=deliveries/date=2026-11-27/_manifest.json");
-        assert_eq!(manifest_key(Table::Deliveries, d, 1), "table=deliveries/date=2026-11-27/_manifest-g1.json");
+        assert_eq!(
+            manifest_key(Table::Deliveries, d, 0),
+            "table=deliveries/date=2026-11-27/_manifest.json"
+        );
+        assert_eq!(
+            manifest_key(Table::Deliveries, d, 1),
+            "table=deliveries/date=2026-11-27/_manifest-g1.json"
+        );
         assert_eq!(partition_day(Table::Attempts, "attempts_20261127"), Some(d));
         assert_eq!(partition_day(Table::Attempts, "events_20261127"), None);
         assert_eq!(partition_name(Table::Events, d), "events_20261127");

@@ -21,14 +21,12 @@
 //! - [`manifest`]: what a day's objects hold.
 //! - [`archiver`]: the protocol above, its plan and its report.
 //! - [`verify`]: reading every object back.
-//! - [`cold`]: reading archived deliveries, attempts and events by id.
 //!
 //! The archive is generic over the object-store port
 //! ([`walhook_pipeline::objstore::ObjectStore`]); `connectors` provides the
 //! local-directory and S3 stores.
 
 pub mod archiver;
-pub mod cold;
 pub mod encode;
 pub mod layout;
 pub mod manifest;
@@ -115,8 +113,9 @@ impl ArchiveError {
     pub fn is_transient(&self) -> bool {
         match self {
             ArchiveError::Db(e) => e.is_transient(),
-            ArchiveError::Query { source, .. } => walhook_sql::kind_of(source)
-                == walhook_pipeline::store::ErrorKind::Transient,
+            ArchiveError::Query { source, .. } => {
+                walhook_sql::kind_of(source) == walhook_pipeline::store::ErrorKind::Transient
+            }
             ArchiveError::Store(e) => e.is_transient(),
             _ => false,
         }

@@ -103,7 +103,12 @@ const EVENTS: &[Column] = &[
     unique(col("object_version", "object_version", Kind::Text, true)),
     col("occurred_at", us!("occurred_at"), Kind::Timestamp, false),
     col("source", "source", Kind::Text, false),
-    col("commit_lsn", "(commit_lsn - '0/0'::pg_lsn)::int8", Kind::Int64, false),
+    col(
+        "commit_lsn",
+        "(commit_lsn - '0/0'::pg_lsn)::int8",
+        Kind::Int64,
+        false,
+    ),
     col("tx_ordinal", "tx_ordinal", Kind::Int32, false),
     col("payload", "payload", Kind::Bytes, false),
     col("payload_sha256", "payload_sha256", Kind::Sha256, false),
@@ -116,12 +121,32 @@ const DELIVERIES: &[Column] = &[
     repeats(col("endpoint_id", "endpoint_id", Kind::Uuid, false)),
     col("tenant_id", "tenant_id", Kind::Text, false),
     col("event_type", "event_type", Kind::Text, false),
-    col("event_occurred_at", us!("event_occurred_at"), Kind::Timestamp, false),
-    col("endpoint_config_version", "endpoint_config_version", Kind::Int32, false),
+    col(
+        "event_occurred_at",
+        us!("event_occurred_at"),
+        Kind::Timestamp,
+        false,
+    ),
+    col(
+        "endpoint_config_version",
+        "endpoint_config_version",
+        Kind::Int32,
+        false,
+    ),
     col("status", "status::text", Kind::Text, false),
     col("attempt_count", "attempt_count", Kind::Int32, false),
-    col("manual_attempt_count", "manual_attempt_count", Kind::Int32, false),
-    col("next_attempt_at", us!("next_attempt_at"), Kind::Timestamp, false),
+    col(
+        "manual_attempt_count",
+        "manual_attempt_count",
+        Kind::Int32,
+        false,
+    ),
+    col(
+        "next_attempt_at",
+        us!("next_attempt_at"),
+        Kind::Timestamp,
+        false,
+    ),
     col("expires_at", us!("expires_at"), Kind::Timestamp, false),
     col("last_http_status", "last_http_status", Kind::Int32, true),
     col("last_error_class", "last_error_class", Kind::Text, true),
@@ -136,14 +161,24 @@ const ATTEMPTS: &[Column] = &[
     col("tenant_id", "tenant_id", Kind::Text, false),
     col("number", "number", Kind::Int32, false),
     col("trigger", "trigger::text", Kind::Text, false),
-    col("endpoint_config_version", "endpoint_config_version", Kind::Int32, false),
+    col(
+        "endpoint_config_version",
+        "endpoint_config_version",
+        Kind::Int32,
+        false,
+    ),
     col("started_at", us!("started_at"), Kind::Timestamp, false),
     col("finished_at", us!("finished_at"), Kind::Timestamp, false),
     col("http_status", "http_status", Kind::Int32, true),
     col("latency_ms", "latency_ms", Kind::Int32, false),
     col("outcome", "outcome", Kind::Text, false),
     col("error_class", "error_class", Kind::Text, true),
-    repeats(col("response_sha256", "response_sha256", Kind::Sha256, true)),
+    repeats(col(
+        "response_sha256",
+        "response_sha256",
+        Kind::Sha256,
+        true,
+    )),
     col("response_excerpt", "response_excerpt", Kind::Text, true),
     col("note", "note", Kind::Text, true),
 ];
@@ -272,9 +307,9 @@ impl BatchBuilder {
                 Kind::Text => Builder::Text(StringBuilder::new()),
                 Kind::Int32 => Builder::Int32(Int32Builder::new()),
                 Kind::Int64 => Builder::Int64(Int64Builder::new()),
-                Kind::Timestamp => Builder::Timestamp(
-                    TimestampMicrosecondBuilder::new().with_timezone("UTC"),
-                ),
+                Kind::Timestamp => {
+                    Builder::Timestamp(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
+                }
                 Kind::Bytes => Builder::Bytes(BinaryBuilder::new()),
                 Kind::Sha256 => Builder::Sha256(FixedSizeBinaryBuilder::new(32)),
             })
@@ -299,12 +334,7 @@ impl BatchBuilder {
     /// Appends one row read by [`Table::select_list`].
     pub fn push_row(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
         let table = self.table;
-        for (i, (b, c)) in self
-            .builders
-            .iter_mut()
-            .zip(table.columns())
-            .enumerate()
-        {
+        for (i, (b, c)) in self.builders.iter_mut().zip(table.columns()).enumerate() {
             let bad = |e: tokio_postgres::Error| ArchiveError::Row {
                 table,
                 column: c.name,
@@ -320,13 +350,21 @@ impl BatchBuilder {
                     Some(u) => b.append_value(u.as_bytes()).expect("16 bytes"),
                     None => b.append_null(),
                 },
-                Builder::Text(b) => b.append_option(row.try_get::<_, Option<&str>>(i).map_err(bad)?),
-                Builder::Int32(b) => b.append_option(row.try_get::<_, Option<i32>>(i).map_err(bad)?),
-                Builder::Int64(b) => b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?),
+                Builder::Text(b) => {
+                    b.append_option(row.try_get::<_, Option<&str>>(i).map_err(bad)?)
+                }
+                Builder::Int32(b) => {
+                    b.append_option(row.try_get::<_, Option<i32>>(i).map_err(bad)?)
+                }
+                Builder::Int64(b) => {
+                    b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
+                }
                 Builder::Timestamp(b) => {
                     b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
                 }
-                Builder::Bytes(b) => b.append_option(row.try_get::<_, Option<&[u8]>>(i).map_err(bad)?),
+                Builder::Bytes(b) => {
+                    b.append_option(row.try_get::<_, Option<&[u8]>>(i).map_err(bad)?)
+                }
                 Builder::Sha256(b) => match row.try_get::<_, Option<&[u8]>>(i).map_err(bad)? {
                     Some(v) if v.len() == 32 => b.append_value(v).expect("32 bytes"),
                     Some(v) => return Err(shape(v.len())),

@@ -31,15 +31,26 @@ pub async fn verify<S: ObjectStore>(
         "The hot rows are kept. Remove the manifest {key} and run `walhook archive` again to write the day anew from them"
     );
     let Some(bytes) = store.get(key).await? else {
-        return Err(fail(key, "the manifest is missing".into(), "Run `walhook archive` again: it writes the day anew from the hot rows"));
+        return Err(fail(
+            key,
+            "the manifest is missing".into(),
+            "Run `walhook archive` again: it writes the day anew from the hot rows",
+        ));
     };
     let got = sha256_hex(&bytes);
     if got != sha256 {
-        return Err(fail(key, format!("the manifest's SHA-256 is {got}, the catalog recorded {sha256}"), &rewrite));
+        return Err(fail(
+            key,
+            format!("the manifest's SHA-256 is {got}, the catalog recorded {sha256}"),
+            &rewrite,
+        ));
     }
     let manifest = Manifest::from_bytes(&bytes)
         .map_err(|e| fail(key, format!("the manifest does not parse: {e}"), &rewrite))?;
-    if manifest.format != FORMAT || manifest.schema_version != SCHEMA_VERSION || manifest.table != table.name() {
+    if manifest.format != FORMAT
+        || manifest.schema_version != SCHEMA_VERSION
+        || manifest.table != table.name()
+    {
         return Err(fail(
             key,
             format!(
@@ -56,15 +67,37 @@ pub async fn verify<S: ObjectStore>(
             return Err(fail(&f.key, "the object is missing".into(), &rewrite));
         };
         if obj.len() as u64 != f.bytes {
-            return Err(fail(&f.key, format!("the object has {} bytes, the manifest says {}", obj.len(), f.bytes), &rewrite));
+            return Err(fail(
+                &f.key,
+                format!(
+                    "the object has {} bytes, the manifest says {}",
+                    obj.len(),
+                    f.bytes
+                ),
+                &rewrite,
+            ));
         }
         let got = sha256_hex(&obj);
         if got != f.sha256 {
-            return Err(fail(&f.key, format!("the object's SHA-256 is {got}, the manifest says {}", f.sha256), &rewrite));
+            return Err(fail(
+                &f.key,
+                format!(
+                    "the object's SHA-256 is {got}, the manifest says {}",
+                    f.sha256
+                ),
+                &rewrite,
+            ));
         }
         let n = footer_rows(table, &obj).map_err(|p| fail(&f.key, p, &rewrite))?;
         if n != f.rows {
-            return Err(fail(&f.key, format!("the Parquet footer declares {n} rows, the manifest {}", f.rows), &rewrite));
+            return Err(fail(
+                &f.key,
+                format!(
+                    "the Parquet footer declares {n} rows, the manifest {}",
+                    f.rows
+                ),
+                &rewrite,
+            ));
         }
         rows += n;
         bytes_total += f.bytes;

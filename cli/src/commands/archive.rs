@@ -75,7 +75,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let hot_days = args.hot_days.unwrap_or(cfg.archive.hot_days);
     if hot_days < 1 {
-        anyhow::bail!("--hot-days 0 would archive today's partitions while they are written: use 1 or more");
+        anyhow::bail!(
+            "--hot-days 0 would archive today's partitions while they are written: use 1 or more"
+        );
     }
     let platform = cfg.platform()?.platform()?;
     platform.check().await.context(
@@ -94,7 +96,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     eprintln!(
         "archiving days before {cutoff} into {}{}",
         store.describe(),
-        if args.dry_run { " (dry run: nothing is written)" } else { "" }
+        if args.dry_run {
+            " (dry run: nothing is written)"
+        } else {
+            ""
+        }
     );
     let archiver = Archiver::new(platform, store, settings);
     let bar = crate::commands::bench::progress(0, "archive");
@@ -103,14 +109,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let reports = archiver.run(&Bar(bar.clone())).await?;
     bar.finish_and_clear();
-    let failed = reports.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count();
+    let failed = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
+        .count();
     if args.json {
         let list: Vec<serde_json::Value> = reports.iter().map(json).collect();
         println!("{}", serde_json::to_string_pretty(&list)?);
     } else {
         print_summary(&reports);
     }
-    Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn outcome_text(o: &Outcome) -> (&'static str, Option<&str>) {
@@ -146,7 +159,10 @@ fn print_summary(reports: &[PartitionReport]) {
         println!("nothing is due: every day before the cutoff is archived");
         return;
     }
-    println!("{:<10} {:<10} {:<3} {:>14} {:>18} {:>9} {:>8}  outcome", "table", "day", "gen", "rows", "bytes", "files", "time");
+    println!(
+        "{:<10} {:<10} {:<3} {:>14} {:>18} {:>9} {:>8}  outcome",
+        "table", "day", "gen", "rows", "bytes", "files", "time"
+    );
     for r in reports {
         println!("{}", line(r));
     }

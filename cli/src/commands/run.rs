@@ -72,8 +72,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let archive = (!cfg.archive.every.is_zero()).then(|| {
+        tokio::spawn(scheduled_archive(
+            cfg.archive.clone(),
+            platform.clone(),
+            shutdown.clone(),
+        ))
+    });
     tracing::info!(source = %cfg.source.name, slot = %cfg.source.slot, "walhook is running");
     let result = running.wait().await;
+    if let Some(archive) = archive {
+        archive.abort();
+    }
     // A stage that failed for good stops the process, API included.
     shutdown.cancel();
     if let Some(api) = api {
@@ -82,4 +92,61 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     result?;
     tracing::info!("walhook stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `[archive] every`: archives due days a minute after start, then at that
+/// interval, until shutdown. A failed round is logged and retried at the
+/// next one; the hot rows stay until a round succeeds (see
+/// `walhook_archive::archiver`).
+async fn scheduled_archive(
+    cfg: crate::config::ArchiveConfig,
+    platform: walhook_sql::Platform,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use walhook_archive::archiver::{Outcome, Settings, Silent};
+    let mut wait = std::time::Duration::from_secs(60).min(cfg.every);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = cfg.every;
+        let store = match cfg.open_store().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "cannot open the archive store; trying again at the next round"
+                );
+                continue;
+            }
+        };
+        let settings = Settings {
+            hot_days: cfg.hot_days,
+            tenant_buckets: cfg.tenant_buckets,
+            part_rows: cfg.part_rows,
+            ..Settings::default()
+        };
+        let archiver = walhook_archive::Archiver::new(platform.clone(), store, settings);
+        match archiver.run(&Silent).await {
+            Ok(reports) => {
+                for r in reports {
+                    match &r.outcome {
+                        Outcome::Failed(why) => {
+                            tracing::error!(table = %r.table, day = %r.day, error = %why, "archiving a day failed; its hot rows are kept")
+                        }
+                        Outcome::Waiting(why) => {
+                            tracing::info!(table = %r.table, day = %r.day, reason = %why, "a day is not archived yet")
+                        }
+                        _ => {
+                            tracing::info!(table = %r.table, day = %r.day, rows = r.rows, bytes = r.bytes, files = r.files, "day archived")
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the archive round stopped; trying again at the next round")
+            }
+        }
+    }
 }

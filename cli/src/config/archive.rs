@@ -74,7 +74,9 @@ impl ArchiveConfig {
             "local" => {}
             "s3" => {
                 let Some(s3) = &self.s3 else {
-                    bail!("[archive] store = \"s3\" needs an [archive.s3] section with at least bucket = \"…\"");
+                    bail!(
+                        "[archive] store = \"s3\" needs an [archive.s3] section with at least bucket = \"…\""
+                    );
                 };
                 if s3.bucket.trim().is_empty() {
                     bail!("[archive.s3] bucket is empty: name an existing bucket");
@@ -82,19 +84,29 @@ impl ArchiveConfig {
                 if let Some(e) = &s3.endpoint
                     && !(e.starts_with("http://") || e.starts_with("https://"))
                 {
-                    bail!("[archive.s3] endpoint = {e:?} is not an http(s) URL: write e.g. \"http://127.0.0.1:9000\"");
+                    bail!(
+                        "[archive.s3] endpoint = {e:?} is not an http(s) URL: write e.g. \"http://127.0.0.1:9000\""
+                    );
                 }
             }
             other => bail!("[archive] store = {other:?} is not known: use \"local\" or \"s3\""),
         }
         if self.hot_days < 1 {
-            bail!("[archive] hot_days = 0 would archive today's partitions while they are written: use 1 or more (default 3)");
+            bail!(
+                "[archive] hot_days = 0 would archive today's partitions while they are written: use 1 or more (default 3)"
+            );
         }
         if !(1..=256).contains(&self.tenant_buckets) {
-            bail!("[archive] tenant_buckets = {} is out of range: use 1 to 256 (default 16)", self.tenant_buckets);
+            bail!(
+                "[archive] tenant_buckets = {} is out of range: use 1 to 256 (default 16)",
+                self.tenant_buckets
+            );
         }
         if self.part_rows < 1000 {
-            bail!("[archive] part_rows = {} is too small: use 1000 or more (default 1000000)", self.part_rows);
+            bail!(
+                "[archive] part_rows = {} is too small: use 1000 or more (default 1000000)",
+                self.part_rows
+            );
         }
         Ok(())
     }

@@ -67,15 +67,20 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 CASE WHEN i % 10 = 0 THEN 'http_5xx' END,
                 sha256(CASE WHEN i % 10 = 0 THEN 'busy' ELSE 'ok' END::bytea),
                 CASE WHEN i % 10 = 0 THEN 'busy' END
-         FROM generate_series(1, {n}) i;
-         VACUUM ANALYZE walhook.attempts;",
+         FROM generate_series(1, {n}) i;",
         e = args.endpoints.max(1),
         t = args.tenants.max(1),
         n = args.rows.max(1),
     ))
     .await
     .context("filling the attempts table")?;
-    eprintln!("filled in {:.1}s; archiving …", fill.elapsed().as_secs_f64());
+    sql.batch_execute("VACUUM ANALYZE walhook.attempts")
+        .await
+        .context("vacuuming the attempts table")?;
+    eprintln!(
+        "filled in {:.1}s; archiving …",
+        fill.elapsed().as_secs_f64()
+    );
     let dir = tempfile::tempdir()?;
     let store = walhook_connectors::objstore::LocalDirStore::open(dir.path())?;
     let platform = walhook_sql::Platform::new(&url, 4)?;
@@ -116,8 +121,14 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&figures)?);
     } else {
-        println!("archived {} attempt rows of {day} into {} parts, {} bytes", r.rows, r.files, r.bytes);
-        println!("  {:.1} bytes per attempt in Parquet", figures["bytes_per_attempt"].as_f64().unwrap_or(0.0));
+        println!(
+            "archived {} attempt rows of {day} into {} parts, {} bytes",
+            r.rows, r.files, r.bytes
+        );
+        println!(
+            "  {:.1} bytes per attempt in Parquet",
+            figures["bytes_per_attempt"].as_f64().unwrap_or(0.0)
+        );
         println!(
             "  {:.0} rows/s wall; archiver {:.2} CPU-s = {:.0} rows per core-second; Postgres {:.2} CPU-s; both: {:.0} rows per core-second",
             r.rows as f64 / wall,
