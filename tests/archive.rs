@@ -555,3 +555,141 @@ async fn three_days_go_to_a_real_s3_server_and_read_back_exactly() {
         }
     }
 }
+
+const VERIFY_PY: &str = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook
+case = json.load(sys.stdin)
+Webhook(case["secret"]).verify(case["body"].encode(), case["headers"])
+print("ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_bytes() {
+    use crate::support::api::{Http, api_section, at, free_port, onboard};
+    let (w, later) = three_days().await;
+    let store = w.dir.path().join("store");
+    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let out = archive(&cfg, &later, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0));
+    let sent = at(&w.receiver.received(), "globex");
+    assert_eq!(sent.len(), 20);
+
+    let port = free_port();
+    let run_cfg = w.dir.path().join("run-api.toml");
+    std::fs::write(
+        &run_cfg,
+        std::fs::read_to_string(&cfg).unwrap().replacen(
+            "[platform]\n",
+            &format!("{}\n[platform]\n", api_section(port)),
+            1,
+        ),
+    )
+    .unwrap();
+    let child = Child::run(&run_cfg);
+    let api = Http::new(port);
+    api.wait_ready().await;
+    let key = onboard(&w, &api, "globex").await;
+
+    // The listing pages through archived days with the same ids.
+    let mut listed = Vec::new();
+    let mut path = "/v1/webhook-deliveries?limit=7".to_string();
+    loop {
+        let (s, page) = api.get(&key, &path).await;
+        assert_eq!(s, 200, "{page}");
+        for d in page["data"].as_array().unwrap() {
+            listed.push(d["id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/webhook-deliveries?limit=7&cursor={c}"),
+            None => break,
+        }
+    }
+    let mut want: Vec<String> = sent.iter().map(|r| r.webhook_id.clone()).collect();
+    let mut got = listed.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "the archived listing differs from what was sent");
+    assert_eq!(listed.len(), 20, "a delivery was listed twice");
+
+    // The detail: exact body, attempts.
+    let first = &sent[0];
+    let (s, detail) = api
+        .get(&key, &format!("/v1/webhook-deliveries/{}", first.webhook_id))
+        .await;
+    assert_eq!(s, 200, "{detail}");
+    let body: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(detail["event"]["payload"], body);
+    assert_eq!(
+        detail["event"]["payload_sha256"],
+        walhook_pipeline::objstore::sha256_hex(&first.body)
+    );
+    assert!(!detail["attempts"].as_array().unwrap().is_empty(), "{detail}");
+    assert_eq!(detail["delivery"]["status"], "succeeded", "{detail}");
+
+    // A new secret (shown once) so that the official library can check the
+    // replay's signature, then the replay of the archived delivery.
+    let endpoint = detail["delivery"]["endpoint_id"].as_str().unwrap().to_string();
+    let (s, rotated) = api
+        .post(&key, &format!("/v1/webhook-endpoints/{endpoint}/rotate-secret"), serde_json::json!({}))
+        .await;
+    assert!(s == 200 || s == 201, "{rotated}");
+    let secret = rotated["secret"].as_str().unwrap().to_string();
+    w.receiver.set_secrets("globex", vec![secret.clone()]);
+    let (s, accepted) = api
+        .post(
+            &key,
+            &format!("/v1/webhook-deliveries/{}/replay", first.webhook_id),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(s, 202, "{accepted}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let replayed = loop {
+        let again: Vec<_> = at(&w.receiver.received(), "globex")
+            .into_iter()
+            .filter(|r| r.webhook_id == first.webhook_id)
+            .collect();
+        if again.len() >= 2 {
+            break again[1].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "the replay never arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(replayed.body, first.body, "the replay's bytes differ");
+    assert_eq!(replayed.verified, Some(true));
+    let case = serde_json::json!({
+        "secret": secret,
+        "body": String::from_utf8(replayed.body.to_vec()).unwrap(),
+        "headers": {
+            "webhook-id": replayed.webhook_id,
+            "webhook-timestamp": replayed.webhook_timestamp,
+            "webhook-signature": replayed.signature,
+        },
+    });
+    let mut py = Command::new(python())
+        .args(["-c", VERIFY_PY])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    py.stdin.take().unwrap().write_all(case.to_string().as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "standardwebhooks refused the replay: {}", String::from_utf8_lossy(&out.stderr));
+
+    // The detail now shows the archived attempt and the manual one.
+    let (_, detail) = api
+        .get(&key, &format!("/v1/webhook-deliveries/{}", first.webhook_id))
+        .await;
+    let triggers: Vec<&str> = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["trigger"].as_str().unwrap_or(""))
+        .collect();
+    assert!(triggers.contains(&"auto") && triggers.contains(&"manual"), "{detail}");
+    child.terminate();
+}

@@ -143,6 +143,9 @@ pub enum ApiError {
     /// The platform database failed.
     #[error("the platform database failed")]
     Store(#[from] StoreError),
+    /// Reading archived history failed (the store, or a part).
+    #[error("reading archived history failed")]
+    Archive(#[from] walhook_archive::ArchiveError),
 }
 
 impl ApiError {
@@ -180,6 +183,8 @@ impl ApiError {
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Archive(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Archive(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -205,6 +210,10 @@ impl ApiError {
             } => ("busy", "Server busy"),
             ApiError::Store(e) if e.is_transient() => ("unavailable", "Temporarily unavailable"),
             ApiError::Store(_) => ("internal", "Internal error"),
+            ApiError::Archive(e) if e.is_transient() => {
+                ("unavailable", "Temporarily unavailable")
+            }
+            ApiError::Archive(_) => ("internal", "Internal error"),
         };
         let errors = match self {
             ApiError::BadRequest { errors, .. } | ApiError::Invalid { errors, .. } => {
@@ -218,6 +227,12 @@ impl ApiError {
                 "the platform database is unreachable; retry shortly".to_owned()
             }
             ApiError::Store(_) => "an internal error occurred; it was logged".to_owned(),
+            ApiError::Archive(e) if e.is_transient() => {
+                "archived history is temporarily unavailable; retry shortly".to_owned()
+            }
+            ApiError::Archive(_) => {
+                "reading archived history failed; the error was logged".to_owned()
+            }
             other => other.to_string(),
         };
         let quota = match self {
@@ -256,6 +271,9 @@ impl IntoResponse for ApiError {
         let status = self.status();
         if let ApiError::Store(e) = &self {
             tracing::error!(error = %e, source = ?std::error::Error::source(e), "request failed on the platform database");
+        }
+        if let ApiError::Archive(e) = &self {
+            tracing::error!(error = %e, source = ?std::error::Error::source(e), "request failed on archived history");
         }
         let mut response = problem_response(status, &self.problem());
         if status == StatusCode::UNAUTHORIZED {

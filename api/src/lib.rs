@@ -79,7 +79,13 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// Limits and caches shared by every request.
     pub(crate) guards: Arc<Guards>,
+    /// Archived history, when the archive's store is configured: listings,
+    /// details and replays of deliveries that left the hot tables.
+    pub cold: Option<Arc<Cold>>,
 }
+
+/// The archive's cold history over the configured store.
+pub type Cold = walhook_archive::cold::ColdHistory<walhook_connectors::objstore::AnyStore>;
 
 /// What requests share to stay within the limits.
 #[derive(Debug)]
@@ -108,7 +114,14 @@ impl ApiState {
                 readiness: cache::TtlCache::default(),
                 key_prefixes: keys::KnownPrefixes::default(),
             }),
+            cold: None,
         }
+    }
+
+    /// The same state, reading archived history from `cold`.
+    pub fn with_cold(mut self, cold: Arc<Cold>) -> Self {
+        self.cold = Some(cold);
+        self
     }
 
     /// How many times the live keys' prefixes were read (at most once a

@@ -21,12 +21,15 @@
 //! - [`manifest`]: what a day's objects hold.
 //! - [`archiver`]: the protocol above, its plan and its report.
 //! - [`verify`]: reading every object back.
+//! - [`cold`]: archived deliveries, attempts and events by id and by
+//!   listing, and the restore behind replays of archived deliveries.
 //!
 //! The archive is generic over the object-store port
 //! ([`walhook_pipeline::objstore::ObjectStore`]); `connectors` provides the
 //! local-directory and S3 stores.
 
 pub mod archiver;
+pub mod cold;
 pub mod encode;
 pub mod layout;
 pub mod manifest;

@@ -7,6 +7,7 @@ use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
 use walhook_sql::deliveries::DeliveryFilter;
+use walhook_archive::cold::Restore;
 use walhook_sql::replay::ReplayOutcome;
 
 use super::validate;
@@ -109,6 +110,23 @@ pub async fn list_deliveries(
     let limit = f.limit;
     f.limit = limit + 1;
     let mut rows = state.platform.list_deliveries(&f).await?;
+    // Past the hot rows, the archive: deliveries of archived days (a
+    // delivery hot again after a restore is shown once, from the hot row).
+    if (rows.len() as i64) < f.limit
+        && let Some(cold) = &state.cold
+    {
+        let hot: std::collections::HashSet<DeliveryId> = rows.iter().map(|d| d.id).collect();
+        rows.extend(
+            cold.list_deliveries(&f)
+                .await?
+                .into_iter()
+                .filter(|d| !hot.contains(&d.id)),
+        );
+        rows.sort_by(|a, b| {
+            (b.created_at, uuid::Uuid::from_bytes(b.id.0))
+                .cmp(&(a.created_at, uuid::Uuid::from_bytes(a.id.0)))
+        });
+    }
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let next_cursor = more
@@ -141,18 +159,45 @@ pub async fn get_delivery(
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
     let did = delivery_id(&id)?;
-    let delivery = state
-        .platform
-        .delivery_of_tenant(&caller.tenant, did)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
-    let event = state.platform.event_of(&delivery).await?.ok_or_else(|| {
-        // Hot history is archived by day; the event's partition is gone.
-        ApiError::NotFound(format!(
-            "the event of delivery {did} is no longer in the hot store (archived)"
-        ))
-    })?;
-    let attempts = state.platform.attempts_of(did).await?;
+    let cold = state.cold.as_deref();
+    let delivery = match state.platform.delivery_of_tenant(&caller.tenant, did).await? {
+        Some(d) => d,
+        None => match cold {
+            Some(cold) => cold.delivery(&caller.tenant, did).await?,
+            None => None,
+        }
+        .ok_or_else(|| not_found(&id))?,
+    };
+    let event = match state.platform.event_of(&delivery).await? {
+        Some(e) => e,
+        None => match cold {
+            Some(cold) => cold
+                .event(&caller.tenant, &delivery)
+                .await?
+                .map(|e| e.record),
+            None => None,
+        }
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "the event of delivery {did} is no longer in the hot store and the archive does not hold it"
+            ))
+        })?,
+    };
+    let mut attempts = state.platform.attempts_of(did).await?;
+    if let Some(cold) = cold {
+        // Attempts of archived days, then the hot ones (a replay of an
+        // archived delivery adds hot attempts to cold ones).
+        let hot: std::collections::HashSet<_> = attempts.iter().map(|a| a.id).collect();
+        let mut all: Vec<_> = cold
+            .attempts(&caller.tenant, &delivery)
+            .await?
+            .into_iter()
+            .filter(|a| !hot.contains(&a.id))
+            .collect();
+        all.append(&mut attempts);
+        all.sort_by_key(|a| a.started_at);
+        attempts = all;
+    }
     Ok(axum::Json(DeliveryDetail {
         delivery: delivery.into(),
         event: event.into(),
@@ -187,11 +232,34 @@ pub async fn replay_delivery(
         &path,
         &body.raw,
         || async move {
-            match s
+            let mut outcome = s
                 .platform
                 .request_replay_of_tenant(tenant, did, actor)
-                .await?
+                .await?;
+            // An archived delivery comes back to the hot tables first (same
+            // ids and bytes), within the replay window.
+            if outcome == ReplayOutcome::NotFound
+                && let Some(cold) = &s.cold
             {
+                match cold.restore(tenant, did).await? {
+                    Restore::Restored => {
+                        outcome = s
+                            .platform
+                            .request_replay_of_tenant(tenant, did, actor)
+                            .await?;
+                    }
+                    Restore::NotFound => {}
+                    Restore::OutsideWindow { occurred_at, window } => {
+                        return Err(ApiError::Conflict(format!(
+                            "delivery {did} is archived and its event occurred at {}, more than the replay window ({} days) ago; \
+                             its history stays readable, and the operator can widen [archive] replay_window",
+                            ts(occurred_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                            window.as_secs() / 86_400
+                        )));
+                    }
+                }
+            }
+            match outcome {
                 ReplayOutcome::Requested(request) => Ok(Reply::json(
                     StatusCode::ACCEPTED,
                     &ReplayAccepted {

@@ -60,7 +60,23 @@ pub async fn spawn(
         )
     })?;
     let addr = listener.local_addr()?;
-    let state = ApiState::new(platform, api.settings(cfg), metrics);
+    let mut state = ApiState::new(platform.clone(), api.settings(cfg), metrics);
+    // Archived history: the store [archive] names (a local directory by
+    // default). A store that cannot be opened leaves the API on the hot
+    // tables alone, and says so.
+    match cfg.archive.open_store().await {
+        Ok(store) => {
+            state = state.with_cold(Arc::new(walhook_archive::cold::ColdHistory::new(
+                platform,
+                store,
+                cfg.archive.replay_window,
+            )));
+        }
+        Err(e) => tracing::warn!(
+            error = format!("{e:#}"),
+            "the archive's store cannot be opened: the API serves the hot tables only, and archived deliveries answer 404"
+        ),
+    }
     tracing::info!(%addr, "the API is listening");
     Ok(tokio::spawn(async move {
         if let Err(e) = walhook_api::serve(listener, state, shutdown).await {

@@ -27,6 +27,10 @@ pub struct ArchiveConfig {
     /// run `walhook archive` from cron).
     #[serde(with = "walhook_pipeline::duration")]
     pub every: Duration,
+    /// How old an archived delivery's event may be for the API to replay
+    /// it (history stays readable beyond it).
+    #[serde(with = "walhook_pipeline::duration")]
+    pub replay_window: Duration,
     /// S3 settings, when `store = "s3"`.
     pub s3: Option<S3Config>,
 }
@@ -62,6 +66,7 @@ impl Default for ArchiveConfig {
             tenant_buckets: walhook_archive::layout::DEFAULT_TENANT_BUCKETS,
             part_rows: walhook_archive::archiver::DEFAULT_PART_ROWS,
             every: Duration::from_secs(3600),
+            replay_window: walhook_archive::cold::DEFAULT_REPLAY_WINDOW,
             s3: None,
         }
     }
