@@ -463,6 +463,14 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     );
     assert_eq!(day_rows().await, hot);
 
+    let failures: i64 = w
+        .platform_sql
+        .query_one("SELECT sum(verify_failures)::int8 FROM walhook.archive_partitions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(failures, 3);
+
     // The fix the error gives: remove the manifest and run again.
     std::fs::remove_file(&mpath).unwrap();
     let out = attempts_only(&[]);
@@ -691,5 +699,31 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         .map(|a| a["trigger"].as_str().unwrap_or(""))
         .collect();
     assert!(triggers.contains(&"auto") && triggers.contains(&"manual"), "{detail}");
+
+    let metrics = api.text("/metrics").await;
+    let gauge = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} is not in /metrics:\n{metrics}"))
+    };
+    assert!(gauge("walhook_archive_rows{name=\"deliveries\"}") >= 80.0, "{metrics}");
+    assert!(gauge("walhook_archive_bytes{name=\"attempts\"}") > 0.0, "{metrics}");
+    assert_eq!(gauge("walhook_archive_verification_failures{name=\"events\"}"), 0.0);
     child.terminate();
+
+    // The restored delivery and event leave again, as generation 1 of
+    // their days; the replay's attempt goes with today's attempts.
+    let out = archive(&cfg, &later, &[]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0), "{}", stdout(&out));
+    let keys: Vec<String> = objects(&store).into_keys().collect();
+    for t in ["events", "deliveries"] {
+        assert!(
+            keys.iter().any(|k| k.starts_with(&format!("table={t}/")) && k.ends_with("_manifest-g1.json")),
+            "no generation 1 of {t}: {keys:?}"
+        );
+    }
 }

@@ -101,6 +101,17 @@ pub mod names {
     pub const DELIVERIES_OVERDUE_UNLEASED: &str = "walhook_deliveries_overdue_unleased";
     /// Endpoints per circuit state (gauge, SQL).
     pub const ENDPOINT_CIRCUITS: &str = "walhook_endpoint_circuits";
+    /// Rows archived to Parquet and dropped from the hot tables, by table
+    /// (gauge, SQL: from the archive catalog).
+    pub const ARCHIVE_ROWS: &str = "walhook_archive_rows";
+    /// Parquet bytes of those rows, by table (gauge, SQL).
+    pub const ARCHIVE_BYTES: &str = "walhook_archive_bytes";
+    /// Archive verifications that found an object or count not matching,
+    /// by table (gauge, SQL).
+    pub const ARCHIVE_VERIFICATION_FAILURES: &str = "walhook_archive_verification_failures";
+    /// Seconds since the oldest day still in the hot tables began, by table
+    /// (gauge, SQL): above the hot window plus a day, archiving is behind.
+    pub const ARCHIVE_OLDEST_HOT_AGE: &str = "walhook_archive_oldest_hot_age_seconds";
     /// 1 when the last scrape could read the platform database (gauge).
     pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
 }
@@ -196,6 +207,10 @@ struct SqlGauges {
     overdue_unleased: Gauge,
     circuits: Family<NameLabel, Gauge>,
     checkpoint_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
+    archive_rows: Family<NameLabel, Gauge>,
+    archive_bytes: Family<NameLabel, Gauge>,
+    archive_failures: Family<NameLabel, Gauge>,
+    archive_oldest_hot_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
     database_up: Gauge,
 }
 
@@ -312,6 +327,26 @@ impl Metrics {
             sql.checkpoint_age.clone(),
         );
         registry.register(
+            ARCHIVE_ROWS,
+            "Rows archived to Parquet and dropped from the hot tables, by table",
+            sql.archive_rows.clone(),
+        );
+        registry.register(
+            ARCHIVE_BYTES,
+            "Parquet bytes of the archived rows, by table",
+            sql.archive_bytes.clone(),
+        );
+        registry.register(
+            ARCHIVE_VERIFICATION_FAILURES,
+            "Archive verifications that found an object or a count not matching, by table",
+            sql.archive_failures.clone(),
+        );
+        registry.register(
+            ARCHIVE_OLDEST_HOT_AGE,
+            "Seconds since the oldest day still in the hot tables began, by table",
+            sql.archive_oldest_hot_age.clone(),
+        );
+        registry.register(
             METRICS_DATABASE_UP,
             "1 when the last scrape could read the platform database",
             sql.database_up.clone(),
@@ -372,6 +407,19 @@ impl Metrics {
                         .checkpoint_age
                         .get_or_create(&NameLabel { name: source })
                         .set(age);
+                }
+                for a in g.archive {
+                    let label = NameLabel { name: a.table };
+                    self.sql.archive_rows.get_or_create(&label).set(a.rows);
+                    self.sql.archive_bytes.get_or_create(&label).set(a.bytes);
+                    self.sql
+                        .archive_failures
+                        .get_or_create(&label)
+                        .set(a.verification_failures);
+                    self.sql
+                        .archive_oldest_hot_age
+                        .get_or_create(&label)
+                        .set(a.oldest_hot_age_secs);
                 }
                 self.sql.database_up.set(1);
             }

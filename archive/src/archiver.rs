@@ -169,6 +169,7 @@ impl<S: ObjectStore> Archiver<S> {
                     Ok(r) => r,
                     Err(e) if matches!(e, ArchiveError::Verification { .. }) => {
                         tracing::error!(%table, %day, error = %e, "archive verification failed; the hot rows are kept");
+                        self.count_failure(table, day).await?;
                         failed(table, day, &e)
                     }
                     Err(e) => {
@@ -753,6 +754,19 @@ impl<S: ObjectStore> Archiver<S> {
             Some(row) => row.generation,
             None => 0,
         })
+    }
+
+    async fn count_failure(&self, table: Table, day: NaiveDate) -> Result<(), ArchiveError> {
+        let client = self.platform.client().await?;
+        client
+            .execute(
+                "UPDATE walhook.archive_partitions SET verify_failures = verify_failures + 1 \
+                 WHERE table_name = $1 AND day = $2 AND state <> 'dropped'",
+                &[&table.name(), &NaiveDateSql(day)],
+            )
+            .await
+            .map_err(ArchiveError::query("count a failed verification"))?;
+        Ok(())
     }
 
     async fn forget(

@@ -20,5 +20,15 @@ CREATE TABLE walhook.archive_partitions (
     written_at       timestamptz NOT NULL DEFAULT now(),
     verified_at      timestamptz,
     dropped_at       timestamptz,
+    -- Verifications of this generation that found an object or the hot
+    -- table not matching (walhook_archive_verification_failures).
+    verify_failures  integer NOT NULL DEFAULT 0,
     PRIMARY KEY (table_name, day, generation)
 );
+
+-- A replay request outlives the delivery row it names: the archive deletes
+-- a day's terminal deliveries (their history is in Parquet), and the
+-- request stays as the record of who asked for the replay. An open request
+-- keeps its delivery hot (the archive waits for it), so the dispatcher
+-- always finds the row it replays.
+ALTER TABLE walhook.replay_requests DROP CONSTRAINT replay_requests_delivery_id_fkey;

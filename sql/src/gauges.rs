@@ -18,6 +18,26 @@ pub struct PipelineGauges {
     /// Per capture source: WAL the slot retains (bytes) and seconds since
     /// the checkpoint last moved.
     pub capture: Vec<(String, Option<i64>, f64)>,
+    /// Per archived table (`events`, `deliveries`, `attempts`): rows and
+    /// Parquet bytes archived and dropped from the hot tables, failed
+    /// verifications, and seconds since the start of the oldest day still
+    /// hot (0 when none).
+    pub archive: Vec<ArchiveGauges>,
+}
+
+/// The archive's figures for one table.
+#[derive(Debug, Clone, Default)]
+pub struct ArchiveGauges {
+    /// The table.
+    pub table: String,
+    /// Rows archived and dropped.
+    pub rows: i64,
+    /// Parquet bytes of those rows.
+    pub bytes: i64,
+    /// Verifications that found a mismatch.
+    pub verification_failures: i64,
+    /// Seconds since the oldest hot day began.
+    pub oldest_hot_age_secs: f64,
 }
 
 impl Platform {
@@ -55,7 +75,39 @@ impl Platform {
             )
             .await
             .map_err(StoreError::query("read capture checkpoints"))?;
+        let archive = client
+            .query(
+                "WITH t(name) AS (VALUES ('events'), ('deliveries'), ('attempts')), \
+                 parts AS (SELECT p.relname::text AS relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid \
+                    WHERE i.inhparent IN ('walhook.events'::regclass, 'walhook.attempts'::regclass)), \
+                 oldest AS ( \
+                    SELECT split_part(relname, '_', 1) AS name, \
+                           min(to_date(split_part(relname, '_', 2), 'YYYYMMDD'))::timestamp AT TIME ZONE 'UTC' AS at \
+                    FROM parts GROUP BY 1 \
+                    UNION ALL SELECT 'deliveries', min(x.m) FROM walhook.tenants tn, \
+                    LATERAL (SELECT date_trunc('day', min(created_at) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS m \
+                             FROM walhook.deliveries d WHERE d.tenant_id = tn.id) x) \
+                 SELECT t.name, \
+                   coalesce((SELECT sum(row_count) FILTER (WHERE state = 'dropped') FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
+                   coalesce((SELECT sum(byte_count) FILTER (WHERE state = 'dropped') FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
+                   coalesce((SELECT sum(verify_failures) FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
+                   coalesce((SELECT extract(epoch FROM now() - min(o.at))::float8 FROM oldest o WHERE o.name = t.name), 0) \
+                 FROM t ORDER BY t.name",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read archive figures"))?;
         Ok(PipelineGauges {
+            archive: archive
+                .iter()
+                .map(|r| ArchiveGauges {
+                    table: r.get(0),
+                    rows: r.get(1),
+                    bytes: r.get(2),
+                    verification_failures: r.get(3),
+                    oldest_hot_age_secs: r.get(4),
+                })
+                .collect(),
             pending: row.get(0),
             oldest_pending_age_secs: row.get(1),
             overdue_unleased: row.get(2),
