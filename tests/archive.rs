@@ -465,7 +465,10 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
 
     let failures: i64 = w
         .platform_sql
-        .query_one("SELECT sum(verify_failures)::int8 FROM walhook.archive_partitions", &[])
+        .query_one(
+            "SELECT sum(verify_failures)::int8 FROM walhook.archive_partitions",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -624,7 +627,10 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
     // The detail: exact body, attempts.
     let first = &sent[0];
     let (s, detail) = api
-        .get(&key, &format!("/v1/webhook-deliveries/{}", first.webhook_id))
+        .get(
+            &key,
+            &format!("/v1/webhook-deliveries/{}", first.webhook_id),
+        )
         .await;
     assert_eq!(s, 200, "{detail}");
     let body: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
@@ -633,14 +639,24 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         detail["event"]["payload_sha256"],
         walhook_pipeline::objstore::sha256_hex(&first.body)
     );
-    assert!(!detail["attempts"].as_array().unwrap().is_empty(), "{detail}");
+    assert!(
+        !detail["attempts"].as_array().unwrap().is_empty(),
+        "{detail}"
+    );
     assert_eq!(detail["delivery"]["status"], "succeeded", "{detail}");
 
     // A new secret (shown once) so that the official library can check the
     // replay's signature, then the replay of the archived delivery.
-    let endpoint = detail["delivery"]["endpoint_id"].as_str().unwrap().to_string();
+    let endpoint = detail["delivery"]["endpoint_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (s, rotated) = api
-        .post(&key, &format!("/v1/webhook-endpoints/{endpoint}/rotate-secret"), serde_json::json!({}))
+        .post(
+            &key,
+            &format!("/v1/webhook-endpoints/{endpoint}/rotate-secret"),
+            serde_json::json!({}),
+        )
         .await;
     assert!(s == 200 || s == 201, "{rotated}");
     let secret = rotated["secret"].as_str().unwrap().to_string();
@@ -662,7 +678,10 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         if again.len() >= 2 {
             break again[1].clone();
         }
-        assert!(std::time::Instant::now() < deadline, "the replay never arrived");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay never arrived"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(replayed.body, first.body, "the replay's bytes differ");
@@ -684,13 +703,24 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         .spawn()
         .unwrap();
     use std::io::Write;
-    py.stdin.take().unwrap().write_all(case.to_string().as_bytes()).unwrap();
+    py.stdin
+        .take()
+        .unwrap()
+        .write_all(case.to_string().as_bytes())
+        .unwrap();
     let out = py.wait_with_output().unwrap();
-    assert!(out.status.success(), "standardwebhooks refused the replay: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "standardwebhooks refused the replay: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The detail now shows the archived attempt and the manual one.
     let (_, detail) = api
-        .get(&key, &format!("/v1/webhook-deliveries/{}", first.webhook_id))
+        .get(
+            &key,
+            &format!("/v1/webhook-deliveries/{}", first.webhook_id),
+        )
         .await;
     let triggers: Vec<&str> = detail["attempts"]
         .as_array()
@@ -698,7 +728,10 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         .iter()
         .map(|a| a["trigger"].as_str().unwrap_or(""))
         .collect();
-    assert!(triggers.contains(&"auto") && triggers.contains(&"manual"), "{detail}");
+    assert!(
+        triggers.contains(&"auto") && triggers.contains(&"manual"),
+        "{detail}"
+    );
 
     let metrics = api.text("/metrics").await;
     let gauge = |name: &str| -> f64 {
@@ -709,20 +742,35 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} is not in /metrics:\n{metrics}"))
     };
-    assert!(gauge("walhook_archive_rows{name=\"deliveries\"}") >= 80.0, "{metrics}");
-    assert!(gauge("walhook_archive_bytes{name=\"attempts\"}") > 0.0, "{metrics}");
-    assert_eq!(gauge("walhook_archive_verification_failures{name=\"events\"}"), 0.0);
+    assert!(
+        gauge("walhook_archive_rows{name=\"deliveries\"}") >= 80.0,
+        "{metrics}"
+    );
+    assert!(
+        gauge("walhook_archive_bytes{name=\"attempts\"}") > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        gauge("walhook_archive_verification_failures{name=\"events\"}"),
+        0.0
+    );
     child.terminate();
 
     // The restored delivery and event leave again, as generation 1 of
     // their days; the replay's attempt goes with today's attempts.
     let out = archive(&cfg, &later, &[]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0), "{}", stdout(&out));
+    assert_eq!(
+        hot_rows(&w.platform_sql).await,
+        (0, 0, 0),
+        "{}",
+        stdout(&out)
+    );
     let keys: Vec<String> = objects(&store).into_keys().collect();
     for t in ["events", "deliveries"] {
         assert!(
-            keys.iter().any(|k| k.starts_with(&format!("table={t}/")) && k.ends_with("_manifest-g1.json")),
+            keys.iter()
+                .any(|k| k.starts_with(&format!("table={t}/")) && k.ends_with("_manifest-g1.json")),
             "no generation 1 of {t}: {keys:?}"
         );
     }

@@ -210,9 +210,7 @@ impl ApiError {
             } => ("busy", "Server busy"),
             ApiError::Store(e) if e.is_transient() => ("unavailable", "Temporarily unavailable"),
             ApiError::Store(_) => ("internal", "Internal error"),
-            ApiError::Archive(e) if e.is_transient() => {
-                ("unavailable", "Temporarily unavailable")
-            }
+            ApiError::Archive(e) if e.is_transient() => ("unavailable", "Temporarily unavailable"),
             ApiError::Archive(_) => ("internal", "Internal error"),
         };
         let errors = match self {

@@ -55,6 +55,9 @@ pub struct Settings {
     /// "Today", for the hot window (tests and `--today`); `None` is the UTC
     /// date now.
     pub today: Option<NaiveDate>,
+    /// Archived days older than this many days have their objects deleted;
+    /// `None` keeps them.
+    pub retention_days: Option<u32>,
 }
 
 impl Default for Settings {
@@ -66,6 +69,7 @@ impl Default for Settings {
             tables: Table::ALL.to_vec(),
             dry_run: false,
             today: None,
+            retention_days: None,
         }
     }
 }
@@ -73,8 +77,11 @@ impl Default for Settings {
 impl Settings {
     /// The first day that stays hot.
     pub fn cutoff(&self) -> NaiveDate {
-        let today = self.today.unwrap_or_else(|| Utc::now().date_naive());
-        today - Duration::days(i64::from(self.hot_days))
+        self.today() - Duration::days(i64::from(self.hot_days))
+    }
+
+    fn today(&self) -> NaiveDate {
+        self.today.unwrap_or_else(|| Utc::now().date_naive())
     }
 }
 
@@ -101,6 +108,9 @@ pub enum Outcome {
     Archived,
     /// Not yet due: the reason.
     Waiting(String),
+    /// Older than the retention: its objects were deleted (or, dry run,
+    /// would be).
+    Expired,
     /// Failed; the hot rows are kept. The error, as text.
     Failed(String),
 }
@@ -185,6 +195,74 @@ impl<S: ObjectStore> Archiver<S> {
                 reports.push(report);
             }
         }
+        if let Some(days) = self.settings.retention_days {
+            for report in self.expire(days).await? {
+                progress.finish(&report);
+                reports.push(report);
+            }
+        }
+        Ok(reports)
+    }
+
+    /// Deletes the objects of archived days older than `days` days (every
+    /// part its manifests name, then the manifests) and marks them
+    /// `expired`. Idempotent: a crash half-way deletes the rest next time.
+    async fn expire(&self, days: u32) -> Result<Vec<PartitionReport>, ArchiveError> {
+        let before = self.settings.today() - Duration::days(i64::from(days));
+        let client = self.platform.client().await?;
+        let rows = client
+            .query(
+                "SELECT table_name, day, generation, manifest_key, row_count, byte_count, file_count \
+                 FROM walhook.archive_partitions WHERE state = 'dropped' AND day < $1 \
+                 AND table_name = ANY($2) ORDER BY day, table_name, generation",
+                &[
+                    &NaiveDateSql(before),
+                    &self.settings.tables.iter().map(|t| t.name()).collect::<Vec<_>>(),
+                ],
+            )
+            .await
+            .map_err(ArchiveError::query("find days past the retention"))?;
+        let mut reports = Vec::new();
+        for r in rows {
+            let Some(table) = Table::parse(r.get(0)) else {
+                continue;
+            };
+            let day = r.get::<_, NaiveDateSql>(1).0;
+            let generation = r.get::<_, i32>(2) as u32;
+            let key: String = r.get(3);
+            if !self.settings.dry_run {
+                if let Some(bytes) = self.store.get(&key).await? {
+                    let manifest =
+                        Manifest::from_bytes(&bytes).map_err(|e| ArchiveError::Shape {
+                            table,
+                            column: "manifest",
+                            detail: format!("{key} does not parse: {e}"),
+                        })?;
+                    for f in &manifest.files {
+                        self.store.delete(&f.key).await?;
+                    }
+                    self.store.delete(&key).await?;
+                }
+                client
+                    .execute(
+                        "UPDATE walhook.archive_partitions SET state = 'expired', expired_at = now() \
+                         WHERE table_name = $1 AND day = $2 AND generation = $3",
+                        &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
+                    )
+                    .await
+                    .map_err(ArchiveError::query("mark a day expired"))?;
+            }
+            reports.push(PartitionReport {
+                table,
+                day,
+                generation,
+                rows: r.get::<_, i64>(4) as u64,
+                bytes: r.get::<_, i64>(5) as u64,
+                files: r.get::<_, i32>(6) as usize,
+                outcome: Outcome::Expired,
+                seconds: 0.0,
+            });
+        }
         Ok(reports)
     }
 
@@ -196,7 +274,7 @@ impl<S: ObjectStore> Archiver<S> {
         let mut days = BTreeSet::new();
         for row in client
             .query(
-                "SELECT day FROM walhook.archive_partitions WHERE table_name = $1 AND state <> 'dropped'",
+                "SELECT day FROM walhook.archive_partitions WHERE table_name = $1 AND state IN ('written', 'verified')",
                 &[&table.name()],
             )
             .await
@@ -278,7 +356,7 @@ impl<S: ObjectStore> Archiver<S> {
             seconds: 0.0,
         };
         let resume = match pending {
-            Some(row) if row.state != "dropped" => {
+            Some(row) if row.state == "written" || row.state == "verified" => {
                 // A written manifest that has gone from the store (removed by
                 // the operator after a failed verification) means: write the
                 // day anew, which is safe while nothing was dropped.
@@ -750,7 +828,7 @@ impl<S: ObjectStore> Archiver<S> {
 
     async fn next_generation(&self, table: Table, day: NaiveDate) -> Result<u32, ArchiveError> {
         Ok(match self.catalog(table, day).await? {
-            Some(row) if row.state == "dropped" => row.generation + 1,
+            Some(row) if row.state == "dropped" || row.state == "expired" => row.generation + 1,
             Some(row) => row.generation,
             None => 0,
         })

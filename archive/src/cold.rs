@@ -22,12 +22,12 @@ use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 use walhook_sql::deliveries::{AttemptRow, DeliveryFilter, DeliveryRecord, EventRecord};
 
+use crate::ArchiveError;
 use crate::archiver::NaiveDateSql;
 use crate::encode::decode;
 use crate::layout::bucket_of;
 use crate::manifest::Manifest;
 use crate::table::Table;
-use crate::ArchiveError;
 
 /// The default replay window for archived deliveries.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30 * 86_400);
@@ -114,11 +114,13 @@ impl<S: ObjectStore> ColdHistory<S> {
             return Ok(m.clone());
         }
         let bytes = self.store.get(key).await?.ok_or_else(|| missing(key))?;
-        let m = Arc::new(Manifest::from_bytes(&bytes).map_err(|e| ArchiveError::Shape {
-            table: Table::Deliveries,
-            column: "manifest",
-            detail: format!("{key} does not parse: {e}"),
-        })?);
+        let m = Arc::new(
+            Manifest::from_bytes(&bytes).map_err(|e| ArchiveError::Shape {
+                table: Table::Deliveries,
+                column: "manifest",
+                detail: format!("{key} does not parse: {e}"),
+            })?,
+        );
         self.manifests.lock().insert(key.to_string(), m.clone());
         Ok(m)
     }
@@ -136,11 +138,16 @@ impl<S: ObjectStore> ColdHistory<S> {
         let mut out = Vec::new();
         for f in &manifest.files {
             let admits_tenant = f.tenant_range.0.as_str() <= t && t <= f.tenant_range.1.as_str();
-            let admits_id = id.is_none_or(|id| f.id_range.0.as_str() <= id && id <= f.id_range.1.as_str());
+            let admits_id =
+                id.is_none_or(|id| f.id_range.0.as_str() <= id && id <= f.id_range.1.as_str());
             if f.tenant_bucket != bucket || !admits_tenant || !admits_id {
                 continue;
             }
-            let bytes = self.store.get(&f.key).await?.ok_or_else(|| missing(&f.key))?;
+            let bytes = self
+                .store
+                .get(&f.key)
+                .await?
+                .ok_or_else(|| missing(&f.key))?;
             for batch in decode(bytes)? {
                 let tenants = batch
                     .column_by_name("tenant_id")
@@ -214,7 +221,8 @@ impl<S: ObjectStore> ColdHistory<S> {
             }
             let mut rows: Vec<DeliveryRecord> = rows.into_values().collect();
             rows.sort_by(|a, b| {
-                (b.created_at, Uuid::from_bytes(b.id.0)).cmp(&(a.created_at, Uuid::from_bytes(a.id.0)))
+                (b.created_at, Uuid::from_bytes(b.id.0))
+                    .cmp(&(a.created_at, Uuid::from_bytes(a.id.0)))
             });
             out.extend(rows);
             if out.len() as i64 >= filter.limit {
@@ -239,7 +247,10 @@ impl<S: ObjectStore> ColdHistory<S> {
             }
             for m in &d.manifests {
                 for batch in self.tenant_rows(m, tenant, Some(&key)).await? {
-                    if let Some(e) = events(&batch)?.into_iter().find(|e| e.record.id == delivery.event_id) {
+                    if let Some(e) = events(&batch)?
+                        .into_iter()
+                        .find(|e| e.record.id == delivery.event_id)
+                    {
                         return Ok(Some(e));
                     }
                 }
@@ -276,7 +287,11 @@ impl<S: ObjectStore> ColdHistory<S> {
     /// that a replay can send it: the same ids and bytes, the delivery's
     /// last state. A later archive round writes them as a new generation
     /// of their days.
-    pub async fn restore(&self, tenant: &TenantId, id: DeliveryId) -> Result<Restore, ArchiveError> {
+    pub async fn restore(
+        &self,
+        tenant: &TenantId,
+        id: DeliveryId,
+    ) -> Result<Restore, ArchiveError> {
         let Some(delivery) = self.delivery(tenant, id).await? else {
             return Ok(Restore::NotFound);
         };
@@ -393,7 +408,10 @@ fn shape(column: &'static str) -> ArchiveError {
 }
 
 fn date_of(t: SystemTime) -> NaiveDate {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
     chrono::DateTime::from_timestamp(secs, 0)
         .map(|d| d.date_naive())
         .unwrap_or_default()
@@ -405,8 +423,7 @@ fn matches(f: &DeliveryFilter, r: &DeliveryRecord) -> bool {
         && f.status.is_none_or(|s| s == r.status)
         && f.since.is_none_or(|s| r.created_at >= s)
         && f.until.is_none_or(|u| r.created_at < u)
-        && f
-            .before
+        && f.before
             .is_none_or(|(at, id)| (r.created_at, Uuid::from_bytes(r.id.0)) < (at, id))
 }
 
@@ -434,19 +451,31 @@ impl<'a> Cols<'a> {
             .ok_or_else(|| shape(name))
     }
     fn id16(&self, name: &'static str, i: usize) -> Result<[u8; 16], ArchiveError> {
-        let a = self.col(name)?.as_fixed_size_binary_opt().ok_or_else(|| shape(name))?;
+        let a = self
+            .col(name)?
+            .as_fixed_size_binary_opt()
+            .ok_or_else(|| shape(name))?;
         a.value(i).try_into().map_err(|_| shape(name))
     }
     fn text(&self, name: &'static str, i: usize) -> Result<Option<String>, ArchiveError> {
-        let a = self.col(name)?.as_string_opt::<i32>().ok_or_else(|| shape(name))?;
+        let a = self
+            .col(name)?
+            .as_string_opt::<i32>()
+            .ok_or_else(|| shape(name))?;
         Ok(a.is_valid(i).then(|| a.value(i).to_string()))
     }
     fn int(&self, name: &'static str, i: usize) -> Result<Option<i32>, ArchiveError> {
-        let a = self.col(name)?.as_primitive_opt::<Int32Type>().ok_or_else(|| shape(name))?;
+        let a = self
+            .col(name)?
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| shape(name))?;
         Ok(a.is_valid(i).then(|| a.value(i)))
     }
     fn int64(&self, name: &'static str, i: usize) -> Result<i64, ArchiveError> {
-        let a = self.col(name)?.as_primitive_opt::<Int64Type>().ok_or_else(|| shape(name))?;
+        let a = self
+            .col(name)?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| shape(name))?;
         Ok(a.value(i))
     }
     fn time(&self, name: &'static str, i: usize) -> Result<SystemTime, ArchiveError> {

@@ -5,12 +5,13 @@
 -- metrics know which days are cold without listing the store.
 --
 -- state: 'written' (parts and manifest stored), 'verified' (every object read
--- back and matched), 'dropped' (the hot rows are gone).
+-- back and matched), 'dropped' (the hot rows are gone), 'expired' (the
+-- objects were deleted by [archive] retention_days).
 CREATE TABLE walhook.archive_partitions (
     table_name       text NOT NULL CHECK (table_name IN ('events', 'deliveries', 'attempts')),
     day              date NOT NULL,
     generation       integer NOT NULL CHECK (generation >= 0),
-    state            text NOT NULL CHECK (state IN ('written', 'verified', 'dropped')),
+    state            text NOT NULL CHECK (state IN ('written', 'verified', 'dropped', 'expired')),
     manifest_key     text NOT NULL,
     manifest_sha256  text NOT NULL,
     row_count        bigint NOT NULL,
@@ -20,6 +21,7 @@ CREATE TABLE walhook.archive_partitions (
     written_at       timestamptz NOT NULL DEFAULT now(),
     verified_at      timestamptz,
     dropped_at       timestamptz,
+    expired_at       timestamptz,
     -- Verifications of this generation that found an object or the hot
     -- table not matching (walhook_archive_verification_failures).
     verify_failures  integer NOT NULL DEFAULT 0,

@@ -3,11 +3,11 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use walhook_archive::cold::Restore;
 use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
 use walhook_sql::deliveries::DeliveryFilter;
-use walhook_archive::cold::Restore;
 use walhook_sql::replay::ReplayOutcome;
 
 use super::validate;
@@ -160,7 +160,11 @@ pub async fn get_delivery(
 ) -> Result<Response, ApiError> {
     let did = delivery_id(&id)?;
     let cold = state.cold.as_deref();
-    let delivery = match state.platform.delivery_of_tenant(&caller.tenant, did).await? {
+    let delivery = match state
+        .platform
+        .delivery_of_tenant(&caller.tenant, did)
+        .await?
+    {
         Some(d) => d,
         None => match cold {
             Some(cold) => cold.delivery(&caller.tenant, did).await?,

@@ -91,6 +91,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         tables,
         dry_run: args.dry_run,
         today: args.today,
+        retention_days: (cfg.archive.retention_days > 0).then_some(cfg.archive.retention_days),
     };
     let cutoff = settings.cutoff();
     eprintln!(
@@ -130,6 +131,7 @@ fn outcome_text(o: &Outcome) -> (&'static str, Option<&str>) {
     match o {
         Outcome::Planned => ("due", None),
         Outcome::Archived => ("archived", None),
+        Outcome::Expired => ("expired", None),
         Outcome::Waiting(why) => ("waiting", Some(why)),
         Outcome::Failed(why) => ("FAILED", Some(why)),
     }

@@ -125,6 +125,7 @@ async fn scheduled_archive(
             hot_days: cfg.hot_days,
             tenant_buckets: cfg.tenant_buckets,
             part_rows: cfg.part_rows,
+            retention_days: (cfg.retention_days > 0).then_some(cfg.retention_days),
             ..Settings::default()
         };
         let archiver = walhook_archive::Archiver::new(platform.clone(), store, settings);

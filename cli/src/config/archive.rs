@@ -31,6 +31,9 @@ pub struct ArchiveConfig {
     /// it (history stays readable beyond it).
     #[serde(with = "walhook_pipeline::duration")]
     pub replay_window: Duration,
+    /// Archived days older than this many days are deleted from the store
+    /// (their objects and manifests); 0 keeps them for ever.
+    pub retention_days: u32,
     /// S3 settings, when `store = "s3"`.
     pub s3: Option<S3Config>,
 }
@@ -67,6 +70,7 @@ impl Default for ArchiveConfig {
             part_rows: walhook_archive::archiver::DEFAULT_PART_ROWS,
             every: Duration::from_secs(3600),
             replay_window: walhook_archive::cold::DEFAULT_REPLAY_WINDOW,
+            retention_days: 0,
             s3: None,
         }
     }
@@ -105,6 +109,13 @@ impl ArchiveConfig {
             bail!(
                 "[archive] tenant_buckets = {} is out of range: use 1 to 256 (default 16)",
                 self.tenant_buckets
+            );
+        }
+        if self.retention_days > 0 && self.retention_days <= self.hot_days {
+            bail!(
+                "[archive] retention_days = {} would delete days before they leave Postgres (hot_days = {}): use more than hot_days, or 0 to keep everything",
+                self.retention_days,
+                self.hot_days
             );
         }
         if self.part_rows < 1000 {
