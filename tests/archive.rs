@@ -173,6 +173,17 @@ async fn three_days() -> (World, String) {
     (w, later)
 }
 
+/// The aggregates of the hot tables ([`SNAPSHOT_SQL`]).
+async fn snapshot(w: &World) -> serde_json::Value {
+    let text: String = w
+        .platform_sql
+        .query_one(SNAPSHOT_SQL, &[])
+        .await
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
 /// A copy of the platform database, for a second archive of the same rows.
 async fn clone_platform(w: &mut World, name: &str) -> String {
     let admin = w.pg.connect("postgres").await.unwrap();
@@ -218,13 +229,7 @@ fn regex_free_replace_platform(text: &str, url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     let (mut w, later) = three_days().await;
-    let before: String = w
-        .platform_sql
-        .query_one(SNAPSHOT_SQL, &[])
-        .await
-        .unwrap()
-        .get(0);
-    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    let before = snapshot(&w).await;
     assert_eq!(before["event_days"], 3, "{before}");
     let clean_url = clone_platform(&mut w, "platform_clean").await;
     let crashed_store = w.dir.path().join("crashed");
@@ -311,9 +316,24 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
         9
     );
 
+    let got = read_back(&clean_store, &before);
+    assert_eq!(got["duck_uuid_type"], "UUID", "{got}");
+    assert!(
+        got["types"]["started_at"]
+            .as_str()
+            .unwrap()
+            .contains("timestamp[us, tz=UTC]"),
+        "{got}"
+    );
+}
+
+/// Runs the DuckDB and pyarrow checker over the archive at `root` and
+/// asserts that both readers find the aggregates the hot tables held
+/// (`before`); returns the checker's output.
+fn read_back(root: &Path, before: &serde_json::Value) -> serde_json::Value {
     let out = Command::new(python())
         .args(["-c", CHECKER])
-        .arg(&clean_store)
+        .arg(root)
         .output()
         .unwrap();
     assert!(
@@ -341,14 +361,7 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
             );
         }
     }
-    assert_eq!(got["duck_uuid_type"], "UUID", "{got}");
-    assert!(
-        got["types"]["started_at"]
-            .as_str()
-            .unwrap()
-            .contains("timestamp[us, tz=UTC]"),
-        "{got}"
-    );
+    got
 }
 
 /// Numbers compared as numbers (DuckDB sums are big integers, Postgres's
@@ -487,13 +500,7 @@ async fn three_days_go_to_a_real_s3_server_and_read_back_exactly() {
         .await
         .expect("the S3-compatible test server (s3s-fs): run scripts/ensure-s3.sh");
     let (w, later) = three_days().await;
-    let before: String = w
-        .platform_sql
-        .query_one(SNAPSHOT_SQL, &[])
-        .await
-        .unwrap()
-        .get(0);
-    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    let before = snapshot(&w).await;
     let text = std::fs::read_to_string(w.config("")).unwrap().replacen(
         "[platform]\n",
         &format!(
@@ -537,34 +544,7 @@ async fn three_days_go_to_a_real_s3_server_and_read_back_exactly() {
         "{:?}",
         stored.keys()
     );
-    let out = Command::new(python())
-        .args(["-c", CHECKER])
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "checker: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for reader in ["duckdb", "pyarrow"] {
-        for k in [
-            "events",
-            "event_bytes",
-            "event_days",
-            "deliveries",
-            "deliveries_by_endpoint",
-            "attempts",
-            "attempt_latency_ms",
-        ] {
-            assert_eq!(
-                normalise(&got[reader][k]),
-                normalise(&before[k]),
-                "{reader} {k}"
-            );
-        }
-    }
+    read_back(&root, &before);
 }
 
 const VERIFY_PY: &str = r#"
@@ -780,7 +760,9 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
 /// Rust: the two must agree for every tenant id, non-ASCII included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_and_rust_put_every_tenant_in_the_same_bucket() {
-    let pg = walhook_devkit::postgres::LocalPostgres::start().await.unwrap();
+    let pg = walhook_devkit::postgres::LocalPostgres::start()
+        .await
+        .unwrap();
     let sql = pg.connect("postgres").await.unwrap();
     let tenants: Vec<String> = (0..500)
         .map(|i| format!("tenant-{i}"))
@@ -798,7 +780,11 @@ async fn postgres_and_rust_put_every_tenant_in_the_same_bucket() {
         for r in rows {
             let t: String = r.get(0);
             let b: i32 = r.get(1);
-            assert_eq!(b as u16, walhook_archive::layout::bucket_of(&t, buckets), "{t:?} of {buckets}");
+            assert_eq!(
+                b as u16,
+                walhook_archive::layout::bucket_of(&t, buckets),
+                "{t:?} of {buckets}"
+            );
         }
     }
 }

@@ -432,71 +432,46 @@ impl<S: ObjectStore> Archiver<S> {
         Ok(report)
     }
 
-    /// Why `table`'s `day` is not due yet, if it is not.
+    /// Why `table`'s `day` is not due yet, if it is not: a delivery still
+    /// planned, pending or replaying that was made on or before the day
+    /// (deliveries), or that belongs to an event of the day or older
+    /// (events, whose bodies the dispatcher still needs).
     async fn not_due_because(
         &self,
         table: Table,
         day: NaiveDate,
     ) -> Result<Option<String>, ArchiveError> {
+        let (column, pending, meaning) = match table {
+            Table::Attempts => return Ok(None),
+            Table::Deliveries => (
+                "created_at",
+                "SELECT count(*) FROM walhook.pending WHERE created_at < $1",
+                "deliveries were made on or before this day; they end by their retry deadline",
+            ),
+            Table::Events => (
+                "event_occurred_at",
+                "SELECT count(*) FROM walhook.pending p LEFT JOIN walhook.deliveries d \
+                 ON d.id = p.delivery_id WHERE d.id IS NULL OR d.event_occurred_at < $1",
+                "deliveries are of events of this day or older; their bodies stay hot until they end",
+            ),
+        };
         let (_, to) = bounds(day);
         let client = self.platform.client().await?;
-        let count = |sql: &'static str, what: &'static str| {
-            let client = &client;
-            async move {
-                client
-                    .query_one(sql, &[&to])
-                    .await
-                    .map(|r| r.get::<_, i64>(0))
-                    .map_err(ArchiveError::query(what))
-            }
-        };
-        let blocked = match table {
-            Table::Attempts => None,
-            Table::Deliveries => {
-                let planned = count(
-                    "SELECT count(*) FROM walhook.fanouts WHERE created_at < $1",
-                    "count planned deliveries",
-                )
-                .await?;
-                let pending = count(
-                    "SELECT count(*) FROM walhook.pending WHERE created_at < $1",
-                    "count pending deliveries",
-                )
-                .await?;
-                let replaying = count(
-                    "SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
-                     ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.created_at < $1",
-                    "count open replays",
-                )
-                .await?;
-                (planned + pending + replaying > 0).then(|| {
-                    format!("{planned} planned, {pending} pending and {replaying} replaying deliveries were made on or before this day; they end by their retry deadline")
-                })
-            }
-            Table::Events => {
-                let planned = count(
-                    "SELECT count(*) FROM walhook.fanouts WHERE event_occurred_at < $1",
-                    "count planned deliveries",
-                )
-                .await?;
-                let pending = count(
-                    "SELECT count(*) FROM walhook.pending p LEFT JOIN walhook.deliveries d \
-                     ON d.id = p.delivery_id WHERE d.id IS NULL OR d.event_occurred_at < $1",
-                    "count pending deliveries",
-                )
-                .await?;
-                let replaying = count(
-                    "SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
-                     ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.event_occurred_at < $1",
-                    "count open replays",
-                )
-                .await?;
-                (planned + pending + replaying > 0).then(|| {
-                    format!("{planned} planned, {pending} pending and {replaying} replaying deliveries are of events of this day or older; their bodies stay hot until they end")
-                })
-            }
-        };
-        Ok(blocked)
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT (SELECT count(*) FROM walhook.fanouts WHERE {column} < $1), ({pending}), \
+                     (SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
+                      ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.{column} < $1)"
+                ),
+                &[&to],
+            )
+            .await
+            .map_err(ArchiveError::query("count the deliveries that keep a day hot"))?;
+        let (planned, pending, replaying): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        Ok((planned + pending + replaying > 0).then(|| {
+            format!("{planned} planned, {pending} pending and {replaying} replaying {meaning}")
+        }))
     }
 
     /// Rows of `table`'s `day` in the hot table.
@@ -835,16 +810,13 @@ impl<S: ObjectStore> Archiver<S> {
     }
 
     async fn count_failure(&self, table: Table, day: NaiveDate) -> Result<(), ArchiveError> {
-        let client = self.platform.client().await?;
-        client
-            .execute(
-                "UPDATE walhook.archive_partitions SET verify_failures = verify_failures + 1 \
-                 WHERE table_name = $1 AND day = $2 AND state <> 'dropped'",
-                &[&table.name(), &NaiveDateSql(day)],
-            )
-            .await
-            .map_err(ArchiveError::query("count a failed verification"))?;
-        Ok(())
+        self.catalog_execute(
+            "count a failed verification",
+            "UPDATE walhook.archive_partitions SET verify_failures = verify_failures + 1 \
+             WHERE table_name = $1 AND day = $2 AND state <> 'dropped'",
+            &[&table.name(), &NaiveDateSql(day)],
+        )
+        .await
     }
 
     async fn forget(
@@ -853,15 +825,12 @@ impl<S: ObjectStore> Archiver<S> {
         day: NaiveDate,
         generation: u32,
     ) -> Result<(), ArchiveError> {
-        let client = self.platform.client().await?;
-        client
-            .execute(
-                "DELETE FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 AND generation = $3",
-                &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
-            )
-            .await
-            .map_err(ArchiveError::query("reset a day in the archive catalog"))?;
-        Ok(())
+        self.catalog_execute(
+            "reset a day in the archive catalog",
+            "DELETE FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
+        )
+        .await
     }
 
     async fn set_state(
@@ -871,22 +840,33 @@ impl<S: ObjectStore> Archiver<S> {
         generation: u32,
         state: &str,
     ) -> Result<(), ArchiveError> {
+        self.catalog_execute(
+            "advance a day in the archive catalog",
+            "UPDATE walhook.archive_partitions SET state = $4, \
+             verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
+             dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
+             WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &[
+                &table.name(),
+                &NaiveDateSql(day),
+                &(generation as i32),
+                &state,
+            ],
+        )
+        .await
+    }
+
+    async fn catalog_execute(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), ArchiveError> {
         let client = self.platform.client().await?;
         client
-            .execute(
-                "UPDATE walhook.archive_partitions SET state = $4, \
-                 verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
-                 dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
-                 WHERE table_name = $1 AND day = $2 AND generation = $3",
-                &[
-                    &table.name(),
-                    &NaiveDateSql(day),
-                    &(generation as i32),
-                    &state,
-                ],
-            )
+            .execute(sql, params)
             .await
-            .map_err(ArchiveError::query("advance a day in the archive catalog"))?;
+            .map_err(ArchiveError::query(what))?;
         Ok(())
     }
 }

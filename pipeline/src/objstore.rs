@@ -78,6 +78,30 @@ pub enum ObjectStoreError {
 }
 
 impl ObjectStoreError {
+    /// A backend failure of `op` on `key`: definite when there is a `hint`
+    /// for the operator, transient (a retry may help) when there is none.
+    pub fn backend(
+        op: &'static str,
+        key: &str,
+        hint: Option<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        let source = Box::new(source);
+        match hint {
+            Some(hint) => ObjectStoreError::Definite {
+                op,
+                key: key.to_owned(),
+                hint,
+                source,
+            },
+            None => ObjectStoreError::Transient {
+                op,
+                key: key.to_owned(),
+                source,
+            },
+        }
+    }
+
     /// Whether retrying the operation may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, ObjectStoreError::Transient { .. })

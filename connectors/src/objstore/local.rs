@@ -113,19 +113,7 @@ fn classify(op: &'static str, key: &str, path: &Path, e: io::Error) -> ObjectSto
         )),
         _ => None,
     };
-    match hint {
-        Some(hint) => ObjectStoreError::Definite {
-            op,
-            key: key.to_owned(),
-            hint,
-            source: Box::new(e),
-        },
-        None => ObjectStoreError::Transient {
-            op,
-            key: key.to_owned(),
-            source: Box::new(e),
-        },
-    }
+    ObjectStoreError::backend(op, key, hint, e)
 }
 
 /// Creates `dir` and any missing parents below `root`, fsyncing each new

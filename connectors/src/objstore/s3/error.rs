@@ -46,19 +46,7 @@ where
         }
         _ => None,
     };
-    match hint {
-        Some(hint) => ObjectStoreError::Definite {
-            op,
-            key: key.to_owned(),
-            hint,
-            source: Box::new(err),
-        },
-        None => ObjectStoreError::Transient {
-            op,
-            key: key.to_owned(),
-            source: Box::new(err),
-        },
-    }
+    ObjectStoreError::backend(op, key, hint, err)
 }
 
 /// The hint when the credential chain found no usable credentials (a
