@@ -936,7 +936,7 @@ impl PartBuilder {
         debug_assert_eq!(self.table.columns()[0].kind, Kind::Uuid);
         self.batch.push_row(row)?;
         let id: uuid::Uuid = row.get(0);
-        let t: i64 = row.get(self.time_col);
+        let t = row.get::<_, crate::table::PgMicros>(self.time_col).0;
         let tenant: &str = row.get(self.tenant_col);
         self.ids = Some(match self.ids {
             None => (id, id),

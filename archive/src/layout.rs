@@ -28,11 +28,11 @@ pub fn bucket_of(tenant: &str, buckets: u16) -> u16 {
 }
 
 /// [`bucket_of`] in SQL over the column `tenant_id`, with the bucket count
-/// as parameter `$n`.
+/// as parameter `$n`: the digest's first four hex digits as a 16-bit
+/// number (one SHA-256 per row).
 pub fn bucket_sql(param: usize) -> String {
     format!(
-        "((get_byte(sha256(convert_to(tenant_id, 'UTF8')), 0) * 256 \
-         + get_byte(sha256(convert_to(tenant_id, 'UTF8')), 1)) % ${param}::int4)"
+        "(('x' || left(encode(sha256(convert_to(tenant_id, 'UTF8')), 'hex'), 4))::bit(16)::int4 % ${param}::int4)"
     )
 }
 

@@ -43,6 +43,8 @@ pub enum Kind {
     Int32,
     /// A 64-bit integer.
     Int64,
+    /// A Postgres LSN, stored as a 64-bit integer.
+    Lsn,
     /// An instant, UTC microseconds.
     Timestamp,
     /// Bytes.
@@ -88,11 +90,6 @@ const fn repeats(mut c: Column) -> Column {
     c
 }
 
-macro_rules! us {
-    ($c:literal) => {
-        concat!("(extract(epoch FROM ", $c, ") * 1000000)::int8")
-    };
-}
 
 const EVENTS: &[Column] = &[
     col("id", "id", Kind::Uuid, false),
@@ -101,18 +98,18 @@ const EVENTS: &[Column] = &[
     col("schema_version", "schema_version", Kind::Int32, false),
     col("object_id", "object_id", Kind::Text, true),
     unique(col("object_version", "object_version", Kind::Text, true)),
-    col("occurred_at", us!("occurred_at"), Kind::Timestamp, false),
+    col("occurred_at", "occurred_at", Kind::Timestamp, false),
     col("source", "source", Kind::Text, false),
     col(
         "commit_lsn",
-        "(commit_lsn - '0/0'::pg_lsn)::int8",
-        Kind::Int64,
+        "commit_lsn",
+        Kind::Lsn,
         false,
     ),
     col("tx_ordinal", "tx_ordinal", Kind::Int32, false),
     col("payload", "payload", Kind::Bytes, false),
     col("payload_sha256", "payload_sha256", Kind::Sha256, false),
-    col("created_at", us!("created_at"), Kind::Timestamp, false),
+    col("created_at", "created_at", Kind::Timestamp, false),
 ];
 
 const DELIVERIES: &[Column] = &[
@@ -123,7 +120,7 @@ const DELIVERIES: &[Column] = &[
     col("event_type", "event_type", Kind::Text, false),
     col(
         "event_occurred_at",
-        us!("event_occurred_at"),
+        "event_occurred_at",
         Kind::Timestamp,
         false,
     ),
@@ -143,15 +140,15 @@ const DELIVERIES: &[Column] = &[
     ),
     col(
         "next_attempt_at",
-        us!("next_attempt_at"),
+        "next_attempt_at",
         Kind::Timestamp,
         false,
     ),
-    col("expires_at", us!("expires_at"), Kind::Timestamp, false),
+    col("expires_at", "expires_at", Kind::Timestamp, false),
     col("last_http_status", "last_http_status", Kind::Int32, true),
     col("last_error_class", "last_error_class", Kind::Text, true),
-    col("created_at", us!("created_at"), Kind::Timestamp, false),
-    col("updated_at", us!("updated_at"), Kind::Timestamp, false),
+    col("created_at", "created_at", Kind::Timestamp, false),
+    col("updated_at", "updated_at", Kind::Timestamp, false),
 ];
 
 const ATTEMPTS: &[Column] = &[
@@ -167,8 +164,8 @@ const ATTEMPTS: &[Column] = &[
         Kind::Int32,
         false,
     ),
-    col("started_at", us!("started_at"), Kind::Timestamp, false),
-    col("finished_at", us!("finished_at"), Kind::Timestamp, false),
+    col("started_at", "started_at", Kind::Timestamp, false),
+    col("finished_at", "finished_at", Kind::Timestamp, false),
     col("http_status", "http_status", Kind::Int32, true),
     col("latency_ms", "latency_ms", Kind::Int32, false),
     col("outcome", "outcome", Kind::Text, false),
@@ -272,11 +269,31 @@ fn data_type(kind: Kind) -> DataType {
         Kind::Uuid => DataType::FixedSizeBinary(16),
         Kind::Text => DataType::Utf8,
         Kind::Int32 => DataType::Int32,
-        Kind::Int64 => DataType::Int64,
+        Kind::Int64 | Kind::Lsn => DataType::Int64,
         Kind::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         Kind::Bytes => DataType::Binary,
         Kind::Sha256 => DataType::FixedSizeBinary(32),
     }
+}
+
+/// A `timestamptz` read in Postgres's binary form (microseconds since
+/// 2000-01-01 UTC), as microseconds since the Unix epoch: exact, and no
+/// arithmetic in SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgMicros(pub i64);
+
+/// Microseconds from the Unix epoch to Postgres's, 2000-01-01 UTC.
+const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+impl<'a> tokio_postgres::types::FromSql<'a> for PgMicros {
+    fn from_sql(
+        _ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let us = i64::from_be_bytes(raw.try_into()?);
+        Ok(PgMicros(us.saturating_add(PG_EPOCH_MICROS)))
+    }
+    tokio_postgres::types::accepts!(TIMESTAMPTZ, TIMESTAMP);
 }
 
 enum Builder {
@@ -284,6 +301,7 @@ enum Builder {
     Text(StringBuilder),
     Int32(Int32Builder),
     Int64(Int64Builder),
+    Lsn(Int64Builder),
     Timestamp(TimestampMicrosecondBuilder),
     Bytes(BinaryBuilder),
     Sha256(FixedSizeBinaryBuilder),
@@ -307,6 +325,7 @@ impl BatchBuilder {
                 Kind::Text => Builder::Text(StringBuilder::new()),
                 Kind::Int32 => Builder::Int32(Int32Builder::new()),
                 Kind::Int64 => Builder::Int64(Int64Builder::new()),
+                Kind::Lsn => Builder::Lsn(Int64Builder::new()),
                 Kind::Timestamp => {
                     Builder::Timestamp(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
                 }
@@ -359,9 +378,16 @@ impl BatchBuilder {
                 Builder::Int64(b) => {
                     b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
                 }
-                Builder::Timestamp(b) => {
-                    b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
-                }
+                Builder::Lsn(b) => b.append_option(
+                    row.try_get::<_, Option<tokio_postgres::types::PgLsn>>(i)
+                        .map_err(bad)?
+                        .map(|l| u64::from(l) as i64),
+                ),
+                Builder::Timestamp(b) => b.append_option(
+                    row.try_get::<_, Option<PgMicros>>(i)
+                        .map_err(bad)?
+                        .map(|t| t.0),
+                ),
                 Builder::Bytes(b) => {
                     b.append_option(row.try_get::<_, Option<&[u8]>>(i).map_err(bad)?)
                 }
@@ -386,7 +412,7 @@ impl BatchBuilder {
                     Builder::Uuid(b) | Builder::Sha256(b) => Arc::new(b.finish()),
                     Builder::Text(b) => Arc::new(b.finish()),
                     Builder::Int32(b) => Arc::new(b.finish()),
-                    Builder::Int64(b) => Arc::new(b.finish()),
+                    Builder::Int64(b) | Builder::Lsn(b) => Arc::new(b.finish()),
                     Builder::Timestamp(b) => Arc::new(b.finish()),
                     Builder::Bytes(b) => Arc::new(b.finish()),
                 }
