@@ -90,7 +90,6 @@ const fn repeats(mut c: Column) -> Column {
     c
 }
 
-
 const EVENTS: &[Column] = &[
     col("id", "id", Kind::Uuid, false),
     col("tenant_id", "tenant_id", Kind::Text, false),
@@ -100,12 +99,7 @@ const EVENTS: &[Column] = &[
     unique(col("object_version", "object_version", Kind::Text, true)),
     col("occurred_at", "occurred_at", Kind::Timestamp, false),
     col("source", "source", Kind::Text, false),
-    col(
-        "commit_lsn",
-        "commit_lsn",
-        Kind::Lsn,
-        false,
-    ),
+    col("commit_lsn", "commit_lsn", Kind::Lsn, false),
     col("tx_ordinal", "tx_ordinal", Kind::Int32, false),
     col("payload", "payload", Kind::Bytes, false),
     col("payload_sha256", "payload_sha256", Kind::Sha256, false),
@@ -138,12 +132,7 @@ const DELIVERIES: &[Column] = &[
         Kind::Int32,
         false,
     ),
-    col(
-        "next_attempt_at",
-        "next_attempt_at",
-        Kind::Timestamp,
-        false,
-    ),
+    col("next_attempt_at", "next_attempt_at", Kind::Timestamp, false),
     col("expires_at", "expires_at", Kind::Timestamp, false),
     col("last_http_status", "last_http_status", Kind::Int32, true),
     col("last_error_class", "last_error_class", Kind::Text, true),
