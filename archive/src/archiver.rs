@@ -26,10 +26,13 @@ use walhook_pipeline::failpoint;
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
+use crate::catalog::CatalogRow;
+use crate::dates::{NaiveDateSql, bounds};
 use crate::encode::encode;
 use crate::layout::{bucket_sql, manifest_key, part_key, partition_day, partition_name};
 use crate::manifest::{FileEntry, Manifest};
-use crate::table::{BatchBuilder, Kind, Table};
+use crate::part::PartBuilder;
+use crate::table::Table;
 use crate::{ArchiveError, verify};
 
 /// The default hot window: days younger than this stay in Postgres.
@@ -80,7 +83,7 @@ impl Settings {
         self.today() - Duration::days(i64::from(self.hot_days))
     }
 
-    fn today(&self) -> NaiveDate {
+    pub(crate) fn today(&self) -> NaiveDate {
         self.today.unwrap_or_else(|| Utc::now().date_naive())
     }
 }
@@ -136,20 +139,11 @@ pub struct PartitionReport {
     pub seconds: f64,
 }
 
-#[derive(Debug, Clone)]
-struct CatalogRow {
-    generation: u32,
-    state: String,
-    manifest_key: String,
-    manifest_sha256: String,
-    written_at: std::time::SystemTime,
-}
-
 /// Runs the archive protocol against one platform database and one store.
 pub struct Archiver<S: ObjectStore> {
-    platform: Platform,
-    store: S,
-    settings: Settings,
+    pub(crate) platform: Platform,
+    pub(crate) store: S,
+    pub(crate) settings: Settings,
 }
 
 impl<S: ObjectStore> Archiver<S> {
@@ -200,68 +194,6 @@ impl<S: ObjectStore> Archiver<S> {
                 progress.finish(&report);
                 reports.push(report);
             }
-        }
-        Ok(reports)
-    }
-
-    /// Deletes the objects of archived days older than `days` days (every
-    /// part its manifests name, then the manifests) and marks them
-    /// `expired`. Idempotent: a crash half-way deletes the rest next time.
-    async fn expire(&self, days: u32) -> Result<Vec<PartitionReport>, ArchiveError> {
-        let before = self.settings.today() - Duration::days(i64::from(days));
-        let client = self.platform.client().await?;
-        let rows = client
-            .query(
-                "SELECT table_name, day, generation, manifest_key, row_count, byte_count, file_count \
-                 FROM walhook.archive_partitions WHERE state = 'dropped' AND day < $1 \
-                 AND table_name = ANY($2) ORDER BY day, table_name, generation",
-                &[
-                    &NaiveDateSql(before),
-                    &self.settings.tables.iter().map(|t| t.name()).collect::<Vec<_>>(),
-                ],
-            )
-            .await
-            .map_err(ArchiveError::query("find days past the retention"))?;
-        let mut reports = Vec::new();
-        for r in rows {
-            let Some(table) = Table::parse(r.get(0)) else {
-                continue;
-            };
-            let day = r.get::<_, NaiveDateSql>(1).0;
-            let generation = r.get::<_, i32>(2) as u32;
-            let key: String = r.get(3);
-            if !self.settings.dry_run {
-                if let Some(bytes) = self.store.get(&key).await? {
-                    let manifest =
-                        Manifest::from_bytes(&bytes).map_err(|e| ArchiveError::Shape {
-                            table,
-                            column: "manifest",
-                            detail: format!("{key} does not parse: {e}"),
-                        })?;
-                    for f in &manifest.files {
-                        self.store.delete(&f.key).await?;
-                    }
-                    self.store.delete(&key).await?;
-                }
-                client
-                    .execute(
-                        "UPDATE walhook.archive_partitions SET state = 'expired', expired_at = now() \
-                         WHERE table_name = $1 AND day = $2 AND generation = $3",
-                        &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
-                    )
-                    .await
-                    .map_err(ArchiveError::query("mark a day expired"))?;
-            }
-            reports.push(PartitionReport {
-                table,
-                day,
-                generation,
-                rows: r.get::<_, i64>(4) as u64,
-                bytes: r.get::<_, i64>(5) as u64,
-                files: r.get::<_, i32>(6) as usize,
-                outcome: Outcome::Expired,
-                seconds: 0.0,
-            });
         }
         Ok(reports)
     }
@@ -509,7 +441,7 @@ impl<S: ObjectStore> Archiver<S> {
 
     async fn partition_exists(
         &self,
-        client: &deadpool_client::Client,
+        client: &deadpool_postgres::Object,
         table: Table,
         day: NaiveDate,
     ) -> Result<bool, ArchiveError> {
@@ -683,7 +615,7 @@ impl<S: ObjectStore> Archiver<S> {
         bucket: u16,
         seq: u32,
     ) -> Result<FileEntry, ArchiveError> {
-        let (batch, id_range, time_range, tenant_range) = part.finish()?;
+        let (batch, stats) = part.finish()?;
         let rows = batch.num_rows() as u64;
         let bytes = encode(table, &batch)?;
         let key = part_key(table, day, generation, bucket, seq);
@@ -695,9 +627,9 @@ impl<S: ObjectStore> Archiver<S> {
             rows,
             bytes: receipt.size,
             sha256: receipt.sha256,
-            id_range,
-            time_range,
-            tenant_range,
+            id_range: stats.id_range,
+            time_range: stats.time_range,
+            tenants: stats.tenants,
         })
     }
 
@@ -776,99 +708,6 @@ impl<S: ObjectStore> Archiver<S> {
         let left = self.hot_count(table, day).await?;
         Ok(left)
     }
-
-    async fn catalog(
-        &self,
-        table: Table,
-        day: NaiveDate,
-    ) -> Result<Option<CatalogRow>, ArchiveError> {
-        let client = self.platform.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT generation, state, manifest_key, manifest_sha256, written_at \
-                 FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 \
-                 ORDER BY generation DESC LIMIT 1",
-                &[&table.name(), &NaiveDateSql(day)],
-            )
-            .await
-            .map_err(ArchiveError::query("read the archive catalog"))?;
-        Ok(row.map(|r| CatalogRow {
-            generation: r.get::<_, i32>(0) as u32,
-            state: r.get(1),
-            manifest_key: r.get(2),
-            manifest_sha256: r.get(3),
-            written_at: r.get(4),
-        }))
-    }
-
-    async fn next_generation(&self, table: Table, day: NaiveDate) -> Result<u32, ArchiveError> {
-        Ok(match self.catalog(table, day).await? {
-            Some(row) if row.state == "dropped" || row.state == "expired" => row.generation + 1,
-            Some(row) => row.generation,
-            None => 0,
-        })
-    }
-
-    async fn count_failure(&self, table: Table, day: NaiveDate) -> Result<(), ArchiveError> {
-        self.catalog_execute(
-            "count a failed verification",
-            "UPDATE walhook.archive_partitions SET verify_failures = verify_failures + 1 \
-             WHERE table_name = $1 AND day = $2 AND state <> 'dropped'",
-            &[&table.name(), &NaiveDateSql(day)],
-        )
-        .await
-    }
-
-    async fn forget(
-        &self,
-        table: Table,
-        day: NaiveDate,
-        generation: u32,
-    ) -> Result<(), ArchiveError> {
-        self.catalog_execute(
-            "reset a day in the archive catalog",
-            "DELETE FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 AND generation = $3",
-            &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
-        )
-        .await
-    }
-
-    async fn set_state(
-        &self,
-        table: Table,
-        day: NaiveDate,
-        generation: u32,
-        state: &str,
-    ) -> Result<(), ArchiveError> {
-        self.catalog_execute(
-            "advance a day in the archive catalog",
-            "UPDATE walhook.archive_partitions SET state = $4, \
-             verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
-             dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
-             WHERE table_name = $1 AND day = $2 AND generation = $3",
-            &[
-                &table.name(),
-                &NaiveDateSql(day),
-                &(generation as i32),
-                &state,
-            ],
-        )
-        .await
-    }
-
-    async fn catalog_execute(
-        &self,
-        what: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<(), ArchiveError> {
-        let client = self.platform.client().await?;
-        client
-            .execute(sql, params)
-            .await
-            .map_err(ArchiveError::query(what))?;
-        Ok(())
-    }
 }
 
 fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
@@ -889,127 +728,4 @@ fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
         outcome: Outcome::Failed(text),
         seconds: 0.0,
     }
-}
-
-/// The instants that bound a UTC day.
-pub fn bounds(day: NaiveDate) -> (std::time::SystemTime, std::time::SystemTime) {
-    let at = |d: NaiveDate| {
-        let secs = d
-            .and_hms_opt(0, 0, 0)
-            .expect("midnight")
-            .and_utc()
-            .timestamp();
-        std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64)
-    };
-    (at(day), at(day + Duration::days(1)))
-}
-
-/// Gathers one part's rows and the ranges its manifest entry names.
-struct PartBuilder {
-    table: Table,
-    batch: BatchBuilder,
-    ids: Option<(uuid::Uuid, uuid::Uuid)>,
-    times: Option<(i64, i64)>,
-    tenants: Option<(String, String)>,
-    time_col: usize,
-    tenant_col: usize,
-}
-
-impl PartBuilder {
-    fn new(table: Table) -> Self {
-        PartBuilder {
-            table,
-            batch: BatchBuilder::new(table),
-            ids: None,
-            times: None,
-            tenants: None,
-            time_col: table.column_index(table.day_column()).expect("day column"),
-            tenant_col: table.column_index("tenant_id").expect("tenant column"),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.batch.len()
-    }
-
-    fn push(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
-        debug_assert_eq!(self.table.columns()[0].kind, Kind::Uuid);
-        self.batch.push_row(row)?;
-        let id: uuid::Uuid = row.get(0);
-        let t = row.get::<_, crate::table::PgMicros>(self.time_col).0;
-        let tenant: &str = row.get(self.tenant_col);
-        self.ids = Some(match self.ids {
-            None => (id, id),
-            Some((lo, hi)) => (lo.min(id), hi.max(id)),
-        });
-        self.times = Some(match self.times {
-            None => (t, t),
-            Some((lo, hi)) => (lo.min(t), hi.max(t)),
-        });
-        match &mut self.tenants {
-            None => self.tenants = Some((tenant.to_string(), tenant.to_string())),
-            Some((_, last)) if last != tenant => *last = tenant.to_string(),
-            Some(_) => {}
-        }
-        Ok(())
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn finish(
-        &mut self,
-    ) -> Result<
-        (
-            arrow_array::RecordBatch,
-            (String, String),
-            (i64, i64),
-            (String, String),
-        ),
-        ArchiveError,
-    > {
-        let batch = self.batch.finish()?;
-        let (lo, hi) = self.ids.take().unwrap_or_default();
-        let times = self.times.take().unwrap_or_default();
-        let tenants = self.tenants.take().unwrap_or_default();
-        Ok((batch, (lo.to_string(), hi.to_string()), times, tenants))
-    }
-}
-
-/// A `date` parameter and column without a chrono feature in
-/// tokio-postgres: days since 2000-01-01, as Postgres sends them.
-#[derive(Debug, Clone, Copy)]
-pub struct NaiveDateSql(pub NaiveDate);
-
-const PG_EPOCH: NaiveDate = match NaiveDate::from_ymd_opt(2000, 1, 1) {
-    Some(d) => d,
-    None => panic!("a valid date"),
-};
-
-impl ToSql for NaiveDateSql {
-    fn to_sql(
-        &self,
-        _ty: &tokio_postgres::types::Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        let days = (self.0 - PG_EPOCH).num_days();
-        let days = i32::try_from(days)?;
-        bytes::BufMut::put_i32(out, days);
-        Ok(tokio_postgres::types::IsNull::No)
-    }
-    tokio_postgres::types::accepts!(DATE);
-    tokio_postgres::types::to_sql_checked!();
-}
-
-impl<'a> tokio_postgres::types::FromSql<'a> for NaiveDateSql {
-    fn from_sql(
-        _ty: &tokio_postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let days = i32::from_be_bytes(raw.try_into()?);
-        Ok(NaiveDateSql(PG_EPOCH + Duration::days(i64::from(days))))
-    }
-    tokio_postgres::types::accepts!(DATE);
-}
-
-mod deadpool_client {
-    pub type Client = deadpool_postgres::Object;
 }

@@ -23,7 +23,7 @@ use walhook_sql::Platform;
 use walhook_sql::deliveries::{AttemptRow, DeliveryFilter, DeliveryRecord, EventRecord};
 
 use crate::ArchiveError;
-use crate::archiver::NaiveDateSql;
+use crate::dates::NaiveDateSql;
 use crate::encode::decode;
 use crate::layout::bucket_of;
 use crate::manifest::Manifest;
@@ -137,7 +137,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         let t = tenant.as_str();
         let mut out = Vec::new();
         for f in &manifest.files {
-            let admits_tenant = f.tenant_range.0.as_str() <= t && t <= f.tenant_range.1.as_str();
+            let admits_tenant = f.tenants.contains_key(t);
             let admits_id =
                 id.is_none_or(|id| f.id_range.0.as_str() <= id && id <= f.id_range.1.as_str());
             if f.tenant_bucket != bucket || !admits_tenant || !admits_id {
@@ -200,7 +200,7 @@ impl<S: ObjectStore> ColdHistory<S> {
     ) -> Result<Vec<DeliveryRecord>, ArchiveError> {
         let mut out: Vec<DeliveryRecord> = Vec::new();
         for day in self.days(Table::Deliveries).await? {
-            let (from, to) = crate::archiver::bounds(day.day);
+            let (from, to) = crate::dates::bounds(day.day);
             if filter.since.is_some_and(|s| s >= to) || filter.until.is_some_and(|u| u < from) {
                 continue;
             }

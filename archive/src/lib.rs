@@ -18,7 +18,9 @@
 //! - [`table`]: the archived tables and their columns.
 //! - [`layout`]: object keys, tenant buckets.
 //! - [`encode`]: rows to Parquet and back.
-//! - [`manifest`]: what a day's objects hold.
+//! - [`manifest`]: what a day's objects hold; [`part`]: one part in the
+//!   making.
+//! - [`dates`]: UTC days and Postgres `date` values.
 //! - [`archiver`]: the protocol above, its plan and its report.
 //! - [`verify`]: reading every object back.
 //! - [`cold`]: archived deliveries, attempts and events by id and by
@@ -29,10 +31,14 @@
 //! local-directory and S3 stores.
 
 pub mod archiver;
+mod catalog;
 pub mod cold;
+pub mod dates;
 pub mod encode;
 pub mod layout;
 pub mod manifest;
+pub mod part;
+mod retention;
 pub mod table;
 pub mod verify;
 

@@ -74,8 +74,10 @@ pub struct FileEntry {
     pub id_range: (String, String),
     /// The smallest and largest value of the day column in it.
     pub time_range: (i64, i64),
-    /// The first and last tenant in it (rows are sorted by tenant).
-    pub tenant_range: (String, String),
+    /// Rows per tenant in it: a cold read of one tenant skips parts that
+    /// do not name it, and reconciliation counts per tenant without
+    /// reading Parquet.
+    pub tenants: std::collections::BTreeMap<String, u64>,
 }
 
 impl Manifest {
@@ -173,7 +175,7 @@ mod tests {
                 sha256: "00".repeat(32),
                 id_range: (format!("0{i}"), format!("9{i}")),
                 time_range: (i as i64, 10 + i as i64),
-                tenant_range: ("t".into(), "u".into()),
+                tenants: [("t".to_string(), 10u64)].into_iter().collect(),
             });
         }
         assert_eq!((m.row_count, m.byte_count), (20, 200));

@@ -22,12 +22,14 @@
 //! S3 one against a real S3-compatible server (`s3s-fs`).
 
 pub mod local;
+#[cfg(feature = "s3")]
 pub mod s3;
 
 use bytes::Bytes;
 use walhook_pipeline::objstore::{ObjectInfo, ObjectStore, ObjectStoreError, PutReceipt};
 
 pub use local::LocalDirStore;
+#[cfg(feature = "s3")]
 pub use s3::{S3Credentials, S3Settings, S3SettingsError, S3Store};
 
 /// One of the object stores, chosen at run time (the binary reads which
@@ -37,6 +39,7 @@ pub enum AnyStore {
     /// A directory on local disk.
     Local(LocalDirStore),
     /// An S3 bucket (or an S3-compatible server).
+    #[cfg(feature = "s3")]
     S3(S3Store),
 }
 
@@ -46,6 +49,7 @@ impl From<LocalDirStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "s3")]
 impl From<S3Store> for AnyStore {
     fn from(store: S3Store) -> Self {
         AnyStore::S3(store)
@@ -56,6 +60,7 @@ impl ObjectStore for AnyStore {
     async fn put(&self, key: &str, bytes: Bytes) -> Result<PutReceipt, ObjectStoreError> {
         match self {
             AnyStore::Local(store) => store.put(key, bytes).await,
+            #[cfg(feature = "s3")]
             AnyStore::S3(store) => store.put(key, bytes).await,
         }
     }
@@ -63,6 +68,7 @@ impl ObjectStore for AnyStore {
     async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectStoreError> {
         match self {
             AnyStore::Local(store) => store.get(key).await,
+            #[cfg(feature = "s3")]
             AnyStore::S3(store) => store.get(key).await,
         }
     }
@@ -70,6 +76,7 @@ impl ObjectStore for AnyStore {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, ObjectStoreError> {
         match self {
             AnyStore::Local(store) => store.list(prefix).await,
+            #[cfg(feature = "s3")]
             AnyStore::S3(store) => store.list(prefix).await,
         }
     }
@@ -77,6 +84,7 @@ impl ObjectStore for AnyStore {
     async fn delete(&self, key: &str) -> Result<(), ObjectStoreError> {
         match self {
             AnyStore::Local(store) => store.delete(key).await,
+            #[cfg(feature = "s3")]
             AnyStore::S3(store) => store.delete(key).await,
         }
     }
@@ -84,6 +92,7 @@ impl ObjectStore for AnyStore {
     fn describe(&self) -> String {
         match self {
             AnyStore::Local(store) => store.describe(),
+            #[cfg(feature = "s3")]
             AnyStore::S3(store) => store.describe(),
         }
     }

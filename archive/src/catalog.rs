@@ -1,0 +1,124 @@
+//! The archive's catalog (`walhook.archive_partitions`): how far each
+//! generation of each table's day got through the protocol.
+
+use chrono::NaiveDate;
+use tokio_postgres::types::ToSql;
+use walhook_pipeline::objstore::ObjectStore;
+
+use crate::ArchiveError;
+use crate::archiver::Archiver;
+use crate::dates::NaiveDateSql;
+use crate::table::Table;
+
+/// One catalog row.
+#[derive(Debug, Clone)]
+pub(crate) struct CatalogRow {
+    pub(crate) generation: u32,
+    pub(crate) state: String,
+    pub(crate) manifest_key: String,
+    pub(crate) manifest_sha256: String,
+    pub(crate) written_at: std::time::SystemTime,
+}
+
+impl<S: ObjectStore> Archiver<S> {
+    pub(crate) async fn catalog(
+        &self,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<Option<CatalogRow>, ArchiveError> {
+        let client = self.platform.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT generation, state, manifest_key, manifest_sha256, written_at \
+                 FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 \
+                 ORDER BY generation DESC LIMIT 1",
+                &[&table.name(), &NaiveDateSql(day)],
+            )
+            .await
+            .map_err(ArchiveError::query("read the archive catalog"))?;
+        Ok(row.map(|r| CatalogRow {
+            generation: r.get::<_, i32>(0) as u32,
+            state: r.get(1),
+            manifest_key: r.get(2),
+            manifest_sha256: r.get(3),
+            written_at: r.get(4),
+        }))
+    }
+
+    pub(crate) async fn next_generation(
+        &self,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<u32, ArchiveError> {
+        Ok(match self.catalog(table, day).await? {
+            Some(row) if row.state == "dropped" || row.state == "expired" => row.generation + 1,
+            Some(row) => row.generation,
+            None => 0,
+        })
+    }
+
+    pub(crate) async fn count_failure(
+        &self,
+        table: Table,
+        day: NaiveDate,
+    ) -> Result<(), ArchiveError> {
+        self.catalog_execute(
+            "count a failed verification",
+            "UPDATE walhook.archive_partitions SET verify_failures = verify_failures + 1 \
+             WHERE table_name = $1 AND day = $2 AND state <> 'dropped'",
+            &[&table.name(), &NaiveDateSql(day)],
+        )
+        .await
+    }
+
+    pub(crate) async fn forget(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+    ) -> Result<(), ArchiveError> {
+        self.catalog_execute(
+            "reset a day in the archive catalog",
+            "DELETE FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
+        )
+        .await
+    }
+
+    pub(crate) async fn set_state(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+        state: &str,
+    ) -> Result<(), ArchiveError> {
+        self.catalog_execute(
+            "advance a day in the archive catalog",
+            "UPDATE walhook.archive_partitions SET state = $4, \
+             verified_at = CASE WHEN $4 = 'verified' THEN now() ELSE verified_at END, \
+             dropped_at = CASE WHEN $4 = 'dropped' THEN now() ELSE dropped_at END \
+             WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &[
+                &table.name(),
+                &NaiveDateSql(day),
+                &(generation as i32),
+                &state,
+            ],
+        )
+        .await
+    }
+
+    pub(crate) async fn catalog_execute(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), ArchiveError> {
+        let client = self.platform.client().await?;
+        client
+            .execute(sql, params)
+            .await
+            .map_err(ArchiveError::query(what))?;
+        Ok(())
+    }
+}
