@@ -788,3 +788,98 @@ async fn postgres_and_rust_put_every_tenant_in_the_same_bucket() {
         }
     }
 }
+
+/// A row that reaches a day between its verification and its drop stops
+/// the drop (nothing is lost) and the day is written anew with it; and one
+/// archive round runs at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_rows_and_a_second_archiver_are_handled() {
+    let (w, later) = three_days().await;
+    let store = w.dir.path().join("store");
+    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let attempts_only = |env: &[(&str, &str)]| {
+        let mut cmd = walhook();
+        cmd.args(["archive", "--table", "attempts", "--config"])
+            .arg(&cfg)
+            .args(["--today", &later]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(&mut cmd)
+    };
+
+    // Another round holds the lock: this one refuses, changing nothing.
+    let lock_key: i64 = 0x7761_6c68_6172_6368;
+    w.platform_sql
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_key])
+        .await
+        .unwrap();
+    let out = attempts_only(&[]);
+    let text = stdout(&out) + &stderr(&out);
+    assert!(
+        !out.status.success() && text.contains("another archive round"),
+        "{text}"
+    );
+    assert!(objects(&store).is_empty());
+    w.platform_sql
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_key])
+        .await
+        .unwrap();
+
+    // Verified, not yet dropped; then a late attempt row for that day.
+    let out = attempts_only(&[("WALHOOK_FAILPOINTS", "archive.before_drop=exit@1")]);
+    assert!(!out.status.success());
+    let day: String = w
+        .platform_sql
+        .query_one(
+            "SELECT to_char(day, 'YYYY-MM-DD') FROM walhook.archive_partitions WHERE state = 'verified'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let count = || async {
+        w.platform_sql
+            .query_one(
+                "SELECT count(*) FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date",
+                &[&day],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let before = count().await;
+    w.platform_sql
+        .execute(
+            "INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
+             endpoint_config_version, started_at, finished_at, http_status, latency_ms, outcome) \
+             SELECT gen_random_uuid(), delivery_id, endpoint_id, tenant_id, 99, 'manual', 1, \
+             started_at + interval '1 second', finished_at + interval '1 second', 200, 1, 'succeeded' \
+             FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date LIMIT 1",
+            &[&day],
+        )
+        .await
+        .unwrap();
+    let out = attempts_only(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("rows arrived after the export"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        count().await,
+        before + 1,
+        "the late row was dropped unarchived"
+    );
+
+    // The next round writes the day anew, late row included.
+    let out = attempts_only(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(count().await, 0);
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(store.join(format!("table=attempts/date={day}/_manifest.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["row_count"].as_i64().unwrap(), before + 1);
+}

@@ -139,6 +139,19 @@ pub struct PartitionReport {
     pub seconds: f64,
 }
 
+/// What removing a day's hot rows did.
+enum DropOutcome {
+    /// The rows are gone, but for `left` deliveries changed since the
+    /// export (they stay hot for a later generation).
+    Dropped { left: u64 },
+    /// The partition holds other rows than the manifest: nothing dropped.
+    Changed { hot: u64, archived: u64 },
+}
+
+/// A key for `pg_try_advisory_lock`: one archive round at a time per
+/// platform database ("walhook archive" in ASCII, roughly).
+const ROUND_LOCK: i64 = 0x7761_6c68_6172_6368;
+
 /// Runs the archive protocol against one platform database and one store.
 pub struct Archiver<S: ObjectStore> {
     pub(crate) platform: Platform,
@@ -164,7 +177,34 @@ impl<S: ObjectStore> Archiver<S> {
     /// Archives every due day of every table, oldest first; a day that fails
     /// is reported and the run goes on with the next (a definite failure of
     /// the store or the database ends the run).
+    ///
+    /// One round runs at a time per platform database (a session advisory
+    /// lock, released when the round ends or its process dies): a second
+    /// archiver (`walhook run`'s schedule next to a `walhook archive`) gets
+    /// [`ArchiveError::Busy`] instead of racing the first over the catalog.
     pub async fn run(&self, progress: &dyn Progress) -> Result<Vec<PartitionReport>, ArchiveError> {
+        // A connection of its own, out of the pool: dropping it (the round
+        // ends, fails or is cancelled) closes it and so releases the lock.
+        let lock = deadpool_postgres::Object::take(self.platform.client().await?);
+        let held: bool = lock
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&ROUND_LOCK])
+            .await
+            .map_err(ArchiveError::query("take the archive round's lock"))?
+            .get(0);
+        if !held {
+            return Err(ArchiveError::Busy);
+        }
+        let result = self.run_locked(progress).await;
+        let _ = lock
+            .execute("SELECT pg_advisory_unlock($1)", &[&ROUND_LOCK])
+            .await;
+        result
+    }
+
+    async fn run_locked(
+        &self,
+        progress: &dyn Progress,
+    ) -> Result<Vec<PartitionReport>, ArchiveError> {
         let mut reports = Vec::new();
         for table in self.settings.tables.clone() {
             for day in self.due_days(table).await? {
@@ -351,7 +391,16 @@ impl<S: ObjectStore> Archiver<S> {
                 .await?;
         }
         failpoint::hit("archive.before_drop");
-        let left = self.drop_hot(table, day, &manifest, row.written_at).await?;
+        let left = match self.drop_hot(table, day, &manifest, row.written_at).await? {
+            DropOutcome::Dropped { left } => left,
+            DropOutcome::Changed { hot, archived } => {
+                self.forget(table, day, row.generation).await?;
+                report.outcome = Outcome::Waiting(format!(
+                    "the day partition holds {hot} rows at the drop, the manifest {archived}: rows arrived after the export; nothing was dropped and the day is written anew on the next run"
+                ));
+                return Ok(report);
+            }
+        };
         failpoint::hit("archive.after_drop");
         self.set_state(table, day, row.generation, "dropped")
             .await?;
@@ -641,11 +690,11 @@ impl<S: ObjectStore> Archiver<S> {
         day: NaiveDate,
         manifest: &Manifest,
         written_at: std::time::SystemTime,
-    ) -> Result<u64, ArchiveError> {
+    ) -> Result<DropOutcome, ArchiveError> {
         let mut client = self.platform.client().await?;
         if table.partitioned() {
             if !self.partition_exists(&client, table, day).await? {
-                return Ok(0);
+                return Ok(DropOutcome::Dropped { left: 0 });
             }
             let name = partition_name(table, day);
             let tx = client
@@ -663,12 +712,12 @@ impl<S: ObjectStore> Archiver<S> {
                 .map_err(ArchiveError::query("count the day partition"))?
                 .get(0);
             if n as u64 != manifest.row_count {
-                return Err(ArchiveError::Verification {
-                    table,
-                    day,
-                    object: format!("walhook.{name}"),
-                    problem: format!("it holds {n} rows at the drop, the manifest {}", manifest.row_count),
-                    fix: "nothing was dropped; run `walhook archive` again, which writes the day anew".into(),
+                // Rows reached the day after the export; the partition is
+                // whole, so the day is written anew (the caller forgets
+                // this generation's catalog row).
+                return Ok(DropOutcome::Changed {
+                    hot: n as u64,
+                    archived: manifest.row_count,
                 });
             }
             tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
@@ -677,7 +726,7 @@ impl<S: ObjectStore> Archiver<S> {
             tx.commit()
                 .await
                 .map_err(ArchiveError::query("drop the day partition"))?;
-            return Ok(0);
+            return Ok(DropOutcome::Dropped { left: 0 });
         }
         let (from, to) = bounds(day);
         let tenants: Vec<String> = client
@@ -706,7 +755,7 @@ impl<S: ObjectStore> Archiver<S> {
             }
         }
         let left = self.hot_count(table, day).await?;
-        Ok(left)
+        Ok(DropOutcome::Dropped { left })
     }
 }
 

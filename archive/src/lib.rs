@@ -94,6 +94,11 @@ pub enum ArchiveError {
     /// Arrow could not build or read a batch.
     #[error("arrow")]
     Arrow(#[source] arrow_schema::ArrowError),
+    /// Another archive round holds the platform database's archive lock.
+    #[error(
+        "another archive round is running on this platform database (`walhook run`'s [archive] schedule or another `walhook archive`); run again when it has ended"
+    )]
+    Busy,
     /// An object does not match its manifest, or the manifest does not match
     /// the hot rows: nothing was dropped.
     #[error("verification of {table} {day} failed: {object}: {problem}. {fix}")]
@@ -126,6 +131,7 @@ impl ArchiveError {
                 walhook_sql::kind_of(source) == walhook_pipeline::store::ErrorKind::Transient
             }
             ArchiveError::Store(e) => e.is_transient(),
+            ArchiveError::Busy => true,
             _ => false,
         }
     }
