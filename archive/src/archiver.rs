@@ -21,15 +21,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use chrono::{Duration, NaiveDate, Utc};
 use futures::StreamExt;
-use tokio_postgres::types::ToSql;
 use walhook_pipeline::failpoint;
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
 use crate::catalog::CatalogRow;
+use crate::copy::{CopyReader, Next};
 use crate::dates::{NaiveDateSql, bounds};
 use crate::encode::encode;
-use crate::layout::{bucket_sql, manifest_key, part_key, partition_day, partition_name};
+use crate::layout::{bucket_sql_over, manifest_key, part_key, partition_day, partition_name};
 use crate::manifest::{FileEntry, Manifest};
 use crate::part::PartBuilder;
 use crate::table::Table;
@@ -526,45 +526,37 @@ impl<S: ObjectStore> Archiver<S> {
             .map_err(ArchiveError::query(
                 "lift the statement timeout for the export",
             ))?;
-        let (from, to) = bounds(day);
         let day_col = table.day_column();
-        let (source, params): (String, Vec<Box<dyn ToSql + Sync + Send>>) = if table.partitioned() {
-            (
-                format!("walhook.{}", partition_name(table, day)),
-                vec![Box::new(i32::from(buckets))],
-            )
+        // COPY takes no parameters: the values below are a number and two
+        // dates this code formats, never input.
+        let source = if table.partitioned() {
+            format!("walhook.{}", partition_name(table, day))
         } else {
-            (
+            let next = day + Duration::days(1);
+            format!(
                 "(SELECT d.* FROM walhook.tenants t, LATERAL (SELECT * FROM walhook.deliveries d \
-                 WHERE d.tenant_id = t.id AND d.created_at >= $2 AND d.created_at < $3) d) d"
-                    .to_string(),
-                vec![Box::new(i32::from(buckets)), Box::new(from), Box::new(to)],
+                 WHERE d.tenant_id = t.id AND d.created_at >= '{day} 00:00:00+00' \
+                 AND d.created_at < '{next} 00:00:00+00') d) d"
             )
         };
-        let p: Vec<&(dyn ToSql + Sync)> = params
-            .iter()
-            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-            .collect();
         let total: i64 = tx
-            .query_one(
-                &format!("SELECT count(*) FROM {source} WHERE $1::int4 > 0"),
-                &p,
-            )
+            .query_one(&format!("SELECT count(*) FROM {source}"), &[])
             .await
             .map_err(ArchiveError::query("count the day's rows"))?
             .get(0);
-        let sql = format!(
-            "SELECT {}, {} FROM {source} ORDER BY {}, tenant_id, {day_col}, id",
+        let bucket = bucket_sql_over(&i32::from(buckets).to_string());
+        let copy_sql = format!(
+            "COPY (SELECT {}, {bucket} FROM {source} ORDER BY {bucket}, tenant_id, {day_col}, id) \
+             TO STDOUT (FORMAT binary)",
             table.select_list(),
-            bucket_sql(1),
-            bucket_sql(1),
         );
         progress.start(table, day, total as u64);
-        let rows = tx
-            .query_raw(&sql, p)
+        let stream = tx
+            .copy_out(&copy_sql)
             .await
             .map_err(ArchiveError::query("read the day's rows"))?;
-        futures::pin_mut!(rows);
+        futures::pin_mut!(stream);
+        let mut copy = CopyReader::new();
         let mut manifest = Manifest::new(
             table,
             &day.format("%Y-%m-%d").to_string(),
@@ -575,10 +567,30 @@ impl<S: ObjectStore> Archiver<S> {
         let bucket_col = table.columns().len();
         let status_col = table.column_index("status");
         let mut current: Option<(u16, u32)> = None; // (bucket, next sequence)
-        while let Some(row) = rows.next().await {
-            let row = row.map_err(ArchiveError::query("read the day's rows"))?;
+        loop {
+            match copy.next_tuple().map_err(|detail| ArchiveError::Shape {
+                table,
+                column: "copy",
+                detail,
+            })? {
+                Next::Tuple => {}
+                Next::End => break,
+                Next::NeedMore => match stream.next().await {
+                    Some(chunk) => {
+                        copy.feed(&chunk.map_err(ArchiveError::query("read the day's rows"))?);
+                        continue;
+                    }
+                    None => {
+                        return Err(ArchiveError::Shape {
+                            table,
+                            column: "copy",
+                            detail: "the copy ended inside a tuple".into(),
+                        });
+                    }
+                },
+            }
             if let Some(i) = status_col
-                && row.get::<_, &str>(i) == "pending"
+                && copy.field(i) == Some(&b"pending"[..])
             {
                 return Err(ArchiveError::Verification {
                     table,
@@ -588,7 +600,11 @@ impl<S: ObjectStore> Archiver<S> {
                     fix: "nothing was written or dropped; find it with `SELECT id FROM walhook.deliveries WHERE status = 'pending'` and report it: the dispatcher keeps every pending delivery in walhook.pending".into(),
                 });
             }
-            let bucket = row.get::<_, i32>(bucket_col) as u16;
+            let bucket = copy
+                .field(bucket_col)
+                .and_then(|v| v.try_into().ok())
+                .map(i32::from_be_bytes)
+                .unwrap_or_default() as u16;
             let seq = match current {
                 Some((b, seq)) if b == bucket && part.len() < self.settings.part_rows => seq,
                 Some((b, seq)) => {
@@ -602,7 +618,7 @@ impl<S: ObjectStore> Archiver<S> {
                 None => 0,
             };
             current = Some((bucket, seq));
-            part.push(&row)?;
+            part.push(&copy)?;
         }
         if let Some((b, seq)) = current {
             let file = self

@@ -31,8 +31,13 @@ pub fn bucket_of(tenant: &str, buckets: u16) -> u16 {
 /// as parameter `$n`: the digest's first four hex digits as a 16-bit
 /// number (one SHA-256 per row).
 pub fn bucket_sql(param: usize) -> String {
+    bucket_sql_over(&format!("${param}::int4"))
+}
+
+/// [`bucket_sql`] with the bucket count as an SQL expression.
+pub fn bucket_sql_over(buckets: &str) -> String {
     format!(
-        "(('x' || left(encode(sha256(convert_to(tenant_id, 'UTF8')), 'hex'), 4))::bit(16)::int4 % ${param}::int4)"
+        "(('x' || left(encode(sha256(convert_to(tenant_id, 'UTF8')), 'hex'), 4))::bit(16)::int4 % {buckets})"
     )
 }
 

@@ -17,6 +17,7 @@
 //!
 //! - [`table`]: the archived tables and their columns.
 //! - [`layout`]: object keys, tenant buckets.
+//! - [`copy`]: the binary `COPY` stream the export reads.
 //! - [`encode`]: rows to Parquet and back.
 //! - [`manifest`]: what a day's objects hold; [`part`]: one part in the
 //!   making.
@@ -33,6 +34,7 @@
 pub mod archiver;
 mod catalog;
 pub mod cold;
+pub mod copy;
 pub mod dates;
 pub mod encode;
 pub mod layout;
@@ -67,17 +69,6 @@ pub enum ArchiveError {
     /// The object store failed.
     #[error(transparent)]
     Store(#[from] ObjectStoreError),
-    /// A hot row could not be read as its column's type.
-    #[error("reading column {column} of {table}")]
-    Row {
-        /// The table.
-        table: Table,
-        /// The column.
-        column: &'static str,
-        /// The database error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
     /// A hot value does not have the shape its column needs.
     #[error("column {column} of {table}: {detail}")]
     Shape {

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::ArchiveError;
-use crate::table::{BatchBuilder, Kind, PgMicros, Table};
+use crate::copy::CopyReader;
+use crate::table::{BatchBuilder, Kind, PG_EPOCH_MICROS, Table};
 
 /// What a finished part holds besides its rows.
 #[derive(Debug, Clone, Default)]
@@ -53,12 +54,20 @@ impl PartBuilder {
         self.batch.is_empty()
     }
 
-    /// Adds a row read by [`Table::select_list`].
-    pub fn push(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
-        self.batch.push_row(row)?;
-        let id: uuid::Uuid = row.get(0);
-        let t = row.get::<_, PgMicros>(self.time_col).0;
-        let tenant: &str = row.get(self.tenant_col);
+    /// Adds the current tuple of `copy` (the columns of
+    /// [`Table::select_list`]).
+    pub fn push(&mut self, copy: &CopyReader) -> Result<(), ArchiveError> {
+        self.batch.push_tuple(copy)?;
+        // The batch checked the widths of these three columns.
+        let id = uuid::Uuid::from_slice(copy.field(0).unwrap_or_default()).unwrap_or_default();
+        let t = copy
+            .field(self.time_col)
+            .and_then(|v| v.try_into().ok())
+            .map(i64::from_be_bytes)
+            .unwrap_or_default()
+            .saturating_add(PG_EPOCH_MICROS);
+        let tenant = std::str::from_utf8(copy.field(self.tenant_col).unwrap_or_default())
+            .unwrap_or_default();
         self.ids = Some(match self.ids {
             None => (id, id),
             Some((lo, hi)) => (lo.min(id), hi.max(id)),

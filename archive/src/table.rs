@@ -17,6 +17,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use crate::ArchiveError;
+use crate::copy::CopyReader;
 
 /// The version of the Parquet layout; manifests carry it and readers check it.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -265,25 +266,9 @@ fn data_type(kind: Kind) -> DataType {
     }
 }
 
-/// A `timestamptz` read in Postgres's binary form (microseconds since
-/// 2000-01-01 UTC), as microseconds since the Unix epoch: exact, and no
-/// arithmetic in SQL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PgMicros(pub i64);
-
-/// Microseconds from the Unix epoch to Postgres's, 2000-01-01 UTC.
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-impl<'a> tokio_postgres::types::FromSql<'a> for PgMicros {
-    fn from_sql(
-        _ty: &tokio_postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let us = i64::from_be_bytes(raw.try_into()?);
-        Ok(PgMicros(us.saturating_add(PG_EPOCH_MICROS)))
-    }
-    tokio_postgres::types::accepts!(TIMESTAMPTZ, TIMESTAMP);
-}
+/// Microseconds from the Unix epoch to Postgres's, 2000-01-01 UTC: binary
+/// timestamps count from there.
+pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 enum Builder {
     Uuid(FixedSizeBinaryBuilder),
@@ -339,52 +324,53 @@ impl BatchBuilder {
         self.rows == 0
     }
 
-    /// Appends one row read by [`Table::select_list`].
-    pub fn push_row(&mut self, row: &tokio_postgres::Row) -> Result<(), ArchiveError> {
+    /// Appends the current tuple of `copy`: the columns of
+    /// [`Table::select_list`] in Postgres's binary form.
+    pub fn push_tuple(&mut self, copy: &CopyReader) -> Result<(), ArchiveError> {
         let table = self.table;
         for (i, (b, c)) in self.builders.iter_mut().zip(table.columns()).enumerate() {
-            let bad = |e: tokio_postgres::Error| ArchiveError::Row {
+            let v = copy.field(i);
+            let shape = |detail: String| ArchiveError::Shape {
                 table,
                 column: c.name,
-                source: e,
+                detail,
             };
-            let shape = |got: usize| ArchiveError::Shape {
-                table,
-                column: c.name,
-                detail: format!("{got} bytes where a fixed width is expected"),
-            };
+            if v.is_none() && !c.nullable {
+                return Err(shape("NULL in a column that cannot be null".into()));
+            }
             match b {
-                Builder::Uuid(b) => match row.try_get::<_, Option<uuid::Uuid>>(i).map_err(bad)? {
-                    Some(u) => b.append_value(u.as_bytes()).expect("16 bytes"),
+                Builder::Uuid(b) | Builder::Sha256(b) => match v {
+                    Some(v) => b.append_value(v).map_err(|_| {
+                        shape(format!("{} bytes where a fixed width is expected", v.len()))
+                    })?,
                     None => b.append_null(),
                 },
-                Builder::Text(b) => {
-                    b.append_option(row.try_get::<_, Option<&str>>(i).map_err(bad)?)
-                }
-                Builder::Int32(b) => {
-                    b.append_option(row.try_get::<_, Option<i32>>(i).map_err(bad)?)
-                }
-                Builder::Int64(b) => {
-                    b.append_option(row.try_get::<_, Option<i64>>(i).map_err(bad)?)
-                }
-                Builder::Lsn(b) => b.append_option(
-                    row.try_get::<_, Option<tokio_postgres::types::PgLsn>>(i)
-                        .map_err(bad)?
-                        .map(|l| u64::from(l) as i64),
+                Builder::Text(b) => match v {
+                    Some(v) => b.append_value(
+                        std::str::from_utf8(v)
+                            .map_err(|_| shape("text that is not UTF-8".into()))?,
+                    ),
+                    None => b.append_null(),
+                },
+                Builder::Int32(b) => b.append_option(
+                    v.map(|v| v.try_into().map(i32::from_be_bytes))
+                        .transpose()
+                        .map_err(|_| shape("an int4 that is not 4 bytes".into()))?,
+                ),
+                Builder::Int64(b) | Builder::Lsn(b) => b.append_option(
+                    v.map(|v| v.try_into().map(i64::from_be_bytes))
+                        .transpose()
+                        .map_err(|_| shape("an 8-byte value that is not 8 bytes".into()))?,
                 ),
                 Builder::Timestamp(b) => b.append_option(
-                    row.try_get::<_, Option<PgMicros>>(i)
-                        .map_err(bad)?
-                        .map(|t| t.0),
+                    v.map(|v| {
+                        v.try_into()
+                            .map(|a| i64::from_be_bytes(a).saturating_add(PG_EPOCH_MICROS))
+                    })
+                    .transpose()
+                    .map_err(|_| shape("a timestamp that is not 8 bytes".into()))?,
                 ),
-                Builder::Bytes(b) => {
-                    b.append_option(row.try_get::<_, Option<&[u8]>>(i).map_err(bad)?)
-                }
-                Builder::Sha256(b) => match row.try_get::<_, Option<&[u8]>>(i).map_err(bad)? {
-                    Some(v) if v.len() == 32 => b.append_value(v).expect("32 bytes"),
-                    Some(v) => return Err(shape(v.len())),
-                    None => b.append_null(),
-                },
+                Builder::Bytes(b) => b.append_option(v),
             }
         }
         self.rows += 1;
