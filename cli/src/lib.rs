@@ -140,7 +140,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
-        Command::Archive(args) => commands::archive::run(args).await,
+        Command::Archive(args) => commands::archive::run(args),
         Command::CheckUrl(args) => commands::check_url::run(args).await,
         Command::Secrets(args) => commands::secrets::run(args).await,
     }

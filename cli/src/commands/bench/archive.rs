@@ -83,17 +83,21 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     );
     let dir = tempfile::tempdir()?;
     let store = walhook_connectors::objstore::LocalDirStore::open(dir.path())?;
-    let platform = walhook_sql::Platform::new(&url, 4)?;
     let settings = Settings {
         tables: vec![Table::Attempts],
         today: Some(day + chrono::Duration::days(5)),
         ..Settings::default()
     };
-    let archiver = Archiver::new(platform, store, settings);
     let bar = super::progress(args.rows, "attempts archived");
     let (cpu0, pg0, _) = cpu_seconds();
     let started = Instant::now();
-    let reports: Vec<PartitionReport> = archiver.run(&Bar(bar.clone())).await?;
+    let progress = Bar(bar.clone());
+    let reports: Vec<PartitionReport> =
+        crate::commands::archive::on_own_thread(move || async move {
+            let platform = walhook_sql::Platform::new(&url, 4)?;
+            let archiver = Archiver::new(platform, store, settings);
+            Ok(archiver.run(&progress).await?)
+        })?;
     let wall = started.elapsed().as_secs_f64();
     let (cpu1, pg1, _) = cpu_seconds();
     bar.finish_and_clear();
