@@ -71,10 +71,23 @@ fn python() -> PathBuf {
 }
 
 fn archive(cfg: &Path, today: &str, env: &[(&str, &str)]) -> std::process::Output {
+    archive_tables(cfg, today, &[], env)
+}
+
+/// `walhook archive` of `tables` (all when empty) with `today` and `env`.
+fn archive_tables(
+    cfg: &Path,
+    today: &str,
+    tables: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut cmd = walhook();
     cmd.args(["archive", "--config"])
         .arg(cfg)
         .args(["--today", today]);
+    for t in tables {
+        cmd.args(["--table", t]);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -381,16 +394,7 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let (w, later) = three_days().await;
     let store = w.dir.path().join("store");
     let cfg = config_for(&w, &w.pg.url("platform"), &store);
-    let attempts_only = |env: &[(&str, &str)]| {
-        let mut cmd = walhook();
-        cmd.args(["archive", "--table", "attempts", "--config"])
-            .arg(&cfg)
-            .args(["--today", &later]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        run(&mut cmd)
-    };
+    let attempts_only = |env: &[(&str, &str)]| archive_tables(&cfg, &later, &["attempts"], env);
     // Written and recorded, not yet verified.
     let out = attempts_only(&[("WALHOOK_FAILPOINTS", "archive.before_verify=exit@1")]);
     assert!(!out.status.success());
@@ -797,16 +801,7 @@ async fn late_rows_and_a_second_archiver_are_handled() {
     let (w, later) = three_days().await;
     let store = w.dir.path().join("store");
     let cfg = config_for(&w, &w.pg.url("platform"), &store);
-    let attempts_only = |env: &[(&str, &str)]| {
-        let mut cmd = walhook();
-        cmd.args(["archive", "--table", "attempts", "--config"])
-            .arg(&cfg)
-            .args(["--today", &later]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        run(&mut cmd)
-    };
+    let attempts_only = |env: &[(&str, &str)]| archive_tables(&cfg, &later, &["attempts"], env);
 
     // Another round holds the lock: this one refuses, changing nothing.
     let lock_key: i64 = 0x7761_6c68_6172_6368;

@@ -139,6 +139,22 @@ pub struct PartitionReport {
     pub seconds: f64,
 }
 
+impl PartitionReport {
+    /// A report of generation 0 with nothing written yet.
+    pub fn new(table: Table, day: NaiveDate, outcome: Outcome) -> Self {
+        PartitionReport {
+            table,
+            day,
+            generation: 0,
+            rows: 0,
+            bytes: 0,
+            files: 0,
+            outcome,
+            seconds: 0.0,
+        }
+    }
+}
+
 /// What removing a day's hot rows did.
 enum DropOutcome {
     /// The rows are gone, but for `left` deliveries changed since the
@@ -317,16 +333,7 @@ impl<S: ObjectStore> Archiver<S> {
         progress: &dyn Progress,
     ) -> Result<PartitionReport, ArchiveError> {
         let pending = self.catalog(table, day).await?;
-        let mut report = PartitionReport {
-            table,
-            day,
-            generation: 0,
-            rows: 0,
-            bytes: 0,
-            files: 0,
-            outcome: Outcome::Archived,
-            seconds: 0.0,
-        };
+        let mut report = PartitionReport::new(table, day, Outcome::Archived);
         let resume = match pending {
             Some(row) if row.state == "written" || row.state == "verified" => {
                 // A written manifest that has gone from the store (removed by
@@ -783,14 +790,5 @@ fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
         text.push_str(&s.to_string());
         source = s.source();
     }
-    PartitionReport {
-        table,
-        day,
-        generation: 0,
-        rows: 0,
-        bytes: 0,
-        files: 0,
-        outcome: Outcome::Failed(text),
-        seconds: 0.0,
-    }
+    PartitionReport::new(table, day, Outcome::Failed(text))
 }
