@@ -197,6 +197,17 @@ async fn snapshot(w: &World) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Hot attempts that started on `day` (YYYY-MM-DD).
+async fn attempts_of_day(sql: &tokio_postgres::Client, day: &str) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date",
+        &[&day],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// A copy of the platform database, for a second archive of the same rows.
 async fn clone_platform(w: &mut World, name: &str) -> String {
     let admin = w.pg.connect("postgres").await.unwrap();
@@ -408,16 +419,7 @@ async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
         .unwrap()
         .trim_start_matches("date=")
         .to_string();
-    let day_rows = || async {
-        w.platform_sql
-            .query_one(
-                "SELECT count(*) FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date",
-                &[&day],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let day_rows = || attempts_of_day(&w.platform_sql, &day);
     let hot = day_rows().await;
     assert!(hot > 0);
     let path = store.join(&part);
@@ -833,16 +835,7 @@ async fn late_rows_and_a_second_archiver_are_handled() {
         .await
         .unwrap()
         .get(0);
-    let count = || async {
-        w.platform_sql
-            .query_one(
-                "SELECT count(*) FROM walhook.attempts WHERE (started_at AT TIME ZONE 'UTC')::date = $1::text::date",
-                &[&day],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let count = || attempts_of_day(&w.platform_sql, &day);
     let before = count().await;
     w.platform_sql
         .execute(
