@@ -126,6 +126,18 @@ async fn hot_rows(sql: &tokio_postgres::Client) -> (i64, i64, i64) {
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// Asserts that `out` (a `walhook archive` run) succeeded and left the hot
+/// tables empty.
+async fn assert_all_archived(w: &World, out: &std::process::Output) {
+    assert!(out.status.success(), "{}\n{}", stdout(out), stderr(out));
+    assert_eq!(
+        hot_rows(&w.platform_sql).await,
+        (0, 0, 0),
+        "{}",
+        stdout(out)
+    );
+}
+
 /// A real run: 3 tenants, 4 endpoints (one failing every third request),
 /// 60 orders; then the rows of two tenants are moved one and two days back,
 /// so the run spans three days.
@@ -304,13 +316,7 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     child.kill().unwrap();
     child.wait().unwrap();
     let out = archive(&crashed_cfg, &later, &[]);
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert_eq!(
-        hot_rows(&w.platform_sql).await,
-        (0, 0, 0),
-        "{}",
-        stdout(&out)
-    );
+    assert_all_archived(&w, &out).await;
     let again = archive(&crashed_cfg, &later, &[]);
     assert!(
         stdout(&again).contains("nothing is due"),
@@ -525,17 +531,11 @@ async fn three_days_go_to_a_real_s3_server_and_read_back_exactly() {
     with_fp.push(("WALHOOK_FAILPOINTS", "archive.after_part=abort@3"));
     assert!(!archive(&cfg, &later, &with_fp).status.success());
     let out = archive(&cfg, &later, &env);
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_all_archived(&w, &out).await;
     assert!(
         stderr(&out).contains("s3://walhook-archive/prod/cold"),
         "{}",
         stderr(&out)
-    );
-    assert_eq!(
-        hot_rows(&w.platform_sql).await,
-        (0, 0, 0),
-        "{}",
-        stdout(&out)
     );
 
     // What the server stored (s3s-fs keeps each object as a file).
@@ -568,8 +568,7 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
     let store = w.dir.path().join("store");
     let cfg = config_for(&w, &w.pg.url("platform"), &store);
     let out = archive(&cfg, &later, &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(hot_rows(&w.platform_sql).await, (0, 0, 0));
+    assert_all_archived(&w, &out).await;
     let sent = at(&w.receiver.received(), "globex");
     assert_eq!(sent.len(), 20);
 
@@ -745,13 +744,7 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
     // The restored delivery and event leave again, as generation 1 of
     // their days; the replay's attempt goes with today's attempts.
     let out = archive(&cfg, &later, &[]);
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert_eq!(
-        hot_rows(&w.platform_sql).await,
-        (0, 0, 0),
-        "{}",
-        stdout(&out)
-    );
+    assert_all_archived(&w, &out).await;
     let keys: Vec<String> = objects(&store).into_keys().collect();
     for t in ["events", "deliveries"] {
         assert!(

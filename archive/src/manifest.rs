@@ -152,7 +152,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Uuid => "uuid",
         Kind::Text => "text",
         Kind::Int32 => "int32",
-        Kind::Int64 | Kind::Lsn => "int64",
+        Kind::Lsn => "int64",
         Kind::Timestamp => "timestamp_us_utc",
         Kind::Bytes => "bytes",
         Kind::Sha256 => "sha256",

@@ -20,7 +20,6 @@ pub struct PartStats {
 
 /// Gathers one part's rows and the figures its manifest entry names.
 pub struct PartBuilder {
-    table: Table,
     batch: BatchBuilder,
     ids: Option<(uuid::Uuid, uuid::Uuid)>,
     times: Option<(i64, i64)>,
@@ -34,7 +33,6 @@ impl PartBuilder {
     pub fn new(table: Table) -> Self {
         debug_assert_eq!(table.columns()[0].kind, Kind::Uuid);
         PartBuilder {
-            table,
             batch: BatchBuilder::new(table),
             ids: None,
             times: None,
@@ -82,7 +80,6 @@ impl PartBuilder {
                 self.tenants.insert(tenant.to_string(), 1);
             }
         }
-        let _ = self.table;
         Ok(())
     }
 

@@ -42,8 +42,6 @@ pub enum Kind {
     Text,
     /// A 32-bit integer.
     Int32,
-    /// A 64-bit integer.
-    Int64,
     /// A Postgres LSN, stored as a 64-bit integer.
     Lsn,
     /// An instant, UTC microseconds.
@@ -259,7 +257,7 @@ fn data_type(kind: Kind) -> DataType {
         Kind::Uuid => DataType::FixedSizeBinary(16),
         Kind::Text => DataType::Utf8,
         Kind::Int32 => DataType::Int32,
-        Kind::Int64 | Kind::Lsn => DataType::Int64,
+        Kind::Lsn => DataType::Int64,
         Kind::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         Kind::Bytes => DataType::Binary,
         Kind::Sha256 => DataType::FixedSizeBinary(32),
@@ -274,7 +272,6 @@ enum Builder {
     Uuid(FixedSizeBinaryBuilder),
     Text(StringBuilder),
     Int32(Int32Builder),
-    Int64(Int64Builder),
     Lsn(Int64Builder),
     Timestamp(TimestampMicrosecondBuilder),
     Bytes(BinaryBuilder),
@@ -298,7 +295,6 @@ impl BatchBuilder {
                 Kind::Uuid => Builder::Uuid(FixedSizeBinaryBuilder::new(16)),
                 Kind::Text => Builder::Text(StringBuilder::new()),
                 Kind::Int32 => Builder::Int32(Int32Builder::new()),
-                Kind::Int64 => Builder::Int64(Int64Builder::new()),
                 Kind::Lsn => Builder::Lsn(Int64Builder::new()),
                 Kind::Timestamp => {
                     Builder::Timestamp(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
@@ -357,7 +353,7 @@ impl BatchBuilder {
                         .transpose()
                         .map_err(|_| shape("an int4 that is not 4 bytes".into()))?,
                 ),
-                Builder::Int64(b) | Builder::Lsn(b) => b.append_option(
+                Builder::Lsn(b) => b.append_option(
                     v.map(|v| v.try_into().map(i64::from_be_bytes))
                         .transpose()
                         .map_err(|_| shape("an 8-byte value that is not 8 bytes".into()))?,
@@ -387,7 +383,7 @@ impl BatchBuilder {
                     Builder::Uuid(b) | Builder::Sha256(b) => Arc::new(b.finish()),
                     Builder::Text(b) => Arc::new(b.finish()),
                     Builder::Int32(b) => Arc::new(b.finish()),
-                    Builder::Int64(b) | Builder::Lsn(b) => Arc::new(b.finish()),
+                    Builder::Lsn(b) => Arc::new(b.finish()),
                     Builder::Timestamp(b) => Arc::new(b.finish()),
                     Builder::Bytes(b) => Arc::new(b.finish()),
                 }

@@ -81,12 +81,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings = Settings {
         hot_days,
-        tenant_buckets: cfg.archive.tenant_buckets,
-        part_rows: cfg.archive.part_rows,
         tables,
         dry_run: args.dry_run,
         today: args.today,
-        retention_days: (cfg.archive.retention_days > 0).then_some(cfg.archive.retention_days),
+        ..cfg.archive.settings()
     };
     let platform_cfg = cfg.platform()?.clone();
     let archive_cfg = cfg.archive.clone();

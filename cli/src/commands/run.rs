@@ -103,7 +103,7 @@ async fn scheduled_archive(
     platform: walhook_sql::Platform,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    use walhook_archive::archiver::{Outcome, Settings, Silent};
+    use walhook_archive::archiver::{Outcome, Silent};
     let mut wait = std::time::Duration::from_secs(60).min(cfg.every);
     loop {
         tokio::select! {
@@ -121,16 +121,12 @@ async fn scheduled_archive(
                 continue;
             }
         };
-        let settings = Settings {
-            hot_days: cfg.hot_days,
-            tenant_buckets: cfg.tenant_buckets,
-            part_rows: cfg.part_rows,
-            retention_days: (cfg.retention_days > 0).then_some(cfg.retention_days),
-            ..Settings::default()
-        };
-        let archiver = walhook_archive::Archiver::new(platform.clone(), store, settings);
-        match archiver.run(&Silent).await {
-            Ok(reports) => {
+        let archiver = walhook_archive::Archiver::new(platform.clone(), store, cfg.settings());
+        // A round in a task of its own: a panic in it is logged and the
+        // next round runs, instead of ending scheduled archiving unseen.
+        let round = tokio::spawn(async move { archiver.run(&Silent).await });
+        match round.await {
+            Ok(Ok(reports)) => {
                 for r in reports {
                     match &r.outcome {
                         Outcome::Failed(why) => {
@@ -139,14 +135,23 @@ async fn scheduled_archive(
                         Outcome::Waiting(why) => {
                             tracing::info!(table = %r.table, day = %r.day, reason = %why, "a day is not archived yet")
                         }
-                        _ => {
+                        Outcome::Expired => {
+                            tracing::info!(table = %r.table, day = %r.day, rows = r.rows, "an archived day past the retention was deleted")
+                        }
+                        Outcome::Archived | Outcome::Planned => {
                             tracing::info!(table = %r.table, day = %r.day, rows = r.rows, bytes = r.bytes, files = r.files, "day archived")
                         }
                     }
                 }
             }
-            Err(e) => {
+            Ok(Err(walhook_archive::ArchiveError::Busy)) => {
+                tracing::info!("another archive round is running; this one is skipped")
+            }
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "the archive round stopped; trying again at the next round")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the archive round panicked; trying again at the next round")
             }
         }
     }

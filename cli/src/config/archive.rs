@@ -134,6 +134,18 @@ impl ArchiveConfig {
         }
     }
 
+    /// The archive's settings from this section (every table, today's
+    /// date); commands override what their flags change.
+    pub fn settings(&self) -> walhook_archive::Settings {
+        walhook_archive::Settings {
+            hot_days: self.hot_days,
+            tenant_buckets: self.tenant_buckets,
+            part_rows: self.part_rows,
+            retention_days: (self.retention_days > 0).then_some(self.retention_days),
+            ..walhook_archive::Settings::default()
+        }
+    }
+
     /// Opens the configured store.
     pub async fn open_store(&self) -> anyhow::Result<walhook_connectors::objstore::AnyStore> {
         use walhook_connectors::objstore::{AnyStore, LocalDirStore, S3Settings, S3Store};
