@@ -136,23 +136,48 @@ fn is_json_number(text: &str) -> bool {
 }
 
 /// `2026-11-29 10:11:44.5+00` → `2026-11-29T10:11:44.5Z`; `None` when the
-/// text is not an ISO timestamp (infinity, BC, odd offsets).
+/// text is not exactly Postgres's ISO output (infinity, BC, years past 9999,
+/// anything else), so that such text is kept as it is.
 fn iso_timestamp_to_rfc3339(text: &str, with_zone: bool) -> Option<String> {
+    // Every byte is checked against the ISO shape, so the text is ASCII and
+    // every slice below is on a char boundary whatever the input holds.
+    fn digits(b: &[u8]) -> bool {
+        !b.is_empty() && b.iter().all(u8::is_ascii_digit)
+    }
+    const PATTERN: &[u8; 19] = b"dddd-dd-dd dd:dd:dd";
     let b = text.as_bytes();
-    // YYYY-MM-DD HH:MM:SS is 19 bytes; years beyond 9999 or BC do not fit.
-    if b.len() < 19 || b[4] != b'-' || b[10] != b' ' || text.ends_with(" BC") {
+    let fits = b.len() >= 19
+        && PATTERN.iter().zip(b).all(|(p, c)| match p {
+            b'd' => c.is_ascii_digit(),
+            p => p == c,
+        });
+    if !fits {
         return None;
     }
-    let (date_time, zone) = if with_zone {
-        let at = text[19..].find(['+', '-']).map(|i| i + 19)?;
-        (&text[..at], &text[at..])
+    let zone_at = if with_zone {
+        19 + text[19..].find(['+', '-'])?
     } else {
-        (text, "")
+        b.len()
     };
-    let mut out = String::with_capacity(date_time.len() + 6);
-    out.push_str(&date_time[..10]);
+    let fraction = &b[19..zone_at];
+    if !(fraction.is_empty() || (fraction[0] == b'.' && digits(&fraction[1..]))) {
+        return None;
+    }
+    let zone = &text[zone_at..];
+    // [+-]HH, [+-]HH:MM or [+-]HH:MM:SS.
+    let zone_ok = zone.is_empty()
+        || zone.len() >= 3
+            && digits(&zone.as_bytes()[1..3])
+            && zone.as_bytes()[3..]
+                .chunks(3)
+                .all(|c| c.len() == 3 && c[0] == b':' && digits(&c[1..]));
+    if !zone_ok || zone.len() > 9 {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 6);
+    out.push_str(&text[..10]);
     out.push('T');
-    out.push_str(&date_time[11..]);
+    out.push_str(&text[11..zone_at]);
     match zone {
         "" | "+00" | "+00:00" => out.push('Z'),
         z if z.len() == 3 => {
@@ -386,6 +411,25 @@ mod tests {
             json(oid::TIMESTAMP, "0044-03-15 12:00:00 BC"),
             r#""0044-03-15 12:00:00 BC""#
         );
+    }
+
+    #[test]
+    fn text_that_only_looks_like_a_timestamp_stays_a_string() {
+        // Found by the pgoutput fuzzer: a multi-byte char across byte 19
+        // (or 10) once panicked on a slice that was not a char boundary.
+        for text in [
+            "5.1e-\0\0\0\0\0 \052nnn.\u{65a}0&-",
+            "2026-11-29 10:11:4\u{65a}+00",
+            "2026-11-2\u{65a}10:11:44+00",
+            "2026-11-29 10:11:44\u{65a}+00",
+            "abcd-ef-gh ij:kl:mn+00",
+        ] {
+            for type_oid in [oid::TIMESTAMP, oid::TIMESTAMPTZ] {
+                let out = json(type_oid, text);
+                let back: String = serde_json::from_str(&out).unwrap();
+                assert_eq!(back, text, "{type_oid}");
+            }
+        }
     }
 
     #[test]
