@@ -13,6 +13,9 @@ scripts/ensure-postgres.sh
 # built once into $HOME/.cache/walhook-tools). The tests fail without it.
 scripts/ensure-s3.sh
 export WALHOOK_S3S_FS="${WALHOOK_S3S_FS:-$HOME/.cache/walhook-tools/bin/s3s-fs}"
+# Headless Chromium and chromedriver (Debian's packages) for the browser test
+# of the reconciliation's HTML report. The test fails without them.
+scripts/ensure-chromium.sh
 
 # The PyPI packages `standardwebhooks` and `svix`, in a virtualenv of their
 # own, reinstalled only when tests/python-requirements.txt changes. The

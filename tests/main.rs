@@ -12,4 +12,5 @@ mod engine;
 mod freshness;
 mod hostile;
 mod pipeline;
+mod reconcile;
 mod supervision;

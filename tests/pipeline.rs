@@ -316,6 +316,33 @@ async fn sigkill_at_random_moments_loses_nothing() {
     assert!(child.unwrap().terminate().success());
     w.assert_pending_consistent().await;
     w.assert_plans_written().await;
+    // The capture ledger counted every transaction once across the kills.
+    assert_ledger_matches_events(&w).await;
+}
+
+/// Panics unless the capture ledger holds, per source and minute of commit
+/// time, exactly the events stored (every transaction counted once).
+async fn assert_ledger_matches_events(w: &World) {
+    let mismatched: Vec<(String, i64, Option<i64>)> = w
+        .platform_sql
+        .query(
+            "WITH e AS (SELECT source, date_trunc('minute', occurred_at) AS w, count(*) AS n \
+                        FROM walhook.events GROUP BY 1, 2), \
+                  l AS (SELECT source, window_start AS w, sum(events)::int8 AS n \
+                        FROM walhook.capture_ledger GROUP BY 1, 2) \
+             SELECT w::text, coalesce(e.n, 0), l.n FROM e FULL JOIN l USING (source, w) \
+             WHERE e.n IS DISTINCT FROM l.n",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert!(
+        mismatched.is_empty(),
+        "minutes whose ledger differs from the events stored (minute, events, ledger): {mismatched:?}"
+    );
 }
 
 fn rand_u64() -> u64 {
@@ -611,5 +638,6 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
         assert!(child.terminate().success());
         w.assert_pending_consistent().await;
         w.assert_plans_written().await;
+        assert_ledger_matches_events(&w).await;
     }
 }

@@ -112,6 +112,18 @@ pub mod names {
     /// Seconds since the oldest day still in the hot tables began, by table
     /// (gauge, SQL): above the hot window plus a day, archiving is behind.
     pub const ARCHIVE_OLDEST_HOT_AGE: &str = "walhook_archive_oldest_hot_age_seconds";
+    /// Gaps the latest reconciliation over every tenant found, by class
+    /// (gauge, SQL: from `walhook.reconcile_runs`; 0 for classes it did
+    /// not find).
+    pub const RECONCILE_GAPS: &str = "walhook_reconcile_gaps";
+    /// Gaps the latest reconciliation left unrepaired (gauge, SQL).
+    pub const RECONCILE_OPEN_GAPS: &str = "walhook_reconcile_open_gaps";
+    /// The end of the latest window found clean, Unix seconds (gauge, SQL):
+    /// alert when it falls behind.
+    pub const RECONCILE_LAST_CLEAN: &str =
+        "walhook_reconcile_last_clean_window_end_timestamp_seconds";
+    /// When the latest reconciliation ended, Unix seconds (gauge, SQL).
+    pub const RECONCILE_LAST_RUN: &str = "walhook_reconcile_last_run_timestamp_seconds";
     /// 1 when the last scrape could read the platform database (gauge).
     pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
 }
@@ -151,6 +163,13 @@ pub struct AttemptLabels {
 pub struct NameLabel {
     /// The value (a circuit state, a source name).
     pub name: String,
+}
+
+/// A gap class label (`class="missing_delivery"`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// The gap class.
+    pub class: String,
 }
 
 /// What the pipeline feeds as it works.
@@ -211,6 +230,10 @@ struct SqlGauges {
     archive_bytes: Family<NameLabel, Gauge>,
     archive_failures: Family<NameLabel, Gauge>,
     archive_oldest_hot_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
+    reconcile_gaps: Family<ClassLabel, Gauge>,
+    reconcile_open_gaps: Gauge,
+    reconcile_last_clean: Gauge<f64, AtomicU64>,
+    reconcile_last_run: Gauge<f64, AtomicU64>,
     database_up: Gauge,
 }
 
@@ -347,6 +370,26 @@ impl Metrics {
             sql.archive_oldest_hot_age.clone(),
         );
         registry.register(
+            RECONCILE_GAPS,
+            "Gaps the latest reconciliation over every tenant found, by class",
+            sql.reconcile_gaps.clone(),
+        );
+        registry.register(
+            RECONCILE_OPEN_GAPS,
+            "Gaps the latest reconciliation left unrepaired",
+            sql.reconcile_open_gaps.clone(),
+        );
+        registry.register(
+            RECONCILE_LAST_CLEAN,
+            "End of the latest reconciliation window found clean, Unix seconds",
+            sql.reconcile_last_clean.clone(),
+        );
+        registry.register(
+            RECONCILE_LAST_RUN,
+            "When the latest reconciliation ended, Unix seconds",
+            sql.reconcile_last_run.clone(),
+        );
+        registry.register(
             METRICS_DATABASE_UP,
             "1 when the last scrape could read the platform database",
             sql.database_up.clone(),
@@ -420,6 +463,24 @@ impl Metrics {
                         .archive_oldest_hot_age
                         .get_or_create(&label)
                         .set(a.oldest_hot_age_secs);
+                }
+                if let Some(r) = g.reconcile {
+                    for class in walhook_reconcile::GapClass::ALL {
+                        let n = r
+                            .gaps
+                            .iter()
+                            .find(|(c, _)| c == class.as_str())
+                            .map_or(0, |(_, n)| *n);
+                        self.sql
+                            .reconcile_gaps
+                            .get_or_create(&ClassLabel {
+                                class: class.as_str().to_owned(),
+                            })
+                            .set(n);
+                    }
+                    self.sql.reconcile_open_gaps.set(r.open_gaps);
+                    self.sql.reconcile_last_clean.set(r.last_clean_until);
+                    self.sql.reconcile_last_run.set(r.last_run_at);
                 }
                 self.sql.database_up.set(1);
             }

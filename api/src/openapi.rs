@@ -7,7 +7,7 @@
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{catalog, deliveries, endpoints, ops, tenants};
+use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenants};
 
 /// The document's definition.
 #[derive(OpenApi)]
@@ -29,6 +29,8 @@ use crate::routes::{catalog, deliveries, endpoints, ops, tenants};
         endpoints::rotate_secret, endpoints::recover_endpoint, endpoints::test_endpoint,
         deliveries::list_deliveries, deliveries::get_delivery, deliveries::replay_delivery,
         catalog::list_event_types, catalog::list_audit,
+        reconciliations::list_reconciliations, reconciliations::get_reconciliation,
+        reconciliations::reconciliation_html,
     ),
     modifiers(&Security),
     tags(
@@ -36,6 +38,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, tenants};
         (name = "endpoints", description = "Webhook endpoints: configuration, secrets, recovery, tests"),
         (name = "deliveries", description = "Delivery history, attempts and replays"),
         (name = "catalog", description = "Event types and the audit log"),
+        (name = "reconciliation", description = "Reconciliation runs: every stage compared, gaps classified"),
         (name = "operations", description = "Health, readiness and metrics"),
     ),
 )]

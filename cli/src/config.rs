@@ -21,9 +21,11 @@ use walhook_sql::secrets::MasterKey;
 
 mod api;
 mod archive;
+mod reconcile;
 
 pub use api::ApiConfig;
 pub use archive::ArchiveConfig;
+pub use reconcile::ReconcileConfig;
 
 /// The whole config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +64,10 @@ pub struct Config {
     /// Cold history: where day partitions go once they leave Postgres.
     #[serde(default)]
     pub archive: ArchiveConfig,
+    /// Reconciliation: the schedule inside `walhook run`, and how gaps are
+    /// judged.
+    #[serde(default)]
+    pub reconcile: ReconcileConfig,
 }
 
 /// `[secrets]`: the master keys that seal endpoint secrets at rest.
@@ -267,6 +273,7 @@ impl Config {
         if let Some(dir) = path.parent() {
             cfg.secrets.resolve_paths(dir);
             cfg.archive.resolve_paths(dir);
+            cfg.reconcile.resolve_paths(dir);
             // The sections' CA files, like key files, are read from the
             // config's folder; an `sslrootcert` in a URL stays as libpq
             // reads it (from the working directory).
@@ -321,6 +328,7 @@ impl Config {
             api.validate()?;
         }
         cfg.archive.validate()?;
+        cfg.reconcile.validate()?;
         if let Some(p) = &cfg.platform
             && p.max_connections == 0
         {

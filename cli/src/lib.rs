@@ -52,6 +52,10 @@ pub enum Command {
     /// Move days past the hot window to Parquet (local directory or S3),
     /// verified, then drop them from Postgres; --dry-run shows what is due.
     Archive(commands::archive::Args),
+    /// Compare every stage for a window (captured -> events -> expected and
+    /// made deliveries -> attempts -> archive), classify every gap, repair
+    /// with --repair, and write a JSON or HTML report; exit 3 on gaps.
+    Reconcile(commands::reconcile::Args),
     /// Measure throughput and latency on a throwaway Postgres.
     Bench(commands::bench::Args),
     /// Check a URL against the egress policy (URL rules, then every address
@@ -141,6 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
         Command::Archive(args) => commands::archive::run(args),
+        Command::Reconcile(args) => commands::reconcile::run(args).await,
         Command::CheckUrl(args) => commands::check_url::run(args).await,
         Command::Secrets(args) => commands::secrets::run(args).await,
     }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use walhook_api::metrics::PipelineMetrics;
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
-use walhook_pipeline::capture::{Incident, LogSink, RecordingSink};
+use walhook_pipeline::capture::{Incident, LedgerSink, LogSink, RecordingSink};
 use walhook_pipeline::delivery::DeliveryJob;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
 use walhook_pipeline::endpoint::{RefreshSettings, SubscriptionCache};
@@ -90,7 +90,9 @@ impl Running {
 
 /// Writes capture checkpoints (at most twice a second), counts what capture
 /// sees and feeds its metrics. Incidents are stored by the capture sink
-/// ([`RecordingSink`]) before the slot can move past them, not here.
+/// ([`RecordingSink`]) before the slot can move past them, and the capture
+/// ledger by [`LedgerSink`] once the events it counts are durable, not
+/// here.
 struct PlatformObserver {
     confirmed: tokio::sync::watch::Sender<Lsn>,
     counters: Arc<CaptureCounters>,
@@ -327,7 +329,13 @@ pub async fn start_observed(
     let capture_task = tokio::spawn(async move {
         let mut backoff = Duration::from_millis(200);
         loop {
-            let sink = RecordingSink::new(LogSink::new(events.clone()), incident_store.clone());
+            // Incidents are stored before the hand-off; the ledger counts a
+            // transaction once fan-out made its events durable, and its
+            // receipt resolves only then (see `LedgerSink`).
+            let sink = RecordingSink::new(
+                LedgerSink::new(LogSink::new(events.clone()), incident_store.clone()),
+                incident_store.clone(),
+            );
             let result = source
                 .run(
                     sink,

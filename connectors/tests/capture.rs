@@ -17,12 +17,12 @@ use walhook_pipeline::log::Receipt;
 
 /// Collects what capture hands off.
 #[derive(Clone, Default)]
-struct Collect {
-    txs: Arc<Mutex<Vec<CapturedTransaction>>>,
+pub(crate) struct Collect {
+    pub(crate) txs: Arc<Mutex<Vec<CapturedTransaction>>>,
 }
 
 impl Collect {
-    fn events(&self) -> Vec<Event> {
+    pub(crate) fn events(&self) -> Vec<Event> {
         self.txs
             .lock()
             .iter()
@@ -39,7 +39,7 @@ impl TransactionSink for Collect {
 }
 
 #[derive(Default)]
-struct Incidents(Mutex<Vec<Incident>>);
+pub(crate) struct Incidents(pub(crate) Mutex<Vec<Incident>>);
 
 impl CaptureObserver for Incidents {
     fn incident(&self, incident: &Incident) {
@@ -107,11 +107,11 @@ object_id_column = "id"
 "#;
 
 #[derive(serde::Deserialize)]
-struct Rules {
-    rules: Vec<RuleConfig>,
+pub(crate) struct Rules {
+    pub(crate) rules: Vec<RuleConfig>,
 }
 
-fn config(url: &str, extra: &str) -> (SourceConfig, Vec<RuleConfig>) {
+pub(crate) fn config(url: &str, extra: &str) -> (SourceConfig, Vec<RuleConfig>) {
     let source: SourceConfig = toml::from_str(&format!(
         "url = \"{url}\"\ncreate_slot = true\ncreate_publication = true\nheartbeat_interval = \"200ms\"\nstatus_interval = \"100ms\"\n{extra}"
     ))
@@ -120,7 +120,7 @@ fn config(url: &str, extra: &str) -> (SourceConfig, Vec<RuleConfig>) {
     (source, rules.rules)
 }
 
-async fn setup(pg: &LocalPostgres, db: &str) -> (String, tokio_postgres::Client) {
+pub(crate) async fn setup(pg: &LocalPostgres, db: &str) -> (String, tokio_postgres::Client) {
     let url = pg.create_database(db).await.unwrap();
     let client = pg.connect(db).await.unwrap();
     client.batch_execute(SCHEMA).await.unwrap();

@@ -3,5 +3,6 @@
 
 mod capture;
 mod dispatch;
+mod ledger;
 mod objstore;
 mod tls;

@@ -6,6 +6,12 @@
 //! every transaction before it, resolved. A crash anywhere before that point
 //! makes Postgres send the transaction again, and the events come out with
 //! the same ids and bytes.
+//!
+//! Each transaction part also carries what every rule did with its changes;
+//! [`ledger::sink::LedgerSink`] records that in the capture [`ledger`] once
+//! the part's events are durable, exactly once per part.
+
+pub mod ledger;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,6 +20,9 @@ use crate::event::Event;
 use crate::ids::Lsn;
 use crate::log::{LogError, Producer, Receipt};
 use crate::time::Timestamp;
+
+pub use ledger::sink::LedgerSink;
+pub use ledger::{CaptureLedgerStore, RuleTally};
 
 /// Something capture saw that did not become an event, kept so that nothing
 /// is dropped silently: counted, logged, stored and shown by reconciliation.
@@ -88,7 +97,8 @@ impl IncidentKind {
     }
 }
 
-/// One committed transaction's worth of capture output.
+/// One committed transaction's worth of capture output, or one part of a
+/// large transaction (handed off in chunks while it is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapturedTransaction {
     /// The source's name.
@@ -99,8 +109,17 @@ pub struct CapturedTransaction {
     pub end_lsn: Lsn,
     /// The commit time.
     pub commit_time: Timestamp,
-    /// Row changes (and transactional messages) read in the transaction.
+    /// Row changes (and transactional messages) read in the transaction
+    /// (in this part of it).
     pub change_count: u32,
+    /// Which part of the transaction this is: 0 for the first chunk, the
+    /// highest for the one handed off at the commit. The same WAL read
+    /// again gives the same parts, so (`commit_lsn`, `part`) names a part
+    /// across restarts.
+    pub part: u32,
+    /// What each rule did with the changes of this part; rules that saw
+    /// nothing are absent.
+    pub ledger: Vec<RuleTally>,
     /// The events made, in change order.
     pub events: Vec<Event>,
     /// What did not become an event.

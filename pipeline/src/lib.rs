@@ -10,6 +10,8 @@
 //! - [`ids`], [`time`], [`event`]: identities, instants and events, with the
 //!   canonical body writer in [`canonical`].
 //! - [`log`]: the log port, its embedded implementation and its contract.
+//! - [`capture`]: what capture hands downstream (the sink contract), the
+//!   sinks that store its incidents and its [`capture::ledger`] on the way.
 //! - [`failpoint`]: named crash points for the kill tests.
 //! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets

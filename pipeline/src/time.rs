@@ -58,6 +58,12 @@ impl Timestamp {
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_micros(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
     }
+
+    /// The start of this instant's minute (UTC): the window the capture
+    /// ledger counts it in.
+    pub fn minute_start(self) -> Self {
+        Timestamp(self.0 - self.0.rem_euclid(60_000_000))
+    }
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day); the
@@ -113,6 +119,17 @@ mod tests {
         assert_eq!(
             Timestamp(951_782_400_000_000).to_string(),
             "2000-02-29T00:00:00.000000Z"
+        );
+    }
+
+    #[test]
+    fn minute_start_truncates_towards_the_past() {
+        let t = Timestamp(1_795_947_104_123_456); // 10:11:44.123456
+        assert_eq!(t.minute_start().to_string(), "2026-11-29T10:11:00.000000Z");
+        assert_eq!(t.minute_start().minute_start(), t.minute_start());
+        assert_eq!(
+            Timestamp(-1).minute_start().to_string(),
+            "1969-12-31T23:59:00.000000Z"
         );
     }
 

@@ -1,10 +1,55 @@
-//! What capture keeps in the platform database: checkpoints, incidents and
-//! the event-type catalog.
+//! What capture keeps in the platform database: checkpoints, incidents,
+//! the capture ledger and the event-type catalog.
 
-use walhook_pipeline::capture::{CaptureIncidentStore, Incident};
+use std::str::FromStr;
+use std::time::SystemTime;
+
+use walhook_pipeline::capture::ledger::{LedgerPart, LedgerRow, LedgerSnapshot, PartKey, fold};
+use walhook_pipeline::capture::{CaptureIncidentStore, CaptureLedgerStore, Incident};
 use walhook_pipeline::ids::Lsn;
+use walhook_pipeline::time::Timestamp;
 
 use crate::{Platform, StoreError};
+
+/// Takes the source's mark (made when absent: `0/0` and part -1, below
+/// every key) and holds its row lock to the end of the transaction, so
+/// that writers of one source take turns.
+const LOCK_MARK: &str = "\
+INSERT INTO walhook.capture_ledger_marks AS m (source, commit_lsn, part) VALUES ($1, '0/0', -1) \
+ON CONFLICT (source) DO UPDATE SET updated_at = now() \
+RETURNING m.commit_lsn::text, m.part";
+
+/// Adds one batch's sums (one row per (rule, window)) and moves the mark.
+const ADD_PARTS: &str = "\
+WITH added AS ( \
+    INSERT INTO walhook.capture_ledger AS l (source, rule, window_start, changes, events, filtered, \
+                                             incidents, first_commit_lsn, last_commit_lsn) \
+    SELECT $1, u.rule, u.w, u.c, u.e, u.f, u.i, u.lo::pg_lsn, u.hi::pg_lsn \
+    FROM unnest($2::text[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], \
+                $8::text[], $9::text[]) AS u(rule, w, c, e, f, i, lo, hi) \
+    ON CONFLICT (source, rule, window_start) DO UPDATE SET \
+        changes = l.changes + EXCLUDED.changes, \
+        events = l.events + EXCLUDED.events, \
+        filtered = l.filtered + EXCLUDED.filtered, \
+        incidents = l.incidents + EXCLUDED.incidents, \
+        first_commit_lsn = least(l.first_commit_lsn, EXCLUDED.first_commit_lsn), \
+        last_commit_lsn = greatest(l.last_commit_lsn, EXCLUDED.last_commit_lsn), \
+        updated_at = now() \
+) \
+UPDATE walhook.capture_ledger_marks SET commit_lsn = $10::text::pg_lsn, part = $11, updated_at = now() \
+WHERE source = $1";
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn parse_lsn(text: &str) -> Result<Lsn, StoreError> {
+    Lsn::from_str(text).map_err(|_| {
+        StoreError::Schema(format!(
+            "the capture ledger holds the LSN {text:?}, which is not one"
+        ))
+    })
+}
 
 impl Platform {
     /// Records that `source` confirmed `lsn` on `slot`.
@@ -66,6 +111,137 @@ impl Platform {
         Ok(())
     }
 
+    /// Adds `parts` of `source` to the capture ledger, leaving out those
+    /// at or below the source's mark; see [`CaptureLedgerStore`]. Returns
+    /// how many parts were counted.
+    pub async fn record_ledger(
+        &self,
+        source: &str,
+        parts: &[LedgerPart],
+    ) -> Result<usize, StoreError> {
+        if parts.is_empty() {
+            return Ok(0);
+        }
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin the capture ledger write"))?;
+        let lock = tx
+            .prepare_cached(LOCK_MARK)
+            .await
+            .map_err(StoreError::query("prepare the capture ledger mark lock"))?;
+        let row = tx
+            .query_one(&lock, &[&source])
+            .await
+            .map_err(StoreError::query("lock the capture ledger mark"))?;
+        let part: i32 = row.get(1);
+        let mark = match u32::try_from(part) {
+            Ok(part) => Some(PartKey {
+                commit_lsn: parse_lsn(row.get(0))?,
+                part,
+            }),
+            // Made just now: nothing counted yet.
+            Err(_) => None,
+        };
+        let folded = fold(parts, mark);
+        let Some(new_mark) = folded.mark else {
+            // Everything was counted before (the slot sent it again).
+            tx.rollback()
+                .await
+                .map_err(StoreError::query("end the capture ledger write"))?;
+            return Ok(0);
+        };
+        let rows = &folded.rows;
+        let rules: Vec<&str> = rows.iter().map(|r| r.rule.as_str()).collect();
+        let windows: Vec<SystemTime> = rows.iter().map(|r| r.window.to_system_time()).collect();
+        let changes: Vec<i64> = rows.iter().map(|r| to_i64(r.changes)).collect();
+        let events: Vec<i64> = rows.iter().map(|r| to_i64(r.events)).collect();
+        let filtered: Vec<i64> = rows.iter().map(|r| to_i64(r.filtered)).collect();
+        let incidents: Vec<i64> = rows.iter().map(|r| to_i64(r.incidents)).collect();
+        let firsts: Vec<String> = rows
+            .iter()
+            .map(|r| r.first_commit_lsn.to_string())
+            .collect();
+        let lasts: Vec<String> = rows.iter().map(|r| r.last_commit_lsn.to_string()).collect();
+        let part = i32::try_from(new_mark.part).unwrap_or(i32::MAX);
+        let add = tx
+            .prepare_cached(ADD_PARTS)
+            .await
+            .map_err(StoreError::query("prepare the capture ledger write"))?;
+        tx.execute(
+            &add,
+            &[
+                &source,
+                &rules,
+                &windows,
+                &changes,
+                &events,
+                &filtered,
+                &incidents,
+                &firsts,
+                &lasts,
+                &new_mark.commit_lsn.to_string(),
+                &part,
+            ],
+        )
+        .await
+        .map_err(StoreError::query("add to the capture ledger"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit the capture ledger write"))?;
+        Ok(folded.counted)
+    }
+
+    /// The capture ledger of `source` and its mark (operators, tests).
+    pub async fn capture_ledger(&self, source: &str) -> Result<LedgerSnapshot, StoreError> {
+        let client = self.client().await?;
+        let mark = client
+            .query_opt(
+                "SELECT commit_lsn::text, part FROM walhook.capture_ledger_marks WHERE source = $1",
+                &[&source],
+            )
+            .await
+            .map_err(StoreError::query("read the capture ledger mark"))?;
+        let mark = match mark {
+            Some(row) => match u32::try_from(row.get::<_, i32>(1)) {
+                Ok(part) => Some(PartKey {
+                    commit_lsn: parse_lsn(row.get(0))?,
+                    part,
+                }),
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let rows = client
+            .query(
+                "SELECT rule, window_start, changes, events, filtered, incidents, \
+                        first_commit_lsn::text, last_commit_lsn::text \
+                 FROM walhook.capture_ledger WHERE source = $1 \
+                 ORDER BY rule COLLATE \"C\", window_start",
+                &[&source],
+            )
+            .await
+            .map_err(StoreError::query("read the capture ledger"))?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let rows = rows
+            .iter()
+            .map(|r| {
+                Ok(LedgerRow {
+                    rule: r.get(0),
+                    window: Timestamp::from_system_time(r.get(1)),
+                    changes: count(r.get(2)),
+                    events: count(r.get(3)),
+                    filtered: count(r.get(4)),
+                    incidents: count(r.get(5)),
+                    first_commit_lsn: parse_lsn(r.get(6))?,
+                    last_commit_lsn: parse_lsn(r.get(7))?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(LedgerSnapshot { mark, rows })
+    }
+
     /// Records the event types a source's rules produce.
     pub async fn upsert_event_types(
         &self,
@@ -95,5 +271,15 @@ impl CaptureIncidentStore for Platform {
         incidents: &[Incident],
     ) -> Result<(), walhook_pipeline::store::StoreError> {
         Ok(self.record_incidents(source, incidents).await?)
+    }
+}
+
+impl CaptureLedgerStore for Platform {
+    async fn record_ledger_parts(
+        &self,
+        source: &str,
+        parts: &[LedgerPart],
+    ) -> Result<usize, walhook_pipeline::store::StoreError> {
+        Ok(self.record_ledger(source, parts).await?)
     }
 }

@@ -23,6 +23,21 @@ pub struct PipelineGauges {
     /// verifications, and seconds since the start of the oldest day still
     /// hot (0 when none).
     pub archive: Vec<ArchiveGauges>,
+    /// The latest reconciliation over every tenant, if any ran.
+    pub reconcile: Option<ReconcileGauges>,
+}
+
+/// The latest reconciliation's figures (over every tenant).
+#[derive(Debug, Clone, Default)]
+pub struct ReconcileGauges {
+    /// Gaps found by the latest run, by class (classes it found).
+    pub gaps: Vec<(String, i64)>,
+    /// Gaps it left unrepaired.
+    pub open_gaps: i64,
+    /// The end of the latest window found clean (Unix seconds; 0 if none).
+    pub last_clean_until: f64,
+    /// When the latest run ended (Unix seconds).
+    pub last_run_at: f64,
 }
 
 /// The archive's figures for one table.
@@ -97,7 +112,34 @@ impl Platform {
             )
             .await
             .map_err(StoreError::query("read archive figures"))?;
+        let reconcile = client
+            .query_opt(
+                "SELECT r.gap_counts, r.open_gaps, extract(epoch FROM r.finished_at)::float8, \
+                        coalesce((SELECT extract(epoch FROM max(c.until))::float8 FROM walhook.reconcile_runs c \
+                                  WHERE c.clean AND c.tenant_id IS NULL), 0) \
+                 FROM walhook.reconcile_runs r WHERE r.tenant_id IS NULL ORDER BY r.id DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(StoreError::query("read the latest reconciliation"))?;
+        let reconcile = reconcile.map(|r| {
+            let counts: serde_json::Value = r.get(0);
+            ReconcileGauges {
+                gaps: counts
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(class, n)| (class.clone(), n.as_i64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                open_gaps: r.get(1),
+                last_run_at: r.get(2),
+                last_clean_until: r.get(3),
+            }
+        });
         Ok(PipelineGauges {
+            reconcile,
             archive: archive
                 .iter()
                 .map(|r| ArchiveGauges {

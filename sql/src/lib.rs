@@ -29,6 +29,7 @@ pub mod gauges;
 pub mod idempotency;
 pub mod incidents;
 pub mod migrate;
+pub mod reconcile;
 pub mod replay;
 pub mod rotation;
 pub mod secrets;

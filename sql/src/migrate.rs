@@ -74,6 +74,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "archive",
         sql: include_str!("../migrations/0010_archive.sql"),
     },
+    Migration {
+        version: 11,
+        name: "capture_ledger",
+        sql: include_str!("../migrations/0011_capture_ledger.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "reconcile",
+        sql: include_str!("../migrations/0012_reconcile.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

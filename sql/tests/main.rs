@@ -1,5 +1,6 @@
 //! Integration tests of the platform database against real Postgres
 //! clusters (devkit), never a fake.
 
+mod ledger;
 mod plans;
 mod tls;

@@ -96,3 +96,50 @@ pub struct Health {
     /// `ok`, or what is wrong.
     pub status: String,
 }
+
+/// One reconciliation run (`walhook reconcile`, or `[reconcile]` in
+/// `walhook run`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Reconciliation {
+    /// Its id (grows with time).
+    pub id: i64,
+    /// `command` or `scheduled`.
+    pub trigger: String,
+    /// The window's start (inclusive).
+    pub since: DateTime<Utc>,
+    /// The window's end (exclusive).
+    pub until: DateTime<Utc>,
+    /// The one tenant reconciled; absent for every tenant.
+    pub tenant_id: Option<String>,
+    /// Whether it repaired what it could.
+    pub repair: bool,
+    /// No gap left unrepaired (for a tenant: none of its own).
+    pub clean: bool,
+    /// Gaps left (for a tenant: its own).
+    pub open_gaps: i64,
+    /// Gaps by class, e.g. `{"missing_delivery": 2}` (operator only).
+    #[schema(value_type = Object)]
+    pub gap_counts: serde_json::Value,
+    /// SHA-256 of the report's data: equal for two runs that found the
+    /// same.
+    pub data_sha256: String,
+    /// When it began.
+    pub started_at: DateTime<Utc>,
+    /// When it ended.
+    pub finished_at: DateTime<Utc>,
+    /// One run: the whole report (format `walhook.reconcile.report`, see
+    /// docs/reconcile.md) for the operator; for a tenant, `{funnel, gaps}`
+    /// of its own, in lists too.
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<serde_json::Value>,
+}
+
+/// A page of reconciliation runs, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReconciliationPage {
+    /// The runs.
+    pub data: Vec<Reconciliation>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}

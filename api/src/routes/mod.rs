@@ -4,6 +4,7 @@ pub mod catalog;
 pub mod deliveries;
 pub mod endpoints;
 pub mod ops;
+pub mod reconciliations;
 pub mod tenants;
 pub mod validate;
 
@@ -86,6 +87,18 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/event-types", get(catalog::list_event_types))
         .route("/v1/audit-log", get(catalog::list_audit))
+        .route(
+            "/v1/reconciliations",
+            get(reconciliations::list_reconciliations),
+        )
+        .route(
+            "/v1/reconciliations/{reconciliation_id}",
+            get(reconciliations::get_reconciliation),
+        )
+        .route(
+            "/v1/reconciliations/{reconciliation_id}/report.html",
+            get(reconciliations::reconciliation_html),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

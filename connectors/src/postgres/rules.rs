@@ -604,6 +604,11 @@ impl CompiledRule {
         &self.name
     }
 
+    /// The rule's name, shared (cloning it does not allocate).
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     fn incident(
         &self,
         kind: IncidentKind,
@@ -868,6 +873,11 @@ impl MessageRule {
 
     /// The rule's name.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The rule's name, shared (cloning it does not allocate).
+    pub fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
 

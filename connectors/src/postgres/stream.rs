@@ -2,13 +2,20 @@
 //! decoded, rules applied, events and incidents gathered per transaction and
 //! handed to the sink in commit order (in chunks for large transactions),
 //! each transaction's receipt queued for the acker.
+//!
+//! Each part handed off also tallies, per rule, the changes the rule looked
+//! at and what became of them (event, filtered, incident): the capture
+//! ledger's input. Changes that no rule owns (truncates, schema changes,
+//! non-transactional messages, which have no commit) are not in it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use pgwire_replication::ReplicationEvent;
 use tokio::sync::mpsc;
-use walhook_pipeline::capture::{CapturedTransaction, Incident, IncidentKind, TransactionSink};
+use walhook_pipeline::capture::{
+    CapturedTransaction, Incident, IncidentKind, RuleTally, TransactionSink,
+};
 use walhook_pipeline::failpoint;
 use walhook_pipeline::ids::Lsn;
 use walhook_pipeline::log::Receipt;
@@ -54,6 +61,8 @@ struct OpenTx {
     /// Payload bytes of `pending.events`.
     pending_bytes: usize,
     receipts: Vec<Receipt>,
+    /// The number of the part `pending` will be.
+    next_part: u32,
     /// Incidents seen in the whole transaction.
     incident_count: u32,
     /// Of them, those counted but not stored one by one, by kind.
@@ -110,16 +119,44 @@ impl<'s> StreamState<'s> {
         }
     }
 
-    /// Takes an event a rule made, unless it is larger than an event may
-    /// be (then it is an incident naming its id and size).
-    fn push_event(&mut self, event: walhook_pipeline::event::Event) {
+    /// The tally of `rule` in the part being read.
+    fn tally(&mut self, rule: &Arc<str>) -> Option<&mut RuleTally> {
+        let tx = self.tx.as_mut()?;
+        Some(RuleTally::entry(&mut tx.pending.ledger, rule))
+    }
+
+    /// Takes what `rule` made of a change it looked at.
+    fn take_outcome(&mut self, rule: &Arc<str>, outcome: Outcome) {
+        match outcome {
+            Outcome::Event(e) => self.push_event(rule, *e),
+            Outcome::Incident(i) => {
+                if let Some(t) = self.tally(rule) {
+                    t.incidents += 1;
+                }
+                self.incident(i);
+            }
+            Outcome::Skip => {
+                if let Some(t) = self.tally(rule) {
+                    t.filtered += 1;
+                }
+            }
+        }
+    }
+
+    /// Takes an event `rule` made, unless it is larger than an event may
+    /// be (then it is an incident naming its id and size, counted against
+    /// the rule).
+    fn push_event(&mut self, rule: &Arc<str>, event: walhook_pipeline::event::Event) {
         let max = self.source.cfg.max_event_bytes;
         if event.payload.len() > max {
+            if let Some(t) = self.tally(rule) {
+                t.incidents += 1;
+            }
             self.incident(Incident {
                 kind: IncidentKind::OversizedEvent,
                 commit_lsn: Some(event.key.commit_lsn),
                 tx_ordinal: Some(event.key.tx_ordinal),
-                rule: None,
+                rule: Some(rule.to_string()),
                 table: None,
                 detail: format!(
                     "event {} ({}) would be {} bytes, over [source].max_event_bytes = {max}; it was not made",
@@ -131,6 +168,7 @@ impl<'s> StreamState<'s> {
             return;
         }
         if let Some(tx) = self.tx.as_mut() {
+            RuleTally::entry(&mut tx.pending.ledger, rule).events += 1;
             tx.pending_bytes += event.payload.len();
             tx.pending.events.push(event);
         }
@@ -157,6 +195,7 @@ impl<'s> StreamState<'s> {
                     pending: self.empty_tx(commit_lsn, commit_time),
                     pending_bytes: 0,
                     receipts: Vec::new(),
+                    next_part: 0,
                     incident_count: 0,
                     summarised: Vec::new(),
                 });
@@ -205,6 +244,7 @@ impl<'s> StreamState<'s> {
                         let ordinal = tx.ordinal;
                         tx.ordinal += 1;
                         tx.pending.change_count += 1;
+                        RuleTally::entry(&mut tx.pending.ledger, rule.shared_name()).changes += 1;
                         let ctx = TxContext {
                             source: &self.name,
                             commit_lsn: tx.commit_lsn,
@@ -226,10 +266,11 @@ impl<'s> StreamState<'s> {
                     }),
                 };
                 self.changes += u64::from(transactional);
-                match outcome {
-                    Outcome::Event(e) => self.push_event(*e),
-                    Outcome::Incident(i) => self.incident(i),
-                    Outcome::Skip => {}
+                if transactional && self.tx.is_some() {
+                    self.take_outcome(rule.shared_name(), outcome);
+                } else if let Outcome::Incident(i) = outcome {
+                    // Outside a transaction: no commit, so no ledger window.
+                    self.incident(i);
                 }
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
@@ -259,6 +300,7 @@ impl<'s> StreamState<'s> {
                 }
                 let end_lsn = Lsn(end_lsn.as_u64());
                 tx.pending.end_lsn = end_lsn;
+                tx.pending.part = tx.next_part;
                 self.transactions += 1;
                 self.events += tx.pending.events.len() as u64;
                 self.observer.transaction(&tx.pending);
@@ -289,6 +331,8 @@ impl<'s> StreamState<'s> {
             end_lsn: commit_lsn,
             commit_time,
             change_count: 0,
+            part: 0,
+            ledger: Vec::new(),
             events: Vec::new(),
             incidents: Vec::new(),
         }
@@ -304,7 +348,9 @@ impl<'s> StreamState<'s> {
             self.empty_tx(tx.commit_lsn, tx.commit_time)
         };
         let tx = self.tx.as_mut().expect("checked by the caller");
-        let chunk = std::mem::replace(&mut tx.pending, fresh);
+        let mut chunk = std::mem::replace(&mut tx.pending, fresh);
+        chunk.part = tx.next_part;
+        tx.next_part += 1;
         tx.pending_bytes = 0;
         self.events += chunk.events.len() as u64;
         let receipt = sink.hand_off(chunk).await?;
@@ -424,17 +470,16 @@ impl<'s> StreamState<'s> {
         };
         let mut outcomes = Vec::new();
         for rule in &table.rules {
-            match rule.apply(change, &table.keys, &ctx, ordinal) {
-                Outcome::Skip => {}
-                other => outcomes.push(other),
+            let outcome = rule.apply(change, &table.keys, &ctx, ordinal);
+            let tally = RuleTally::entry(&mut tx.pending.ledger, rule.shared_name());
+            tally.changes += 1;
+            match outcome {
+                Outcome::Skip => tally.filtered += 1,
+                other => outcomes.push((rule.shared_name().clone(), other)),
             }
         }
-        for outcome in outcomes {
-            match outcome {
-                Outcome::Event(e) => self.push_event(*e),
-                Outcome::Incident(i) => self.incident(i),
-                Outcome::Skip => {}
-            }
+        for (rule, outcome) in outcomes {
+            self.take_outcome(&rule, outcome);
         }
         Ok(())
     }

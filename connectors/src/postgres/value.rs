@@ -418,7 +418,7 @@ mod tests {
         // Found by the pgoutput fuzzer: a multi-byte char across byte 19
         // (or 10) once panicked on a slice that was not a char boundary.
         for text in [
-            "5.1e-\0\0\0\0\0 \052nnn.\u{65a}0&-",
+            "5.1e-\0\0\0\0\0 \x0052nnn.\u{65a}0&-",
             "2026-11-29 10:11:4\u{65a}+00",
             "2026-11-2\u{65a}10:11:44+00",
             "2026-11-29 10:11:44\u{65a}+00",

@@ -204,6 +204,14 @@ impl Directory {
             .filter_map(move |e| e.receiving_version(event_type, occurred_at).map(|v| (e, v)))
     }
 
+    /// Every endpoint of `tenant`, whatever it subscribes to.
+    pub fn endpoints_of<'a>(
+        &'a self,
+        tenant: &TenantId,
+    ) -> impl Iterator<Item = &'a Arc<EndpointConfig>> + 'a {
+        self.by_tenant.get(tenant).into_iter().flatten()
+    }
+
     /// An endpoint by id (enabled or not); `None` once deleted.
     pub fn endpoint(&self, id: &EndpointId) -> Option<&Arc<EndpointConfig>> {
         self.by_id.get(id)

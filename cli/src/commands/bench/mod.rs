@@ -7,6 +7,7 @@ pub mod flood;
 pub mod noisy;
 pub mod pipeline;
 pub mod receiver;
+pub mod reconcile;
 pub mod world;
 
 use std::process::ExitCode;
@@ -38,6 +39,9 @@ pub enum Scenario {
     /// The archive: attempt rows per second and per core, and Parquet
     /// bytes per attempt.
     Archive(archive::Args),
+    /// Reconciliation: a two-day window of deliveries and attempts, one day
+    /// archived and one hot, reconciled; rows per second.
+    Reconcile(reconcile::Args),
     /// The benchmarks' receiver, started by them in a process of its own.
     #[command(hide = true)]
     Receiver,
@@ -50,6 +54,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Scenario::Pipeline(a) => pipeline::run(a).await,
         Scenario::NoisyNeighbour(a) => noisy::run(a).await,
         Scenario::Archive(a) => archive::run(a).await,
+        Scenario::Reconcile(a) => reconcile::run(a).await,
         Scenario::Receiver => receiver::serve().await,
     }
 }

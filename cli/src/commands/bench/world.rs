@@ -290,6 +290,17 @@ fn stat_seconds(stat: &str) -> Option<f64> {
     Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / HZ)
 }
 
+/// [`stat_seconds`] plus the CPU of the process's children that ended and
+/// were waited for: a Postgres backend that exits during a measurement moves
+/// its time into the postmaster's.
+fn stat_seconds_with_children(stat: &str) -> Option<f64> {
+    const HZ: f64 = 100.0;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let children = f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?;
+    Some(stat_seconds(stat)? + children / HZ)
+}
+
 /// CPU time used so far, in seconds: (this process, every `postgres`
 /// process, the whole machine busy), read from /proc.
 pub fn cpu_seconds() -> (f64, f64, f64) {
@@ -313,7 +324,7 @@ pub fn cpu_seconds() -> (f64, f64, f64) {
             if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
                 && stat.contains("(postgres)")
             {
-                postgres += ticks(&stat).unwrap_or(0.0);
+                postgres += stat_seconds_with_children(&stat).unwrap_or(0.0);
             }
         }
     }

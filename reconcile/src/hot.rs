@@ -1,0 +1,499 @@
+//! The hot tables of one window, read at one snapshot: events against the
+//! deliveries fan-out's planner calls for, deliveries against their states
+//! and attempts.
+//!
+//! Two sorted streams are merged, so memory stays flat however long the
+//! window: the window's events by id, and its deliveries (rows and fan-out
+//! plans) by event and endpoint.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, RowStream};
+use uuid::Uuid;
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::time::Timestamp;
+
+use crate::ReconcileError;
+use crate::findings::{Findings, MAX_REPAIRS_PER_RUN, MissingDelivery, Overdue, gap};
+use crate::history::{Decision, History};
+use crate::report::{Explanation, GapClass};
+
+/// What the hot stage needs to know about the rest of the platform.
+pub struct Context<'a> {
+    /// The planner's history.
+    pub history: &'a History,
+    /// Days whose events partition the archive dropped.
+    pub archived_event_days: &'a HashSet<chrono::NaiveDate>,
+    /// Deliveries created before this have attempts in archived days:
+    /// their attempt counts are not compared with the hot table.
+    pub hot_attempts_from: SystemTime,
+    /// Deliveries with a replay under way (claimed, not recorded yet).
+    pub replaying: &'a HashSet<[u8; 16]>,
+    /// The snapshot's time.
+    pub as_of: SystemTime,
+    /// How long past due a pending delivery may wait.
+    pub grace: Duration,
+}
+
+const EVENTS_SQL: &str = "\
+SELECT id, tenant_id, event_type, occurred_at, commit_lsn = '0/0'::pg_lsn \
+FROM walhook.events WHERE occurred_at >= $1 AND occurred_at < $2 AND ($3::text IS NULL OR tenant_id = $3) \
+ORDER BY id";
+
+/// Deliveries (rows, with their scheduling row, the liveness of their
+/// holder and their attempts in the hot table) and fan-out plans' deliveries
+/// that have no row yet, by event and endpoint. A plan's delivery that has
+/// its row comes twice; the row wins.
+const DELIVERIES_SQL: &str = "\
+SELECT d.event_id, d.endpoint_id, d.id, d.tenant_id, d.status::text, \
+       d.attempt_count + d.manual_attempt_count, coalesce(a.n, 0), d.created_at, \
+       p.delivery_id IS NOT NULL, p.next_attempt_at, p.lease_owner, coalesce(n.lease_until >= $5, false), \
+       d.event_occurred_at, 0 \
+FROM walhook.deliveries d \
+LEFT JOIN (SELECT delivery_id, count(*) AS n FROM walhook.attempts WHERE started_at >= $4 GROUP BY 1) a \
+       ON a.delivery_id = d.id \
+LEFT JOIN walhook.pending p ON p.delivery_id = d.id \
+LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
+WHERE d.event_occurred_at >= $1 AND d.event_occurred_at < $2 AND ($3::text IS NULL OR d.tenant_id = $3) \
+UNION ALL \
+SELECT f.event_id, u.ep, u.id, f.tenant_id, 'planned', 0, 0, f.created_at, \
+       false, f.created_at, f.lease_owner, coalesce(n.lease_until >= $5, false), f.event_occurred_at, 1 \
+FROM walhook.fanouts f CROSS JOIN LATERAL unnest(f.endpoint_ids, f.delivery_ids) AS u(ep, id) \
+LEFT JOIN walhook.dispatch_nodes n ON n.node_id = f.lease_owner \
+WHERE f.event_occurred_at >= $1 AND f.event_occurred_at < $2 AND ($3::text IS NULL OR f.tenant_id = $3) \
+ORDER BY 1, 2, 14";
+
+struct EventRow {
+    id: [u8; 16],
+    tenant: String,
+    event_type: String,
+    occurred_at: SystemTime,
+    operational: bool,
+}
+
+struct DeliveryRow {
+    event_id: [u8; 16],
+    endpoint_id: [u8; 16],
+    id: [u8; 16],
+    tenant: String,
+    /// A status, or `planned` for a plan's delivery without a row.
+    status: String,
+    counted: i64,
+    hot_attempts: i64,
+    created_at: SystemTime,
+    has_schedule: bool,
+    due_at: Option<SystemTime>,
+    lease_owner: Option<String>,
+    lease_live: bool,
+    event_occurred_at: SystemTime,
+}
+
+fn uuid_bytes(row: &Row, i: usize) -> [u8; 16] {
+    *row.get::<_, Uuid>(i).as_bytes()
+}
+
+fn event_row(r: &Row) -> EventRow {
+    EventRow {
+        id: uuid_bytes(r, 0),
+        tenant: r.get(1),
+        event_type: r.get(2),
+        occurred_at: r.get(3),
+        operational: r.get(4),
+    }
+}
+
+fn delivery_row(r: &Row) -> DeliveryRow {
+    DeliveryRow {
+        event_id: uuid_bytes(r, 0),
+        endpoint_id: uuid_bytes(r, 1),
+        id: uuid_bytes(r, 2),
+        tenant: r.get(3),
+        status: r.get(4),
+        counted: i64::from(r.get::<_, i32>(5)),
+        hot_attempts: r.get(6),
+        created_at: r.get(7),
+        has_schedule: r.get(8),
+        due_at: r.get(9),
+        lease_owner: r.get(10),
+        lease_live: r.get(11),
+        event_occurred_at: r.get(12),
+    }
+}
+
+type Rows = Pin<Box<RowStream>>;
+
+async fn stream(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    what: &'static str,
+) -> Result<Rows, ReconcileError> {
+    let rows = client
+        .query_raw(sql, params.iter().copied())
+        .await
+        .map_err(ReconcileError::query(what))?;
+    Ok(Box::pin(rows))
+}
+
+async fn next<T>(
+    rows: &mut Rows,
+    decode: fn(&Row) -> T,
+    what: &'static str,
+) -> Result<Option<T>, ReconcileError> {
+    match rows.next().await {
+        None => Ok(None),
+        Some(Ok(r)) => Ok(Some(decode(&r))),
+        Some(Err(e)) => Err(ReconcileError::query(what)(e)),
+    }
+}
+
+/// Reads the window's events on `events_client` and deliveries on
+/// `deliveries_client` (both at one snapshot) and records what it finds.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    events_client: &tokio_postgres::Client,
+    deliveries_client: &tokio_postgres::Client,
+    since: SystemTime,
+    until: SystemTime,
+    tenant: Option<&str>,
+    ctx: &Context<'_>,
+    findings: &mut Findings,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), ReconcileError> {
+    let attempts_from = since - Duration::from_secs(3600);
+    let mut events = stream(
+        events_client,
+        EVENTS_SQL,
+        &[&since, &until, &tenant],
+        "read the window's events",
+    )
+    .await?;
+    let mut deliveries = stream(
+        deliveries_client,
+        DELIVERIES_SQL,
+        &[&since, &until, &tenant, &attempts_from, &ctx.as_of],
+        "read the window's deliveries",
+    )
+    .await?;
+    let mut event = next(&mut events, event_row, "read an event").await?;
+    let mut delivery = next(&mut deliveries, delivery_row, "read a delivery").await?;
+    let mut read = 0u64;
+    loop {
+        // The next event id in either stream.
+        let key = match (&event, &delivery) {
+            (None, None) => break,
+            (Some(e), None) => e.id,
+            (None, Some(d)) => d.event_id,
+            (Some(e), Some(d)) => e.id.min(d.event_id),
+        };
+        let this_event = match &event {
+            Some(e) if e.id == key => {
+                let e = event.take();
+                event = next(&mut events, event_row, "read an event").await?;
+                e
+            }
+            _ => None,
+        };
+        let mut group: Vec<DeliveryRow> = Vec::new();
+        while let Some(d) = delivery.take_if(|d| d.event_id == key) {
+            // A plan's delivery that has its row too: the row came first.
+            if group
+                .last()
+                .is_none_or(|last| last.endpoint_id != d.endpoint_id)
+            {
+                group.push(d);
+            }
+            delivery = next(&mut deliveries, delivery_row, "read a delivery").await?;
+        }
+        read += 1 + group.len() as u64;
+        if read >= 10_000 {
+            progress(read);
+            read = 0;
+        }
+        judge_event(key, this_event, &group, ctx, findings);
+        for d in &group {
+            judge_delivery(d, ctx, findings);
+        }
+    }
+    progress(read);
+    Ok(())
+}
+
+fn event_text(id: [u8; 16]) -> String {
+    EventId(id).to_string()
+}
+
+/// Compares one event's deliveries with what the planner calls for.
+fn judge_event(
+    key: [u8; 16],
+    event: Option<EventRow>,
+    group: &[DeliveryRow],
+    ctx: &Context<'_>,
+    findings: &mut Findings,
+) {
+    let Some(event) = event else {
+        // Deliveries of an event that is not among the window's hot events.
+        let d = &group[0];
+        let day = chrono::DateTime::<chrono::Utc>::from(d.event_occurred_at).date_naive();
+        findings.count(&d.tenant, |f| {
+            f.materialised_deliveries += group.len() as u64
+        });
+        if ctx.archived_event_days.contains(&day) {
+            findings.count(&d.tenant, |f| f.expected_deliveries += group.len() as u64);
+            findings.explain(
+                Explanation::EventArchived,
+                Some(&d.tenant),
+                group.len() as u64,
+            );
+        } else {
+            let mut g = gap(
+                GapClass::MissingEvent,
+                &event_text(key),
+                Some(&d.tenant),
+                format!(
+                    "{} deliver{} name event {} (occurred {}), which is not stored",
+                    group.len(),
+                    if group.len() == 1 { "y" } else { "ies" },
+                    event_text(key),
+                    crate::window::rfc3339(d.event_occurred_at)
+                ),
+            );
+            g.event_id = Some(event_text(key));
+            findings.gap(g);
+        }
+        return;
+    };
+    let tenant = event.tenant.as_str();
+    findings.count(tenant, |f| {
+        f.events += 1;
+        f.materialised_deliveries += group.len() as u64;
+    });
+    if event.operational {
+        findings.count(tenant, |f| f.expected_deliveries += group.len() as u64);
+        findings.explain(
+            Explanation::OperationalEvent,
+            Some(tenant),
+            group.len() as u64,
+        );
+        return;
+    }
+    let Ok(tenant_id) = TenantId::new(tenant) else {
+        findings.explain(Explanation::TenantUnknown, Some(tenant), 1);
+        return;
+    };
+    if !ctx.history.knows_tenant(&tenant_id) {
+        findings.explain(Explanation::TenantUnknown, Some(tenant), 1);
+        for d in group {
+            unexpected(d, "the tenant is not registered", findings);
+        }
+        return;
+    }
+    let Ok(event_type) = EventType::new(&event.event_type) else {
+        for d in group {
+            unexpected(d, "the event's type is not a valid type", findings);
+        }
+        return;
+    };
+    let at = Timestamp::from_system_time(event.occurred_at);
+    let mut expected = 0u64;
+    let mut matched = 0usize;
+    for (endpoint, decision) in ctx.history.decide(&tenant_id, &event_type, at) {
+        let present = group.iter().any(|d| d.endpoint_id == endpoint.id.0);
+        match decision {
+            Decision::Expected(version) => {
+                expected += 1;
+                if present {
+                    matched += 1;
+                    continue;
+                }
+                let delivery = DeliveryId::derive(EventId(key), endpoint.id);
+                let mut g = gap(
+                    GapClass::MissingDelivery,
+                    &delivery.to_string(),
+                    Some(tenant),
+                    format!(
+                        "event {} ({}, occurred {}) was due to reach endpoint {} (config version {version}); \
+                         no delivery exists",
+                        event_text(key),
+                        event.event_type,
+                        crate::window::rfc3339(event.occurred_at),
+                        endpoint.id
+                    ),
+                );
+                g.event_id = Some(event_text(key));
+                g.delivery_id = Some(delivery.to_string());
+                g.endpoint_id = Some(endpoint.id.to_string());
+                findings.gap(g);
+                if findings.missing.len() < MAX_REPAIRS_PER_RUN {
+                    findings.missing.push(MissingDelivery {
+                        event_id: key,
+                        endpoint_id: endpoint.id.0,
+                        config_version: version,
+                    });
+                }
+            }
+            Decision::NotExpected(reason) => {
+                if present {
+                    continue; // judged as unexpected below
+                }
+                if reason != Explanation::TypeNotSubscribed {
+                    findings.explain(reason, Some(tenant), 1);
+                }
+            }
+        }
+    }
+    findings.count(tenant, |f| f.expected_deliveries += expected);
+    if matched < group.len() {
+        for d in group {
+            let wanted = ctx
+                .history
+                .decide(&tenant_id, &event_type, at)
+                .any(|(e, dec)| e.id.0 == d.endpoint_id && matches!(dec, Decision::Expected(_)));
+            if !wanted {
+                unexpected(
+                    d,
+                    "no subscription in force when the event occurred called for it",
+                    findings,
+                );
+            }
+        }
+    }
+}
+
+fn unexpected(d: &DeliveryRow, why: &str, findings: &mut Findings) {
+    let id = DeliveryId(d.id).to_string();
+    let mut g = gap(
+        GapClass::UnexpectedDelivery,
+        &id,
+        Some(&d.tenant),
+        format!(
+            "delivery {id} of event {} to endpoint {} ({}): {why}",
+            event_text(d.event_id),
+            EndpointId(d.endpoint_id),
+            d.status
+        ),
+    );
+    g.event_id = Some(event_text(d.event_id));
+    g.delivery_id = Some(id);
+    g.endpoint_id = Some(EndpointId(d.endpoint_id).to_string());
+    findings.gap(g);
+}
+
+/// Checks one delivery's state against its schedule and its attempts.
+fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
+    let tenant = d.tenant.as_str();
+    let id = DeliveryId(d.id);
+    let with_ids = |class: GapClass, detail: String| {
+        let mut g = gap(class, &id.to_string(), Some(tenant), detail);
+        g.event_id = Some(event_text(d.event_id));
+        g.delivery_id = Some(id.to_string());
+        g.endpoint_id = Some(EndpointId(d.endpoint_id).to_string());
+        g
+    };
+    findings.count(tenant, |f| {
+        if d.counted > 0 {
+            f.attempted_deliveries += 1;
+        }
+        f.attempts_expected += d.counted as u64;
+        f.attempts_hot += d.hot_attempts as u64;
+        match d.status.as_str() {
+            "succeeded" => f.succeeded += 1,
+            "failed" => f.failed += 1,
+            "exhausted" => f.exhausted += 1,
+            "cancelled" => f.cancelled += 1,
+            _ => {}
+        }
+    });
+    let attempts_comparable =
+        d.created_at >= ctx.hot_attempts_from && !ctx.replaying.contains(&d.id);
+    if attempts_comparable && d.counted != d.hot_attempts {
+        findings.gap(with_ids(
+            GapClass::AttemptCountMismatch,
+            format!(
+                "delivery {id} counts {} attempt(s); the attempts table holds {}",
+                d.counted, d.hot_attempts
+            ),
+        ));
+    }
+    match d.status.as_str() {
+        "succeeded" | "failed" if d.counted == 0 && d.hot_attempts == 0 => {
+            findings.gap(with_ids(
+                GapClass::TerminalWithoutAttempt,
+                format!("delivery {id} is {} but was never attempted", d.status),
+            ));
+        }
+        "exhausted" | "cancelled" if d.counted == 0 => {
+            findings.explain(Explanation::EndedWithoutAttempt, Some(tenant), 1);
+        }
+        "pending" | "planned" => pending(d, ctx, findings, with_ids),
+        _ => {}
+    }
+}
+
+fn pending(
+    d: &DeliveryRow,
+    ctx: &Context<'_>,
+    findings: &mut Findings,
+    with_ids: impl Fn(GapClass, String) -> crate::report::Gap,
+) {
+    let tenant = d.tenant.as_str();
+    let due_at = d.due_at.unwrap_or(d.created_at);
+    let due = due_at <= ctx.as_of;
+    findings.count(tenant, |f| {
+        if due {
+            f.pending_due += 1
+        } else {
+            f.pending_scheduled += 1
+        }
+    });
+    let planned = d.status == "planned";
+    let problem = if !planned && !d.has_schedule {
+        Some(
+            "it has no scheduling row (walhook.pending), so no dispatcher will ever claim it"
+                .to_string(),
+        )
+    } else if due_at + ctx.grace < ctx.as_of && !(d.lease_owner.is_some() && d.lease_live) {
+        Some(format!(
+            "it was due at {}, over {} s ago, and {}",
+            crate::window::rfc3339(due_at),
+            ctx.grace.as_secs(),
+            match &d.lease_owner {
+                Some(owner) => format!("its holder {owner:?} is no longer alive"),
+                None => "no dispatcher holds it".to_string(),
+            }
+        ))
+    } else {
+        None
+    };
+    let Some(problem) = problem else {
+        return;
+    };
+    if let Some(paused) = ctx.history.paused(&EndpointId(d.endpoint_id)) {
+        findings.explain(paused.explanation(), Some(tenant), 1);
+        return;
+    }
+    findings.gap(with_ids(
+        GapClass::OverduePending,
+        format!(
+            "pending delivery {}{}: {problem}",
+            DeliveryId(d.id),
+            if planned {
+                " (fan-out's plan, no row yet)"
+            } else {
+                ""
+            }
+        ),
+    ));
+    if findings.overdue.len() < MAX_REPAIRS_PER_RUN {
+        findings.overdue.push(Overdue {
+            delivery_id: d.id,
+            endpoint_id: d.endpoint_id,
+            planned_event: planned.then_some(d.event_id),
+        });
+    }
+}

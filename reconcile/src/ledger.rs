@@ -1,0 +1,167 @@
+//! Capture's ledger against the events stored: per source and minute, the
+//! events capture made (counted once per transaction, after they were
+//! durable) and the events in `walhook.events`; and capture's incidents.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::SystemTime;
+
+use crate::ReconcileError;
+use crate::findings::{Findings, gap};
+use crate::report::{CaptureRow, Explanation, GapClass};
+use crate::window::rfc3339;
+
+/// Per (source, minute): events capture made, and the LSNs they spanned.
+type Minutes = BTreeMap<(String, SystemTime), (i64, Option<String>, Option<String>)>;
+
+/// Compares the ledger with the stored events over `[since, until)`; days in
+/// `archived` are left to the archive stage. Returns the ledger's rows per
+/// source and rule.
+pub async fn run(
+    client: &tokio_postgres::Client,
+    since: SystemTime,
+    until: SystemTime,
+    archived: &HashSet<chrono::NaiveDate>,
+    findings: &mut Findings,
+) -> Result<Vec<CaptureRow>, ReconcileError> {
+    let rows = client
+        .query(
+            "SELECT source, rule, sum(changes)::int8, sum(events)::int8, sum(filtered)::int8, \
+                    sum(incidents)::int8, min(first_commit_lsn)::text, max(last_commit_lsn)::text \
+             FROM walhook.capture_ledger WHERE window_start >= $1 AND window_start < $2 \
+             GROUP BY 1, 2 ORDER BY 1, 2",
+            &[&since, &until],
+        )
+        .await
+        .map_err(ReconcileError::query("read capture's ledger"))?;
+    let capture: Vec<CaptureRow> = rows
+        .iter()
+        .map(|r| CaptureRow {
+            source: r.get(0),
+            rule: r.get(1),
+            changes: r.get::<_, i64>(2) as u64,
+            events: r.get::<_, i64>(3) as u64,
+            filtered: r.get::<_, i64>(4) as u64,
+            incidents: r.get::<_, i64>(5) as u64,
+            first_commit_lsn: r.get(6),
+            last_commit_lsn: r.get(7),
+        })
+        .collect();
+    findings.funnel.captured_changes = Some(capture.iter().map(|c| c.changes).sum());
+    findings.funnel.captured_events = Some(capture.iter().map(|c| c.events).sum());
+    findings.explain(
+        Explanation::FilteredByRule,
+        None,
+        capture.iter().map(|c| c.filtered).sum(),
+    );
+
+    // Events are compared from the first commit each source's ledger
+    // counted: older ones were made before the ledger existed.
+    let ledger = client
+        .query(
+            "SELECT source, window_start, sum(events)::int8, min(first_commit_lsn)::text, \
+                    max(last_commit_lsn)::text \
+             FROM walhook.capture_ledger WHERE window_start >= $1 AND window_start < $2 \
+             GROUP BY 1, 2",
+            &[&since, &until],
+        )
+        .await
+        .map_err(ReconcileError::query("read capture's ledger by minute"))?;
+    let mut made: Minutes = BTreeMap::new();
+    for r in ledger {
+        made.insert((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4)));
+    }
+    let stored = client
+        .query(
+            "WITH firsts AS (SELECT source, min(first_commit_lsn) AS lsn FROM walhook.capture_ledger GROUP BY 1) \
+             SELECT e.source, date_trunc('minute', e.occurred_at), count(*), \
+                    coalesce(e.commit_lsn >= f.lsn, false) \
+             FROM walhook.events e LEFT JOIN firsts f ON f.source = e.source \
+             WHERE e.occurred_at >= $1 AND e.occurred_at < $2 AND e.commit_lsn <> '0/0'::pg_lsn \
+             GROUP BY 1, 2, 4",
+            &[&since, &until],
+        )
+        .await
+        .map_err(ReconcileError::query("count the stored events by minute"))?;
+    let mut found: BTreeMap<(String, SystemTime), i64> = BTreeMap::new();
+    for r in stored {
+        let n: i64 = r.get(2);
+        if r.get::<_, bool>(3) {
+            found.insert((r.get(0), r.get(1)), n);
+        } else {
+            findings.explain(Explanation::BeforeLedger, None, n as u64);
+        }
+    }
+    let day = |t: SystemTime| chrono::DateTime::<chrono::Utc>::from(t).date_naive();
+    let keys: std::collections::BTreeSet<(String, SystemTime)> =
+        made.keys().chain(found.keys()).cloned().collect();
+    for key in keys {
+        if archived.contains(&day(key.1)) {
+            continue;
+        }
+        let (n_made, first, last) = made.get(&key).cloned().unwrap_or((0, None, None));
+        let n_found = found.get(&key).copied().unwrap_or(0);
+        if n_made == n_found {
+            continue;
+        }
+        let (source, minute) = &key;
+        let subject = format!("{source}@{}", rfc3339(*minute));
+        let lsns = match (first, last) {
+            (Some(a), Some(b)) => format!(" (commit LSNs {a}..{b})"),
+            _ => String::new(),
+        };
+        if n_made > n_found {
+            findings.gap(gap(
+                GapClass::MissingEvent,
+                &subject,
+                None,
+                format!(
+                    "capture made {n_made} event(s) of source {source:?} in the minute from {}{lsns}; \
+                     {n_found} are stored",
+                    rfc3339(*minute)
+                ),
+            ));
+        } else {
+            findings.gap(gap(
+                GapClass::UnexpectedEvent,
+                &subject,
+                None,
+                format!(
+                    "{n_found} event(s) of source {source:?} are stored for the minute from {}; \
+                     capture made {n_made}{lsns}",
+                    rfc3339(*minute)
+                ),
+            ));
+        }
+    }
+
+    let incidents = client
+        .query(
+            "SELECT id, source, kind, commit_lsn::text, rule, table_name, detail \
+             FROM walhook.capture_incidents WHERE seen_at >= $1 AND seen_at < $2 ORDER BY id",
+            &[&since, &until],
+        )
+        .await
+        .map_err(ReconcileError::query("read capture incidents"))?;
+    for r in incidents {
+        let id: i64 = r.get(0);
+        let source: String = r.get(1);
+        let kind: String = r.get(2);
+        let lsn: Option<String> = r.get(3);
+        let rule: Option<String> = r.get(4);
+        let table: Option<String> = r.get(5);
+        let detail: String = r.get(6);
+        findings.gap(gap(
+            GapClass::CaptureIncident,
+            &id.to_string(),
+            None,
+            format!(
+                "{kind} in source {source:?}{}{}{}: {detail}",
+                lsn.map(|l| format!(" at commit LSN {l}"))
+                    .unwrap_or_default(),
+                rule.map(|r| format!(", rule {r:?}")).unwrap_or_default(),
+                table.map(|t| format!(", table {t}")).unwrap_or_default(),
+            ),
+        ));
+    }
+    Ok(capture)
+}

@@ -1,0 +1,446 @@
+//! The report: what one reconciliation of one window found, as JSON for
+//! machines (format [`FORMAT`], version [`SCHEMA_VERSION`]; see
+//! `docs/reconcile.md`) and as the HTML page of [`crate::html`].
+//!
+//! Everything in the report but `generated_at`, `parameters.as_of` and
+//! `data_sha256` is the report's data; `data_sha256` is the SHA-256 of that data in canonical
+//! JSON, so two runs over the same window and the same rows carry the same
+//! hash whenever they ran.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The `format` field of every report.
+pub const FORMAT: &str = "walhook.reconcile.report";
+
+/// The version of the report's layout; bumped on any change that is not
+/// a new optional field.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Gaps listed one by one in a report at most; further ones are counted in
+/// [`Report::gap_counts`] and [`Report::gaps_not_listed`].
+pub const MAX_LISTED_GAPS: usize = 1000;
+
+/// One reconciliation of one window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The walhook version that made it.
+    pub software_version: String,
+    /// When it was made (RFC 3339, UTC). Not part of the data hash.
+    pub generated_at: String,
+    /// What was reconciled.
+    pub parameters: Parameters,
+    /// Capture's ledger per source and rule, against the events stored.
+    pub capture: Vec<CaptureRow>,
+    /// The funnel over every tenant of the window.
+    pub funnel: Funnel,
+    /// The funnel per tenant, by tenant id.
+    pub tenants: Vec<TenantFunnel>,
+    /// Differences that are not gaps, with their reasons.
+    pub explained: Vec<Explained>,
+    /// Archived days the window touches, with what verification found.
+    pub archive: Vec<ArchiveDay>,
+    /// Gaps by class (every gap, listed or not).
+    pub gap_counts: BTreeMap<GapClass, u64>,
+    /// The gaps, up to [`MAX_LISTED_GAPS`], ordered by class then id.
+    pub gaps: Vec<Gap>,
+    /// Gaps counted but not listed (over [`MAX_LISTED_GAPS`]).
+    pub gaps_not_listed: u64,
+    /// What `--repair` did (empty without it).
+    pub repairs: Vec<Repair>,
+    /// Whether no gap is left unexplained (unrepaired).
+    pub clean: bool,
+    /// SHA-256 (hex) of the report's data: everything above but
+    /// `generated_at` and `parameters.as_of`, in canonical JSON.
+    pub data_sha256: String,
+}
+
+/// The window and options of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parameters {
+    /// Start of the window (inclusive), RFC 3339 UTC, whole minutes.
+    pub since: String,
+    /// End of the window (exclusive), RFC 3339 UTC, whole minutes.
+    pub until: String,
+    /// The one tenant reconciled, if one was asked for.
+    pub tenant: Option<String>,
+    /// Whether repairs were made.
+    pub repair: bool,
+    /// How long past its due time a pending delivery may wait before it
+    /// counts as overdue, in seconds.
+    pub grace_seconds: u64,
+    /// The time the state was read at (RFC 3339 UTC): "due" and "overdue"
+    /// are judged against it.
+    pub as_of: String,
+}
+
+/// Capture's ledger of one rule of one source over the window, and the
+/// events stored for that source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureRow {
+    /// The source's name.
+    pub source: String,
+    /// The rule's name.
+    pub rule: String,
+    /// Row changes (and messages) the rule looked at.
+    pub changes: u64,
+    /// Events it made.
+    pub events: u64,
+    /// Changes its conditions or operations left out.
+    pub filtered: u64,
+    /// Changes it could not turn into an event (capture incidents).
+    pub incidents: u64,
+    /// The first and last commit LSN it saw in the window.
+    pub first_commit_lsn: Option<String>,
+    /// See `first_commit_lsn`.
+    pub last_commit_lsn: Option<String>,
+}
+
+/// The stages of one window, each counted from its own table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Funnel {
+    /// Changes capture read (ledger; every tenant, so absent per tenant).
+    pub captured_changes: Option<u64>,
+    /// Events capture made (ledger; absent per tenant).
+    pub captured_events: Option<u64>,
+    /// Events stored (hot and archived).
+    pub events: u64,
+    /// Of them, in archived days (manifests).
+    pub events_archived: u64,
+    /// Deliveries the subscriptions in force called for, for hot events.
+    pub expected_deliveries: u64,
+    /// Deliveries that exist (rows and fan-out plans), for hot events.
+    pub materialised_deliveries: u64,
+    /// Of them, those with at least one attempt.
+    pub attempted_deliveries: u64,
+    /// Terminal: succeeded.
+    pub succeeded: u64,
+    /// Terminal: failed (a permanent error, or a replay's outcome).
+    pub failed: u64,
+    /// Terminal: retries exhausted.
+    pub exhausted: u64,
+    /// Terminal: cancelled.
+    pub cancelled: u64,
+    /// Pending and due (an attempt may start now).
+    pub pending_due: u64,
+    /// Pending, next attempt in the future.
+    pub pending_scheduled: u64,
+    /// Attempts the deliveries count.
+    pub attempts_expected: u64,
+    /// Attempts in the hot table for those deliveries.
+    pub attempts_hot: u64,
+    /// Deliveries in archived days (manifests).
+    pub deliveries_archived: u64,
+    /// Attempts in archived days (manifests).
+    pub attempts_archived: u64,
+}
+
+/// One tenant's funnel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantFunnel {
+    /// The tenant.
+    pub tenant: String,
+    /// Its funnel.
+    #[serde(flatten)]
+    pub funnel: Funnel,
+    /// Its gaps.
+    pub gaps: u64,
+}
+
+/// Why a count differs from the one before it, when that is expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Explanation {
+    /// A rule's condition or operations left a change out.
+    FilteredByRule,
+    /// The endpoint was disabled when the event occurred.
+    EndpointDisabled,
+    /// The endpoint was deleted before the event occurred.
+    EndpointDeleted,
+    /// The event occurred before the endpoint was created.
+    EventBeforeEndpoint,
+    /// The endpoint's subscription did not list the event's type.
+    TypeNotSubscribed,
+    /// The tenant is not registered: its events reach no endpoint.
+    TenantUnknown,
+    /// The tenant was disabled.
+    TenantDisabled,
+    /// A pending delivery waits because its endpoint is quarantined.
+    PendingQuarantined,
+    /// A pending delivery waits because its endpoint's circuit is open.
+    PendingCircuitOpen,
+    /// A pending delivery waits because its endpoint is disabled (or its
+    /// tenant is).
+    PendingEndpointDisabled,
+    /// A delivery ended (exhausted, cancelled) without an attempt: its
+    /// deadline passed while it waited, or its endpoint was deleted.
+    EndedWithoutAttempt,
+    /// Events of a source in minutes before its ledger began.
+    BeforeLedger,
+    /// Deliveries of events in archived days: counted from the manifests.
+    EventArchived,
+    /// Events walhook made itself (test events, `endpoint.disabled`
+    /// notices): their deliveries follow the request that made them, not
+    /// the subscriptions, so they count as expected as made.
+    OperationalEvent,
+}
+
+/// A difference that is not a gap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explained {
+    /// Why.
+    pub reason: Explanation,
+    /// The tenant, when it is about one.
+    pub tenant: Option<String>,
+    /// How many.
+    pub count: u64,
+}
+
+/// The classes of gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapClass {
+    /// Capture counted more events than are stored, or a delivery names
+    /// an event that is not stored.
+    MissingEvent,
+    /// More events are stored than capture counted.
+    UnexpectedEvent,
+    /// A subscription in force called for a delivery that does not exist.
+    MissingDelivery,
+    /// A delivery exists that no subscription called for.
+    UnexpectedDelivery,
+    /// Pending, due longer than the grace, and no live lease holds it.
+    OverduePending,
+    /// The delivery's attempt counts differ from its attempt rows.
+    AttemptCountMismatch,
+    /// Succeeded or failed without any attempt.
+    TerminalWithoutAttempt,
+    /// An archived object or manifest does not match (hash, size, rows).
+    ArchiveMismatch,
+    /// An archived object or manifest is missing.
+    ArchiveObjectMissing,
+    /// Capture saw a change it could not turn into an event.
+    CaptureIncident,
+}
+
+impl GapClass {
+    /// The name used in ids, metrics and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GapClass::MissingEvent => "missing_event",
+            GapClass::UnexpectedEvent => "unexpected_event",
+            GapClass::MissingDelivery => "missing_delivery",
+            GapClass::UnexpectedDelivery => "unexpected_delivery",
+            GapClass::OverduePending => "overdue_pending",
+            GapClass::AttemptCountMismatch => "attempt_count_mismatch",
+            GapClass::TerminalWithoutAttempt => "terminal_without_attempt",
+            GapClass::ArchiveMismatch => "archive_mismatch",
+            GapClass::ArchiveObjectMissing => "archive_object_missing",
+            GapClass::CaptureIncident => "capture_incident",
+        }
+    }
+
+    /// Every class, in report order.
+    pub const ALL: [GapClass; 10] = [
+        GapClass::MissingEvent,
+        GapClass::UnexpectedEvent,
+        GapClass::MissingDelivery,
+        GapClass::UnexpectedDelivery,
+        GapClass::OverduePending,
+        GapClass::AttemptCountMismatch,
+        GapClass::TerminalWithoutAttempt,
+        GapClass::ArchiveMismatch,
+        GapClass::ArchiveObjectMissing,
+        GapClass::CaptureIncident,
+    ];
+
+    /// Whether `--repair` can fix gaps of this class.
+    pub fn repairable(self) -> bool {
+        matches!(self, GapClass::MissingDelivery | GapClass::OverduePending)
+    }
+}
+
+impl std::fmt::Display for GapClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One gap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// Stable across runs: `<class>:<subject>` (a delivery, event or
+    /// object id, or a source and minute).
+    pub id: String,
+    /// Its class.
+    pub class: GapClass,
+    /// The tenant, when known.
+    pub tenant: Option<String>,
+    /// The event, when it is about one.
+    pub event_id: Option<String>,
+    /// The delivery, when it is about one.
+    pub delivery_id: Option<String>,
+    /// The endpoint, when it is about one.
+    pub endpoint_id: Option<String>,
+    /// What was found, for people.
+    pub detail: String,
+    /// Whether `--repair` fixed it in this run.
+    pub repaired: bool,
+}
+
+/// One archived (table, day) the window touches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveDay {
+    /// `events`, `deliveries` or `attempts`.
+    pub table: String,
+    /// `YYYY-MM-DD`.
+    pub day: String,
+    /// The generation.
+    pub generation: u32,
+    /// Its catalog state (`verified`, `dropped`, …).
+    pub state: String,
+    /// Rows the catalog recorded.
+    pub rows: u64,
+    /// Parts the catalog recorded.
+    pub files: u64,
+    /// Whether every object was read back and matched in this run.
+    pub verified: bool,
+    /// What did not match, when something did not.
+    pub problem: Option<String>,
+}
+
+/// What `--repair` did for one class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repair {
+    /// The class repaired.
+    pub class: GapClass,
+    /// How many gaps were fixed.
+    pub repaired: u64,
+    /// What was done, for people.
+    pub action: String,
+}
+
+impl Report {
+    /// Fills `clean` and `data_sha256` from the rest.
+    pub fn seal(&mut self) {
+        self.clean = self.gap_counts.values().sum::<u64>() == self.repaired_count();
+        self.data_sha256 = self.data_hash();
+    }
+
+    /// Gaps fixed by this run's repairs.
+    pub fn repaired_count(&self) -> u64 {
+        self.repairs.iter().map(|r| r.repaired).sum()
+    }
+
+    /// Gaps found and not repaired.
+    pub fn open_gaps(&self) -> u64 {
+        self.gap_counts
+            .values()
+            .sum::<u64>()
+            .saturating_sub(self.repaired_count())
+    }
+
+    /// The SHA-256 of the report's data (see the module's documentation).
+    pub fn data_hash(&self) -> String {
+        let mut value = serde_json::to_value(self).expect("a report serialises");
+        if let Some(map) = value.as_object_mut() {
+            map.remove("generated_at");
+            map.remove("data_sha256");
+            if let Some(p) = map.get_mut("parameters").and_then(|p| p.as_object_mut()) {
+                p.remove("as_of");
+            }
+        }
+        // serde_json's maps are ordered (BTreeMap), so this is canonical.
+        let bytes = serde_json::to_vec(&value).expect("a value serialises");
+        let digest = Sha256::digest(&bytes);
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        Report {
+            format: FORMAT.into(),
+            schema_version: SCHEMA_VERSION,
+            software_version: "0.1.0".into(),
+            generated_at: "2026-11-30T10:00:00Z".into(),
+            parameters: Parameters {
+                since: "2026-11-30T09:00:00Z".into(),
+                until: "2026-11-30T10:00:00Z".into(),
+                tenant: None,
+                repair: false,
+                grace_seconds: 60,
+                as_of: "2026-11-30T10:02:00Z".into(),
+            },
+            capture: Vec::new(),
+            funnel: Funnel::default(),
+            tenants: Vec::new(),
+            explained: Vec::new(),
+            archive: Vec::new(),
+            gap_counts: BTreeMap::new(),
+            gaps: Vec::new(),
+            gaps_not_listed: 0,
+            repairs: Vec::new(),
+            clean: false,
+            data_sha256: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_data_hash_ignores_when_and_changes_with_what() {
+        let mut a = report();
+        a.seal();
+        let mut b = report();
+        b.generated_at = "2026-12-01T00:00:00Z".into();
+        b.parameters.as_of = "2026-12-01T00:00:00Z".into();
+        b.seal();
+        assert_eq!(a.data_sha256, b.data_sha256);
+        assert_eq!(a.data_sha256.len(), 64);
+        let mut c = report();
+        c.funnel.events = 1;
+        c.seal();
+        assert_ne!(a.data_sha256, c.data_sha256);
+    }
+
+    #[test]
+    fn a_report_is_clean_when_every_gap_was_repaired() {
+        let mut r = report();
+        r.seal();
+        assert!(r.clean);
+        r.gap_counts.insert(GapClass::MissingDelivery, 2);
+        r.gap_counts.insert(GapClass::OverduePending, 1);
+        r.repairs.push(Repair {
+            class: GapClass::MissingDelivery,
+            repaired: 2,
+            action: String::new(),
+        });
+        r.seal();
+        assert!(!r.clean);
+        assert_eq!(r.open_gaps(), 1);
+        r.repairs.push(Repair {
+            class: GapClass::OverduePending,
+            repaired: 1,
+            action: String::new(),
+        });
+        r.seal();
+        assert!(r.clean);
+        // The JSON names classes in snake case, as ids and metrics do.
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["gap_counts"]["missing_delivery"], 2);
+        for class in GapClass::ALL {
+            assert_eq!(
+                serde_json::to_value(class).unwrap(),
+                serde_json::Value::String(class.as_str().into())
+            );
+        }
+    }
+}
