@@ -234,3 +234,99 @@ fn event_types(names: Vec<String>) -> Vec<EventType> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_system_time(
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s as u64),
+        )
+    }
+
+    fn version(version: i32, from: i64, enabled: bool, types: &[&str]) -> SubscriptionVersion {
+        SubscriptionVersion {
+            version,
+            valid_from: at(from),
+            enabled,
+            event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
+        }
+    }
+
+    /// One endpoint of tenant `acme`, created at 100: enabled for every
+    /// type, disabled at 200, enabled for `a.done` only at 400, deleted at
+    /// 600; the tenant disabled at 800.
+    fn history() -> History {
+        let tenant = TenantId::new("acme").unwrap();
+        let id = EndpointId([7; 16]);
+        let endpoint = EndpointConfig {
+            id,
+            tenant_id: tenant.clone(),
+            url: String::new(),
+            event_types: vec![EventType::new("a.done").unwrap()],
+            enabled: true,
+            config_version: 3,
+            rate_limit_per_sec: None,
+            max_in_flight: None,
+            secrets: Vec::new(),
+            created_at: at(100),
+            quarantine: None,
+            history: vec![
+                version(1, 100, true, &[]),
+                version(2, 200, false, &[]),
+                version(3, 400, true, &["a.done"]),
+            ],
+        };
+        History {
+            directory: Directory::loaded(
+                0,
+                Loaded {
+                    tenants: vec![(tenant.clone(), true)],
+                    endpoints: vec![endpoint],
+                    missing_keys: Vec::new(),
+                },
+            ),
+            deleted_at: HashMap::from([(id, at(600))]),
+            tenant_disabled_at: HashMap::from([(tenant, Some(at(800)))]),
+            paused: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_planner_decides_by_the_version_in_force_when_the_event_occurred() {
+        let h = history();
+        let tenant = TenantId::new("acme").unwrap();
+        let decide = |ty: &str, t: i64| {
+            let ty = EventType::new(ty).unwrap();
+            let all: Vec<Decision> = h.decide(&tenant, &ty, at(t)).map(|(_, d)| d).collect();
+            assert_eq!(all.len(), 1);
+            all[0]
+        };
+        use Decision::*;
+        assert_eq!(
+            decide("a.done", 50),
+            NotExpected(Explanation::EventBeforeEndpoint)
+        );
+        assert_eq!(decide("b.done", 150), Expected(1));
+        assert_eq!(
+            decide("a.done", 300),
+            NotExpected(Explanation::EndpointDisabled)
+        );
+        assert_eq!(decide("a.done", 500), Expected(3));
+        assert_eq!(
+            decide("b.done", 500),
+            NotExpected(Explanation::TypeNotSubscribed)
+        );
+        assert_eq!(
+            decide("a.done", 700),
+            NotExpected(Explanation::EndpointDeleted)
+        );
+        assert_eq!(
+            decide("a.done", 900),
+            NotExpected(Explanation::TenantDisabled)
+        );
+        assert!(h.knows_tenant(&tenant));
+        assert!(!h.knows_tenant(&TenantId::new("globex").unwrap()));
+    }
+}

@@ -300,14 +300,19 @@ fn judge_event(
         return;
     };
     let at = Timestamp::from_system_time(event.occurred_at);
-    let mut expected = 0u64;
+    // The group is sorted by endpoint (the query's order).
+    let present = |endpoint: &[u8; 16]| {
+        group
+            .binary_search_by(|d| d.endpoint_id.cmp(endpoint))
+            .is_ok()
+    };
+    let mut wanted: Vec<[u8; 16]> = Vec::new();
     let mut matched = 0usize;
     for (endpoint, decision) in ctx.history.decide(&tenant_id, &event_type, at) {
-        let present = group.iter().any(|d| d.endpoint_id == endpoint.id.0);
         match decision {
             Decision::Expected(version) => {
-                expected += 1;
-                if present {
+                wanted.push(endpoint.id.0);
+                if present(&endpoint.id.0) {
                     matched += 1;
                     continue;
                 }
@@ -337,24 +342,19 @@ fn judge_event(
                     });
                 }
             }
+            // A delivery that exists anyway is judged as unexpected below.
             Decision::NotExpected(reason) => {
-                if present {
-                    continue; // judged as unexpected below
-                }
-                if reason != Explanation::TypeNotSubscribed {
+                if !present(&endpoint.id.0) && reason != Explanation::TypeNotSubscribed {
                     findings.explain(reason, Some(tenant), 1);
                 }
             }
         }
     }
-    findings.count(tenant, |f| f.expected_deliveries += expected);
-    if matched < group.len() {
+    findings.count(tenant, |f| f.expected_deliveries += wanted.len() as u64);
+    if matched != group.len() {
+        wanted.sort_unstable();
         for d in group {
-            let wanted = ctx
-                .history
-                .decide(&tenant_id, &event_type, at)
-                .any(|(e, dec)| e.id.0 == d.endpoint_id && matches!(dec, Decision::Expected(_)));
-            if !wanted {
+            if wanted.binary_search(&d.endpoint_id).is_err() {
                 unexpected(
                     d,
                     "no subscription in force when the event occurred called for it",

@@ -29,11 +29,21 @@ pub struct Args {
     pub json: bool,
 }
 
-struct Bar(indicatif::ProgressBar);
+/// A spinner that also notes when each stage began.
+struct Bar(
+    indicatif::ProgressBar,
+    parking_lot::Mutex<Vec<(String, Instant)>>,
+);
 
 impl Progress for Bar {
     fn stage(&self, name: &str) {
         self.0.set_message(name.to_string());
+        // Archived days are one stage, whatever day is being read.
+        let name = name.split(':').next().unwrap_or(name).to_string();
+        let mut stages = self.1.lock();
+        if stages.last().is_none_or(|(last, _)| *last != name) {
+            stages.push((name, Instant::now()));
+        }
     }
     fn rows(&self, n: u64) {
         self.0.inc(n);
@@ -189,8 +199,21 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let (cpu0, pg0, _) = cpu_seconds();
     let started = Instant::now();
-    let report = reconciler.run(&request, &Bar(bar.clone())).await?;
+    let progress = Bar(bar.clone(), parking_lot::Mutex::new(Vec::new()));
+    let report = reconciler.run(&request, &progress).await?;
     let wall = started.elapsed().as_secs_f64();
+    let ended = Instant::now();
+    let stages: Vec<(String, f64)> = {
+        let marks = progress.1.lock();
+        marks
+            .iter()
+            .enumerate()
+            .map(|(i, (name, at))| {
+                let next = marks.get(i + 1).map_or(ended, |(_, t)| *t);
+                (name.clone(), (next - *at).as_secs_f64())
+            })
+            .collect()
+    };
     let (cpu1, pg1, _) = cpu_seconds();
     bar.finish_and_clear();
     let f = &report.funnel;
@@ -211,6 +234,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         "postgres_cpu_seconds": pg1 - pg0,
         "clean": report.clean,
         "gaps": report.open_gaps(),
+        "stage_seconds": stages.iter().map(|(n, s)| (n.clone(), serde_json::json!(s))).collect::<serde_json::Map<_, _>>(),
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&figures)?);
@@ -233,6 +257,8 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             f.deliveries_archived,
             f.attempts_archived
         );
+        let split: Vec<String> = stages.iter().map(|(n, s)| format!("{n} {s:.2}s")).collect();
+        println!("  stages: {}", split.join(", "));
         println!(
             "  reconciler {:.2} CPU-s, Postgres {}",
             cpu1 - cpu0,
