@@ -63,20 +63,47 @@ fn explained(report: &Value, reason: &str) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clean_workload_reconciles_with_equal_counts_and_named_explanations() {
-    let w = World::new().await;
+/// `walhook run` with the API and `[reconcile] extra` (no schedule), and
+/// the tenants `acme` and `globex` with their API keys.
+struct Running {
+    cfg: std::path::PathBuf,
+    child: Child,
+    api: Http,
+    acme: String,
+    globex: String,
+}
+
+async fn start(w: &World, extra: &str) -> Running {
     let port = free_port();
     let cfg = w.config(&format!(
-        "{}\n[reconcile]\nevery = \"0s\"\n",
+        "{}\n[reconcile]\nevery = \"0s\"\n{extra}",
         api_section(port)
     ));
     let child = Child::run(&cfg);
     let api = Http::new(port);
     api.wait_ready().await;
     w.wait_streaming().await;
-    let acme = onboard(&w, &api, "acme").await;
-    let globex = onboard(&w, &api, "globex").await;
+    let acme = onboard(w, &api, "acme").await;
+    let globex = onboard(w, &api, "globex").await;
+    Running {
+        cfg,
+        child,
+        api,
+        acme,
+        globex,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_workload_reconciles_with_equal_counts_and_named_explanations() {
+    let w = World::new().await;
+    let Running {
+        cfg,
+        child,
+        api,
+        acme,
+        globex,
+    } = start(&w, "").await;
     endpoint(&w, &api, &acme, "acme-all", &[]).await;
     endpoint(&w, &api, &acme, "acme-orders", &["order.created"]).await;
     let (off, _) = endpoint(&w, &api, &acme, "acme-off", &[]).await;
@@ -191,17 +218,13 @@ async fn a_clean_workload_reconciles_with_equal_counts_and_named_explanations() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_faults_are_classified_with_their_ids_and_repair_fixes_what_it_can() {
     let w = World::new().await;
-    let port = free_port();
-    let cfg = w.config(&format!(
-        "{}\n[reconcile]\nevery = \"0s\"\ngrace = \"5s\"\n",
-        api_section(port)
-    ));
-    let child = Child::run(&cfg);
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
-    let acme = onboard(&w, &api, "acme").await;
-    let globex = onboard(&w, &api, "globex").await;
+    let Running {
+        cfg,
+        child,
+        api,
+        acme,
+        globex,
+    } = start(&w, "grace = \"5s\"\n").await;
     endpoint(&w, &api, &acme, "acme", &[]).await;
     endpoint(&w, &api, &globex, "globex", &[]).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;

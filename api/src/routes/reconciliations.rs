@@ -96,11 +96,20 @@ pub async fn list_reconciliations(
     .into_response())
 }
 
-fn run_id(id: &str) -> Result<i64, ApiError> {
-    id.parse::<i64>()
+/// The run `id` names, as `tenant` (or the operator) may see it; 404 when
+/// there is none.
+async fn find_run(state: &ApiState, id: &str, tenant: Option<&str>) -> Result<Run, ApiError> {
+    let missing = || ApiError::NotFound(format!("no reconciliation {id:?}"));
+    let n = id
+        .parse::<i64>()
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| ApiError::NotFound(format!("no reconciliation {id:?}")))
+        .ok_or_else(missing)?;
+    state
+        .platform
+        .reconciliation(n, tenant)
+        .await?
+        .ok_or_else(missing)
 }
 
 /// One run: the operator gets the whole report (the JSON of `walhook
@@ -114,12 +123,7 @@ pub async fn get_reconciliation(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
-    let n = run_id(&id)?;
-    let run = state
-        .platform
-        .reconciliation(n, tenant_of(&principal))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no reconciliation {id:?}")))?;
+    let run = find_run(&state, &id, tenant_of(&principal)).await?;
     Ok(axum::Json(model(run)).into_response())
 }
 
@@ -134,12 +138,8 @@ pub async fn reconciliation_html(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
-    let n = run_id(&id)?;
-    let run = state
-        .platform
-        .reconciliation(n, None)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no reconciliation {id:?}")))?;
+    let run = find_run(&state, &id, None).await?;
+    let n = run.id;
     let report: walhook_reconcile::Report = serde_json::from_value(run.report.unwrap_or_default())
         .map_err(|e| {
             ApiError::NotFound(format!(
