@@ -46,16 +46,21 @@ FROM walhook.events WHERE occurred_at >= $1 AND occurred_at < $2 AND ($3::text I
 ORDER BY id";
 
 /// Deliveries (rows, with their scheduling row, the liveness of their
-/// holder and their attempts in the hot table) and fan-out plans' deliveries
-/// that have no row yet, by event and endpoint. A plan's delivery that has
-/// its row comes twice; the row wins.
+/// holder and their attempts in the hot table) and fan-out plans'
+/// deliveries that have no row yet, by event and endpoint. A plan's
+/// delivery that has its row comes twice; the row wins.
+///
+/// Attempts count by number: a node whose lease lapsed while its attempt
+/// was out records that attempt late, under the number the next holder
+/// used again, and the history keeps both rows.
 const DELIVERIES_SQL: &str = "\
 SELECT d.event_id, d.endpoint_id, d.id, d.tenant_id, d.status::text, \
        d.attempt_count + d.manual_attempt_count, coalesce(a.n, 0), d.created_at, \
        p.delivery_id IS NOT NULL, p.next_attempt_at, p.lease_owner, coalesce(n.lease_until >= $5, false), \
        d.event_occurred_at, 0 \
 FROM walhook.deliveries d \
-LEFT JOIN (SELECT delivery_id, count(*) AS n FROM walhook.attempts WHERE started_at >= $4 GROUP BY 1) a \
+LEFT JOIN (SELECT delivery_id, count(*) AS n FROM (SELECT DISTINCT delivery_id, number FROM walhook.attempts \
+           WHERE started_at >= $4) numbered GROUP BY 1) a \
        ON a.delivery_id = d.id \
 LEFT JOIN walhook.pending p ON p.delivery_id = d.id \
 LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
