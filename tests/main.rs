@@ -11,6 +11,7 @@ mod egress;
 mod engine;
 mod freshness;
 mod hostile;
+mod nodes;
 mod pipeline;
 mod reconcile;
 mod supervision;

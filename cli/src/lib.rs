@@ -49,6 +49,9 @@ pub enum Command {
     Api(commands::api::Args),
     /// Run the capture stage alone; with --stdout, print events to try rules.
     Capture(commands::capture::Args),
+    /// Run a dispatcher node alone (no capture, no fan-out): it claims what
+    /// is due and held by no live node, e.g. a crashed node's deliveries.
+    Dispatch(commands::dispatch::Args),
     /// Move days past the hot window to Parquet (local directory or S3),
     /// verified, then drop them from Postgres; --dry-run shows what is due.
     Archive(commands::archive::Args),
@@ -143,6 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => commands::run::run(args).await,
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
+        Command::Dispatch(args) => commands::dispatch::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
         Command::Archive(args) => commands::archive::run(args),
         Command::Reconcile(args) => commands::reconcile::run(args).await,

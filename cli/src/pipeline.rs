@@ -193,20 +193,10 @@ pub async fn start_observed(
     let failed = CancellationToken::new();
     let supervisor = Supervisor::new(failed.clone());
 
-    let directory = Arc::new(SubscriptionCache::default());
-    directory
-        .load(&*platform)
-        .await
-        .context("cannot load endpoints")?;
     // A key missing at start-up is a configuration mistake, not one broken
     // endpoint: refuse to run rather than quarantine every endpoint it
     // sealed.
-    if let Some(key) = directory.snapshot().missing_keys().first() {
-        anyhow::bail!(
-            "endpoint secrets are sealed under master key {key}, which is not configured: add that key to \
-             [secrets].old_key_files (or WALHOOK_OLD_MASTER_KEYS) until `walhook secrets rotate` has re-sealed every row"
-        );
-    }
+    let directory = load_directory(&platform).await?;
     let refresh_stop = CancellationToken::new();
     let refresher = {
         let (directory, platform, stop) =
@@ -236,20 +226,7 @@ pub async fn start_observed(
     let counters = Arc::new(Counters::default());
 
     // Dispatch.
-    let settings = DispatchSettings {
-        node_id: cfg.dispatch.node_id.clone(),
-        max_in_flight: cfg.dispatch.max_in_flight,
-        endpoint_max_in_flight: cfg.dispatch.endpoint_max_in_flight,
-        tenant_max_in_flight: cfg.dispatch.tenant_max_in_flight,
-        endpoint_max_queued: cfg.dispatch.endpoint_max_queued,
-        disable_after: cfg.dispatch.disable_after,
-        breaker: cfg.breaker.clone(),
-        retry: cfg.retry.clone(),
-        lease: cfg.dispatch.lease,
-        sweep_interval: cfg.dispatch.sweep_interval,
-        drain_timeout: cfg.dispatch.drain_timeout,
-        ..DispatchSettings::default()
-    };
+    let settings = dispatch_settings(cfg);
     let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
     let (jobs_tx, jobs_rx) = mpsc::channel::<DeliveryJob>(4096);
     let dispatch_stop = CancellationToken::new();
@@ -409,6 +386,42 @@ pub async fn start_observed(
         directory,
         task,
     })
+}
+
+/// The dispatcher's settings from `[dispatch]`, `[breaker]` and `[retry]`.
+pub fn dispatch_settings(cfg: &Config) -> DispatchSettings {
+    DispatchSettings {
+        node_id: cfg.dispatch.node_id.clone(),
+        max_in_flight: cfg.dispatch.max_in_flight,
+        endpoint_max_in_flight: cfg.dispatch.endpoint_max_in_flight,
+        tenant_max_in_flight: cfg.dispatch.tenant_max_in_flight,
+        endpoint_max_queued: cfg.dispatch.endpoint_max_queued,
+        disable_after: cfg.dispatch.disable_after,
+        breaker: cfg.breaker.clone(),
+        retry: cfg.retry.clone(),
+        lease: cfg.dispatch.lease,
+        sweep_interval: cfg.dispatch.sweep_interval,
+        drain_timeout: cfg.dispatch.drain_timeout,
+        ..DispatchSettings::default()
+    }
+}
+
+/// Loads the endpoint directory and refuses to run when a master key that
+/// sealed secrets is missing (a configuration mistake, not one broken
+/// endpoint).
+pub async fn load_directory(platform: &Platform) -> anyhow::Result<Arc<SubscriptionCache>> {
+    let directory = Arc::new(SubscriptionCache::default());
+    directory
+        .load(platform)
+        .await
+        .context("cannot load endpoints")?;
+    if let Some(key) = directory.snapshot().missing_keys().first() {
+        anyhow::bail!(
+            "endpoint secrets are sealed under master key {key}, which is not configured: add that key to \
+             [secrets].old_key_files (or WALHOOK_OLD_MASTER_KEYS) until `walhook secrets rotate` has re-sealed every row"
+        );
+    }
+    Ok(directory)
 }
 
 /// Moves jobs from a deliveries partition to the dispatcher, until `stop`

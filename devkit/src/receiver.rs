@@ -340,6 +340,16 @@ impl Receiver {
             .secrets = secrets;
     }
 
+    /// Requests that reached `path` so far, answered or not (a delayed
+    /// answer is recorded in [`Receiver::received`] only once sent).
+    pub fn arrivals(&self, path: &str) -> u64 {
+        self.shared
+            .endpoints
+            .lock()
+            .get(path)
+            .map_or(0, |ep| u64::from(ep.hits))
+    }
+
     /// Every request so far.
     pub fn received(&self) -> Vec<Received> {
         self.shared.received.lock().clone()

@@ -50,24 +50,27 @@ ORDER BY id";
 /// deliveries that have no row yet, by event and endpoint. A plan's
 /// delivery that has its row comes twice; the row wins.
 ///
-/// Attempts count by number: a node whose lease lapsed while its attempt
-/// was out records that attempt late, under the number the next holder
-/// used again, and the history keeps both rows.
+/// Attempts count by number. A holder that takes a delivery over from a node
+/// whose lease lapsed numbers its attempt past the one that may be out
+/// (noting `previous_outcome_unknown`); when that node comes back and
+/// records its attempt late, the history has one number more than the
+/// delivery counts, which each such note explains.
 const DELIVERIES_SQL: &str = "\
 SELECT d.event_id, d.endpoint_id, d.id, d.tenant_id, d.status::text, \
        d.attempt_count + d.manual_attempt_count, coalesce(a.n, 0), d.created_at, \
        p.delivery_id IS NOT NULL, p.next_attempt_at, p.lease_owner, coalesce(n.lease_until >= $5, false), \
-       d.event_occurred_at, 0 \
+       d.event_occurred_at, 0, coalesce(a.u, 0) \
 FROM walhook.deliveries d \
-LEFT JOIN (SELECT delivery_id, count(*) AS n FROM (SELECT DISTINCT delivery_id, number FROM walhook.attempts \
-           WHERE started_at >= $4) numbered GROUP BY 1) a \
+LEFT JOIN (SELECT delivery_id, count(*) AS n, sum(unknown) AS u FROM ( \
+               SELECT delivery_id, number, max((note = 'previous_outcome_unknown')::int) AS unknown \
+               FROM walhook.attempts WHERE started_at >= $4 GROUP BY 1, 2) numbered GROUP BY 1) a \
        ON a.delivery_id = d.id \
 LEFT JOIN walhook.pending p ON p.delivery_id = d.id \
 LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
 WHERE d.event_occurred_at >= $1 AND d.event_occurred_at < $2 AND ($3::text IS NULL OR d.tenant_id = $3) \
 UNION ALL \
 SELECT f.event_id, u.ep, u.id, f.tenant_id, 'planned', 0, 0, f.created_at, \
-       false, f.created_at, f.lease_owner, coalesce(n.lease_until >= $5, false), f.event_occurred_at, 1 \
+       false, f.created_at, f.lease_owner, coalesce(n.lease_until >= $5, false), f.event_occurred_at, 1, 0 \
 FROM walhook.fanouts f CROSS JOIN LATERAL unnest(f.endpoint_ids, f.delivery_ids) AS u(ep, id) \
 LEFT JOIN walhook.dispatch_nodes n ON n.node_id = f.lease_owner \
 WHERE f.event_occurred_at >= $1 AND f.event_occurred_at < $2 AND ($3::text IS NULL OR f.tenant_id = $3) \
@@ -96,6 +99,9 @@ struct DeliveryRow {
     lease_owner: Option<String>,
     lease_live: bool,
     event_occurred_at: SystemTime,
+    /// Attempt numbers noted as taken over from a node whose attempt may
+    /// have been out.
+    unknown_before: i64,
 }
 
 fn uuid_bytes(row: &Row, i: usize) -> [u8; 16] {
@@ -127,6 +133,7 @@ fn delivery_row(r: &Row) -> DeliveryRow {
         lease_owner: r.get(10),
         lease_live: r.get(11),
         event_occurred_at: r.get(12),
+        unknown_before: r.get(14),
     }
 }
 
@@ -416,7 +423,10 @@ fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
     });
     let attempts_comparable =
         d.created_at >= ctx.hot_attempts_from && !ctx.replaying.contains(&d.id);
-    if attempts_comparable && d.counted != d.hot_attempts {
+    let late = d.hot_attempts - d.counted;
+    if attempts_comparable && late > 0 && late <= d.unknown_before {
+        findings.explain(Explanation::LateAttempt, Some(tenant), late as u64);
+    } else if attempts_comparable && d.counted != d.hot_attempts {
         findings.gap(with_ids(
             GapClass::AttemptCountMismatch,
             format!(

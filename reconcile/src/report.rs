@@ -189,6 +189,10 @@ pub enum Explanation {
     /// notices): their deliveries follow the request that made them, not
     /// the subscriptions, so they count as expected as made.
     OperationalEvent,
+    /// An attempt a dispatcher node recorded after its lease had lapsed
+    /// (it was frozen or cut off while the attempt was out): kept as
+    /// history; the delivery's state is its next holder's.
+    LateAttempt,
 }
 
 /// A difference that is not a gap.

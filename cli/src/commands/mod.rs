@@ -6,6 +6,7 @@ pub mod bench;
 pub mod capture;
 pub mod check_url;
 pub mod demo;
+pub mod dispatch;
 pub mod migrate;
 pub mod reconcile;
 pub mod run;

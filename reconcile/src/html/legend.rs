@@ -94,6 +94,7 @@ pub(super) fn explanation_label(reason: Explanation) -> &'static str {
         Explanation::BeforeLedger => "Before the ledger",
         Explanation::EventArchived => "Event archived",
         Explanation::OperationalEvent => "Operational event",
+        Explanation::LateAttempt => "Attempt recorded late",
     }
 }
 
@@ -144,6 +145,11 @@ pub(super) fn explanation_sentence(reason: Explanation) -> &'static str {
         Explanation::EventArchived => {
             "These events are in archived days, so their deliveries are counted from the \
              archive's manifests instead of the hot tables."
+        }
+        Explanation::LateAttempt => {
+            "A dispatcher node recorded these attempts after its lease had lapsed (it was \
+             frozen or cut off while they were out); they stay in the history, and the delivery \
+             is as the node that took it over left it."
         }
         Explanation::OperationalEvent => {
             "walhook made these events itself (test events, endpoint.disabled notices), so \

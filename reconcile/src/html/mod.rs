@@ -723,6 +723,7 @@ mod tests {
             Explanation::BeforeLedger,
             Explanation::EventArchived,
             Explanation::OperationalEvent,
+            Explanation::LateAttempt,
         ];
         let mut sentences: Vec<_> = reasons.iter().map(|r| explanation_sentence(*r)).collect();
         for sentence in &sentences {

@@ -1,0 +1,90 @@
+//! `walhook dispatch`: a dispatcher node alone, next to the `walhook run`
+//! (or other nodes) that share its platform database.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use walhook_connectors::http::HttpEgress;
+use walhook_pipeline::dispatch::{DispatchCounters, Dispatcher};
+use walhook_pipeline::endpoint::RefreshSettings;
+
+use crate::config::Config;
+
+/// Arguments of `walhook dispatch`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Example:
+  walhook dispatch --config walhook.toml --node-id dispatch-2
+
+A dispatcher node without capture or fan-out: it claims what is due and
+held by no live node (retries handed back, deliveries of a node whose
+lease lapsed, replays, fan-out plans of a lapsed node), sends, and records
+under its own lease; a result that comes back after its lease moved on is
+kept as history and never changes the delivery. Every process needs its
+own node id. See docs/scale-out.md.")]
+pub struct Args {
+    /// The config file: [platform], [secrets], [dispatch], [retry],
+    /// [breaker] and [egress] are read.
+    #[arg(long, short, env = "WALHOOK_CONFIG")]
+    pub config: PathBuf,
+    /// This node's id, instead of [dispatch] node_id: unique among the
+    /// running processes, stable across restarts of this one.
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+}
+
+/// Runs until SIGINT/SIGTERM, then drains attempts in flight and exits.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(&args.config)?;
+    let mut settings = crate::pipeline::dispatch_settings(&cfg);
+    if let Some(id) = args.node_id {
+        let id = id.trim().to_owned();
+        if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
+            anyhow::bail!(
+                "--node-id {id:?}: give 1 to 128 characters without control characters, unique per process"
+            );
+        }
+        settings.node_id = id;
+    }
+    let keyring = cfg
+        .secrets
+        .keyring()
+        .context("walhook dispatch needs the master key that seals endpoint secrets")?;
+    let platform = Arc::new(cfg.platform()?.platform()?.with_keyring(keyring));
+    platform.check().await.context(
+        "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
+    )?;
+    let directory = crate::pipeline::load_directory(&platform).await?;
+    let shutdown = super::shutdown_on_signals();
+    let refresh_stop = CancellationToken::new();
+    let refresher = {
+        let (directory, platform, stop) =
+            (directory.clone(), (*platform).clone(), refresh_stop.clone());
+        tokio::spawn(async move {
+            directory
+                .refresh(platform, RefreshSettings::default(), stop)
+                .await
+        })
+    };
+    let node = settings.node_id.clone();
+    let dispatcher = Dispatcher::new(
+        Arc::new(HttpEgress::new(cfg.egress.clone())?),
+        platform,
+        directory,
+        settings,
+        Arc::new(DispatchCounters::default()),
+    );
+    // No log feeds this node: everything it sends it claims from Postgres.
+    // The sender stays open, or the dispatcher would take its close for
+    // the end of its work.
+    let (_jobs, jobs_rx) = tokio::sync::mpsc::channel(1);
+    tracing::info!(node = %node, "dispatcher node running");
+    let result = dispatcher.run(jobs_rx, shutdown).await;
+    refresh_stop.cancel();
+    let _ = refresher.await;
+    result.context("dispatch stopped")?;
+    tracing::info!(node = %node, "dispatcher node stopped");
+    Ok(ExitCode::SUCCESS)
+}
