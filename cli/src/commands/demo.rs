@@ -459,6 +459,43 @@ sweep_interval = "500ms"
         && made as u64 == expected_total
         && succeeded as u64 == expected_total;
     all_ok &= verified == received.len() && captured == ledger.changes;
+
+    // The auditor's view of the same run: every stage compared.
+    let window = walhook_reconcile::Window::parse("-1h", "now", std::time::SystemTime::now())?;
+    let window = walhook_reconcile::Window {
+        until: window.until + Duration::from_secs(60),
+        ..window
+    };
+    let reconciler =
+        walhook_reconcile::Reconciler::<walhook_connectors::objstore::LocalDirStore>::new(
+            platform.clone(),
+            None,
+            walhook_reconcile::Settings::default(),
+        );
+    let report = reconciler
+        .run(
+            &walhook_reconcile::Request {
+                window,
+                tenant: None,
+                repair: false,
+            },
+            &walhook_reconcile::reconciler::Silent,
+        )
+        .await
+        .context("reconciling the demo's run")?;
+    let html = std::env::temp_dir().join("walhook-demo-reconciliation.html");
+    std::fs::write(&html, walhook_reconcile::html::render(&report))
+        .with_context(|| format!("cannot write {}", html.display()))?;
+    println!(
+        "\n  reconciliation: {} — captured {} events, {} deliveries expected, {} made, {} gaps",
+        if report.clean { "CLEAN" } else { "GAPS FOUND" },
+        report.funnel.captured_events.unwrap_or(0),
+        report.funnel.expected_deliveries,
+        report.funnel.materialised_deliveries,
+        report.open_gaps()
+    );
+    println!("    the auditor's report: {}", html.display());
+    all_ok &= report.clean;
     if all_ok {
         println!("\n  every expected delivery succeeded, every signature verified.");
         Ok(ExitCode::SUCCESS)
