@@ -526,3 +526,68 @@ async fn archived_days_are_verified_object_by_object() {
     let detail = repaired["gaps"][0]["detail"].as_str().unwrap();
     assert!(detail.contains("restore the object"), "{detail}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walhook_run_reconciles_rolling_windows_on_its_own() {
+    let w = World::new().await;
+    w.endpoint("acme", "acme", &[]).await;
+    let reports = w.dir.path().join("reports");
+    let port = free_port();
+    let cfg = w.config(&format!(
+        "{}\n[reconcile]\nevery = \"10s\"\nwindow = \"10m\"\nsettle = \"0s\"\nreport_dir = {:?}\n",
+        api_section(port),
+        reports.display().to_string()
+    ));
+    let child = Child::run(&cfg);
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    for i in 0..5i64 {
+        w.shop
+            .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&i])
+            .await
+            .unwrap();
+    }
+    w.wait_count(
+        "deliveries succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        5,
+    )
+    .await;
+    // Runs come every 10 s; a window ends on a whole minute, so the first
+    // that covers the deliveries' minute comes within 70 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(100);
+    let run = loop {
+        let (s, page) = api.get(OPERATOR, "/v1/reconciliations").await;
+        assert_eq!(s, 200, "{page}");
+        let found = page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["trigger"] == "scheduled");
+        if let Some(r) = found {
+            let (_, full) = api
+                .get(OPERATOR, &format!("/v1/reconciliations/{}", r["id"]))
+                .await;
+            // A run that began before the deliveries were done may count
+            // fewer; wait for one that saw them all.
+            if full["report"]["funnel"]["succeeded"] == 5 {
+                break full;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no scheduled reconciliation saw the 5 deliveries within 100 s: {page:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(run["clean"], true, "{run:#}");
+    assert_eq!(run["report"]["funnel"]["captured_events"], 5, "{run:#}");
+    let written: Vec<String> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(written.iter().any(|f| f.ends_with(".html")), "{written:?}");
+    assert!(written.iter().any(|f| f.ends_with(".json")), "{written:?}");
+    child.terminate();
+}

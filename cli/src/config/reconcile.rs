@@ -58,9 +58,9 @@ impl ReconcileConfig {
                 self.window
             );
         }
-        if !self.every.is_zero() && self.every < Duration::from_secs(60) {
+        if !self.every.is_zero() && self.every < Duration::from_secs(10) {
             bail!(
-                "[reconcile] every = {:?} is more often than once a minute: use \"1m\" or more, or \"0s\" to turn scheduled runs off (default \"15m\")",
+                "[reconcile] every = {:?} is more often than every 10 seconds: use \"10s\" or more (default \"15m\"), or \"0s\" to turn scheduled runs off",
                 self.every
             );
         }
