@@ -68,6 +68,22 @@ pub fn decode(cursor: &str, listing: &str, filters: &str) -> Result<String, ApiE
     Ok(position.to_owned())
 }
 
+/// The row id a `cursor` of an id-ordered listing names (`None` without a
+/// cursor): for listings paged by a growing integer id.
+pub fn decode_id(
+    cursor: Option<&str>,
+    listing: &str,
+    filters: &str,
+) -> Result<Option<i64>, ApiError> {
+    let Some(c) = cursor else {
+        return Ok(None);
+    };
+    decode(c, listing, filters)?
+        .parse::<i64>()
+        .map(Some)
+        .map_err(|_| invalid("is damaged; pass next_cursor unchanged"))
+}
+
 /// A keyset position: microseconds since 1970 and an id.
 pub fn keyset(at: SystemTime, id: Uuid) -> String {
     let micros = match at.duration_since(UNIX_EPOCH) {

@@ -109,16 +109,7 @@ pub async fn list_audit(
         "tenant={tenant:?}&action={:?}&target={:?}",
         q.action, q.target
     );
-    let before_id = match &q.cursor {
-        Some(c) => Some(
-            cursor::decode(c, "audit", &canonical)?
-                .parse::<i64>()
-                .map_err(|_| {
-                    ApiError::field("query.cursor", "is damaged; pass next_cursor unchanged")
-                })?,
-        ),
-        None => None,
-    };
+    let before_id = cursor::decode_id(q.cursor.as_deref(), "audit", &canonical)?;
     let mut rows = state
         .platform
         .list_audit(&AuditFilter {

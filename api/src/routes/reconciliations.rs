@@ -67,16 +67,7 @@ pub async fn list_reconciliations(
     let limit = validate::limit(q.limit.as_deref(), 20, 100)?;
     let tenant = tenant_of(&principal);
     let canonical = format!("tenant={tenant:?}");
-    let before_id = match &q.cursor {
-        Some(c) => Some(
-            cursor::decode(c, "reconciliations", &canonical)?
-                .parse::<i64>()
-                .map_err(|_| {
-                    ApiError::field("query.cursor", "is damaged; pass next_cursor unchanged")
-                })?,
-        ),
-        None => None,
-    };
+    let before_id = cursor::decode_id(q.cursor.as_deref(), "reconciliations", &canonical)?;
     let mut rows = state
         .platform
         .list_reconciliations(tenant, before_id, limit + 1)
