@@ -284,7 +284,7 @@ mod tests {
                 Loaded {
                     tenants: vec![(tenant.clone(), true)],
                     endpoints: vec![endpoint],
-                    missing_keys: Vec::new(),
+                    ..Loaded::default()
                 },
             ),
             deleted_at: HashMap::from([(id, at(600))]),

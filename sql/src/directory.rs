@@ -45,7 +45,10 @@ impl EndpointSource for Platform {
         let keyring = self.keyring()?;
         let client = self.client().await?;
         let tenants = client
-            .query("SELECT id, disabled_at IS NULL FROM walhook.tenants", &[])
+            .query(
+                "SELECT id, disabled_at IS NULL, weight FROM walhook.tenants",
+                &[],
+            )
             .await
             .map_err(StoreError::query("load tenants"))?;
         let rows = client
@@ -92,7 +95,13 @@ impl EndpointSource for Platform {
         let mut loaded = walhook_pipeline::endpoint::Loaded::default();
         for t in tenants {
             match TenantId::new(t.get::<_, String>(0)) {
-                Ok(id) => loaded.tenants.push((id, t.get(1))),
+                Ok(id) => {
+                    let weight: i32 = t.get(2);
+                    if weight != 1 {
+                        loaded.weights.insert(id.clone(), weight.max(1) as u32);
+                    }
+                    loaded.tenants.push((id, t.get(1)));
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "a tenant row has an invalid id; its endpoints cannot be loaded")
                 }

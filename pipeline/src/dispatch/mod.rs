@@ -209,6 +209,8 @@ struct RunState {
     numbering: Numbering,
     /// Attempts out, by task.
     in_flight: HashMap<tokio::task::Id, InFlight>,
+    /// The directory epoch the scheduler's tenant weights come from.
+    weights_epoch: Option<i64>,
 }
 
 fn health_of(outcome: &AttemptOutcome) -> Health {
@@ -310,6 +312,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             exclude: Arc::default(),
             numbering: Numbering::default(),
             in_flight: HashMap::new(),
+            weights_epoch: None,
         };
         self.restore_health(&mut state).await;
         let (claimed_tx, mut claimed_rx) = mpsc::channel::<Claimed>(4);
@@ -488,6 +491,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         record_tx: &mpsc::Sender<Record>,
     ) {
         let directory = self.directory.snapshot();
+        if state.weights_epoch != Some(directory.epoch) {
+            state.weights_epoch = Some(directory.epoch);
+            state.sched.set_weights(directory.weights().clone());
+        }
         let default_cap = self.settings.endpoint_max_in_flight;
         loop {
             let now = self.now();

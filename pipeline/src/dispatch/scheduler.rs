@@ -10,9 +10,15 @@
 //!  tenant: ring of eligible endpoints ── tenant in-flight < tenant budget?
 //!        │
 //!        ▼
-//!  tenants with work, ordered by attempts in flight: the next free slot
-//!  goes to the tenant that holds the fewest (max-min fairness)
+//!  tenants with work, ordered by attempts in flight per unit of weight:
+//!  the next free slot goes to the tenant that holds the fewest for its
+//!  weight (weighted max-min fairness)
 //! ```
+//!
+//! A tenant's weight (`tenants.weight`, 1 to 1,000, default 1) is its share:
+//! under contention, tenants with work hold slots in proportion to their
+//! weights (weight 3 holds three slots for every one of a tenant of weight
+//! 1), each still within the tenant budget.
 //!
 //! Tenants share by concurrency, not by turns: a tenant whose attempts are
 //! slow (timeouts, 5xx after long waits) would win a turn-based share of
@@ -33,6 +39,15 @@ use super::bucket::TokenBucket;
 use crate::delivery::DeliveryJob;
 use crate::ids::{DeliveryId, EndpointId, TenantId};
 use crate::time::Timestamp;
+
+/// The largest tenant weight (the API's bound).
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// A tenant's place among tenants with work: attempts in flight per unit of
+/// weight, scaled so that weights up to [`MAX_WEIGHT`] order exactly.
+fn share_key(in_flight: u32, weight: u32) -> u64 {
+    u64::from(in_flight) * u64::from(MAX_WEIGHT) * 1000 / u64::from(weight.max(1))
+}
 
 /// Scheduler settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +122,7 @@ struct Tenant {
     ready: VecDeque<EndpointId>,
     in_flight: u32,
     /// Its key in the set of tenants with work, when it is there.
-    queued_as: Option<(u32, u64)>,
+    queued_as: Option<(u64, u64)>,
 }
 
 /// What the scheduler reports about an endpoint after a result.
@@ -125,8 +140,11 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     endpoints: HashMap<EndpointId, Endpoint>,
     tenants: HashMap<TenantId, Tenant>,
-    /// Tenants with ready endpoints: (in flight, arrival order, tenant).
-    ready_tenants: BTreeSet<(u32, u64, TenantId)>,
+    /// Tenants with ready endpoints: (in flight per unit of weight, arrival
+    /// order, tenant).
+    ready_tenants: BTreeSet<(u64, u64, TenantId)>,
+    /// Tenants' weights other than 1.
+    weights: HashMap<TenantId, u32>,
     timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
     /// Automatic deliveries held (waiting, queued or in flight) and their
@@ -263,12 +281,14 @@ impl Scheduler {
     /// tenants with work (or moves it to match its in-flight count).
     fn queue_tenant(&mut self, id: &TenantId) {
         let budget = self.cfg.tenant_max_in_flight;
+        let weight = self.weights.get(id).copied().unwrap_or(1);
         let Some(t) = self.tenants.get_mut(id) else {
             return;
         };
         let want = !t.ready.is_empty() && t.in_flight < budget;
+        let share = share_key(t.in_flight, weight);
         match (t.queued_as, want) {
-            (Some((n, _)), true) if n == t.in_flight => {}
+            (Some((n, _)), true) if n == share => {}
             (old, want) => {
                 if let Some((n, seq)) = old {
                     self.ready_tenants.remove(&(n, seq, id.clone()));
@@ -276,11 +296,28 @@ impl Scheduler {
                 }
                 if want {
                     self.seq += 1;
-                    t.queued_as = Some((t.in_flight, self.seq));
-                    self.ready_tenants
-                        .insert((t.in_flight, self.seq, id.clone()));
+                    t.queued_as = Some((share, self.seq));
+                    self.ready_tenants.insert((share, self.seq, id.clone()));
                 }
             }
+        }
+    }
+
+    /// Sets the tenants' weights (absent: 1); tenants waiting for a slot
+    /// move to their new place.
+    pub fn set_weights(&mut self, weights: HashMap<TenantId, u32>) {
+        self.weights = weights
+            .into_iter()
+            .filter(|(_, w)| *w != 1)
+            .map(|(t, w)| (t, w.clamp(1, MAX_WEIGHT)))
+            .collect();
+        let queued: Vec<TenantId> = self
+            .ready_tenants
+            .iter()
+            .map(|(_, _, t)| t.clone())
+            .collect();
+        for t in queued {
+            self.queue_tenant(&t);
         }
     }
 
@@ -555,6 +592,78 @@ pub(crate) mod tests {
             3,
             "{first:?}"
         );
+    }
+
+    #[test]
+    fn tenants_hold_slots_in_proportion_to_their_weights() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_in_flight: 12,
+            ..SchedulerConfig::default()
+        });
+        s.set_weights(HashMap::from([
+            (TenantId::new("gold").unwrap(), 3),
+            (TenantId::new("bronze").unwrap(), 1),
+        ]));
+        for n in 0..200 {
+            let tenant = if n % 2 == 0 { "gold" } else { "bronze" };
+            s.add(job(n, (n % 100) as u8, tenant, 0), Timestamp(0));
+        }
+        let mut out: Vec<DeliveryJob> = Vec::new();
+        while let Some(j) = s.next_job(Timestamp(0), lim(10)) {
+            out.push(j);
+        }
+        let held = |jobs: &[DeliveryJob], t: &str| {
+            jobs.iter().filter(|j| j.tenant_id.as_str() == t).count()
+        };
+        assert_eq!((held(&out, "gold"), held(&out, "bronze")), (9, 3));
+        // Under steady contention (every finished slot refilled at once),
+        // the shares stay 3 : 1.
+        let mut started = (0usize, 0usize);
+        for _ in 0..400 {
+            let done = out.remove(0);
+            s.finished(
+                done.endpoint_id,
+                Some(done.delivery_id),
+                Health::Success,
+                Timestamp(0),
+            );
+            let next = s.next_job(Timestamp(0), lim(10)).unwrap();
+            match next.tenant_id.as_str() {
+                "gold" => started.0 += 1,
+                _ => started.1 += 1,
+            }
+            s.add(
+                job(
+                    1000 + (started.0 + started.1) as u32,
+                    next.endpoint_id.0[0],
+                    next.tenant_id.as_str(),
+                    0,
+                ),
+                Timestamp(0),
+            );
+            out.push(next);
+        }
+        assert_eq!((held(&out, "gold"), held(&out, "bronze")), (9, 3));
+        assert_eq!(started, (300, 100), "refills follow the weights");
+        // Equal weights again: equal shares of what frees up.
+        s.set_weights(HashMap::new());
+        let mut freed = 0;
+        while held(&out, "gold") > held(&out, "bronze") && freed < 50 {
+            let i = out
+                .iter()
+                .position(|j| j.tenant_id.as_str() == "gold")
+                .unwrap();
+            let done = out.remove(i);
+            s.finished(
+                done.endpoint_id,
+                Some(done.delivery_id),
+                Health::Success,
+                Timestamp(0),
+            );
+            out.push(s.next_job(Timestamp(0), lim(10)).unwrap());
+            freed += 1;
+        }
+        assert_eq!((held(&out, "gold"), held(&out, "bronze")), (6, 6));
     }
 
     #[test]

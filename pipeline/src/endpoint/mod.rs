@@ -130,6 +130,8 @@ pub enum TenantStatus {
 pub struct Loaded {
     /// Every registered tenant and whether it is enabled.
     pub tenants: Vec<(TenantId, bool)>,
+    /// Tenants' dispatch weights other than 1 (`tenants.weight`).
+    pub weights: HashMap<TenantId, u32>,
     /// Every endpoint that is not deleted (of enabled tenants), quarantined
     /// ones included.
     pub endpoints: Vec<EndpointConfig>,
@@ -147,6 +149,7 @@ pub struct Directory {
     by_tenant: HashMap<TenantId, Vec<Arc<EndpointConfig>>>,
     by_id: HashMap<EndpointId, Arc<EndpointConfig>>,
     tenants: HashMap<TenantId, bool>,
+    weights: HashMap<TenantId, u32>,
     missing_keys: Vec<String>,
 }
 
@@ -162,6 +165,7 @@ impl Directory {
             epoch,
             Loaded {
                 tenants,
+                weights: HashMap::new(),
                 endpoints,
                 missing_keys: Vec::new(),
             },
@@ -173,6 +177,7 @@ impl Directory {
         let mut dir = Directory {
             epoch,
             tenants: loaded.tenants.into_iter().collect(),
+            weights: loaded.weights,
             missing_keys: loaded.missing_keys,
             ..Directory::default()
         };
@@ -224,6 +229,11 @@ impl Directory {
             Some(false) => TenantStatus::Disabled,
             None => TenantStatus::Unknown,
         }
+    }
+
+    /// The tenants' dispatch weights other than 1.
+    pub fn weights(&self) -> &HashMap<TenantId, u32> {
+        &self.weights
     }
 
     /// Master keys that sealed secrets of this snapshot's endpoints but are
