@@ -9,6 +9,7 @@ mod capture;
 mod cli;
 mod egress;
 mod engine;
+mod fairness;
 mod freshness;
 mod hostile;
 mod nodes;

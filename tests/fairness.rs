@@ -1,0 +1,65 @@
+//! Tenants share dispatch capacity by weight: with more work than slots, a
+//! tenant of weight 3 gets three attempts for each one of a tenant of
+//! weight 1, through the real pipeline.
+
+use std::time::Duration;
+
+use walhook_devkit::receiver::Behaviour;
+
+use crate::support::{Child, World};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_share_slots_in_proportion_to_their_weights() {
+    let w = World::new().await;
+    w.endpoint("gold", "gold", &[]).await;
+    w.endpoint("bronze", "bronze", &[]).await;
+    w.platform_sql
+        .batch_execute("UPDATE walhook.tenants SET weight = 3 WHERE id = 'gold'")
+        .await
+        .unwrap();
+    for path in ["gold", "bronze"] {
+        w.receiver.set_behaviour(
+            path,
+            Behaviour::Delay {
+                wait: Duration::from_millis(150),
+                status: 200,
+            },
+        );
+    }
+    // Four slots for the whole node: both tenants want more.
+    let cfg = w.config("[reconcile]\nevery = \"0s\"\n");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[dispatch]\n", "[dispatch]\nmax_in_flight = 4\n");
+    std::fs::write(&cfg, text).unwrap();
+    let child = Child::run(&cfg);
+    w.wait_streaming().await;
+    // One transaction: both backlogs reach the dispatcher together.
+    w.shop
+        .batch_execute(
+            "INSERT INTO orders SELECT i, CASE WHEN i % 2 = 0 THEN 'gold' ELSE 'bronze' END, 1 \
+             FROM generate_series(1, 120) i",
+        )
+        .await
+        .unwrap();
+    w.wait_count(
+        "deliveries succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        120,
+    )
+    .await;
+    child.terminate();
+    // While both had work waiting (gold's 60 were not all sent), the
+    // answers came 3 : 1.
+    let received = w.receiver.received();
+    let mut by_time: Vec<(std::time::Instant, String)> =
+        received.iter().map(|r| (r.at, r.path.clone())).collect();
+    by_time.sort();
+    let contended: Vec<&String> = by_time.iter().take(60).map(|(_, p)| p).collect();
+    let gold = contended.iter().filter(|p| p.as_str() == "gold").count();
+    let bronze = contended.len() - gold;
+    assert!(
+        (40..=50).contains(&gold),
+        "gold got {gold} and bronze {bronze} of the first 60 answers, not 3 : 1 (45 : 15)"
+    );
+}
