@@ -63,3 +63,42 @@ async fn tenants_share_slots_in_proportion_to_their_weights() {
         "gold got {gold} and bronze {bronze} of the first 60 answers, not 3 : 1 (45 : 15)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_own_budget_caps_its_attempts_in_flight() {
+    let w = World::new().await;
+    w.endpoint("capped", "capped", &[]).await;
+    w.platform_sql
+        .batch_execute("UPDATE walhook.tenants SET max_in_flight = 1 WHERE id = 'capped'")
+        .await
+        .unwrap();
+    w.receiver.set_behaviour(
+        "capped",
+        Behaviour::Delay {
+            wait: Duration::from_millis(300),
+            status: 200,
+        },
+    );
+    let child = Child::run(&w.config("[reconcile]\nevery = \"0s\"\n"));
+    w.wait_streaming().await;
+    w.shop
+        .batch_execute("INSERT INTO orders SELECT i, 'capped', 1 FROM generate_series(1, 6) i")
+        .await
+        .unwrap();
+    w.wait_count(
+        "deliveries succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        6,
+    )
+    .await;
+    child.terminate();
+    // One at a time: each answer comes a whole delay after the one before
+    // (the endpoint alone would allow 16 at once).
+    let mut at: Vec<std::time::Instant> = w.receiver.received().iter().map(|r| r.at).collect();
+    at.sort();
+    let gaps: Vec<Duration> = at.windows(2).map(|p| p[1] - p[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(250)),
+        "answers closer than one delay apart, so more than one was in flight: {gaps:?}"
+    );
+}

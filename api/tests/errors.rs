@@ -4,7 +4,7 @@
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::Api;
+use crate::support::{Api, OPERATOR};
 
 async fn state(api: &Api) -> (i64, i64, i64) {
     (
@@ -301,6 +301,46 @@ async fn invalid_input_names_the_field_and_changes_nothing() {
         "{cleared:?}"
     );
     assert_eq!(cleared.body["config_version"], 3);
+}
+
+#[tokio::test]
+async fn a_tenant_s_weight_and_budget_are_checked_and_kept() {
+    let api = Api::start().await;
+    for (body, field, words) in [
+        (json!({"id": "w1", "weight": 0}), "weight", "1 to 1000"),
+        (json!({"id": "w2", "weight": 1001}), "weight", "1 to 1000"),
+        (
+            json!({"id": "b1", "max_in_flight": 0}),
+            "max_in_flight",
+            "1 to 100000",
+        ),
+        (
+            json!({"id": "b2", "max_in_flight": 100_001}),
+            "max_in_flight",
+            "tenant_max_in_flight",
+        ),
+    ] {
+        let answer = api.post(OPERATOR, "/v1/tenants", body.clone()).await;
+        answer.problem(422);
+        assert_eq!(answer.field(), field, "{body}: {answer:?}");
+        let message = answer.body["errors"][0]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{body}: {message:?}");
+    }
+    let made = api
+        .post(
+            OPERATOR,
+            "/v1/tenants",
+            json!({"id": "gold", "weight": 3, "max_in_flight": 40}),
+        )
+        .await;
+    assert_eq!(made.status, 201, "{made:?}");
+    assert_eq!(made.body["weight"], 3);
+    assert_eq!(made.body["max_in_flight"], 40);
+    let plain = api
+        .post(OPERATOR, "/v1/tenants", json!({"id": "plain"}))
+        .await;
+    assert_eq!(plain.body["weight"], 1);
+    assert_eq!(plain.body["max_in_flight"], serde_json::Value::Null);
 }
 
 #[tokio::test]

@@ -46,7 +46,7 @@ impl EndpointSource for Platform {
         let client = self.client().await?;
         let tenants = client
             .query(
-                "SELECT id, disabled_at IS NULL, weight FROM walhook.tenants",
+                "SELECT id, disabled_at IS NULL, weight, max_in_flight FROM walhook.tenants",
                 &[],
             )
             .await
@@ -99,6 +99,9 @@ impl EndpointSource for Platform {
                     let weight: i32 = t.get(2);
                     if weight != 1 {
                         loaded.weights.insert(id.clone(), weight.max(1) as u32);
+                    }
+                    if let Some(budget) = t.get::<_, Option<i32>>(3) {
+                        loaded.budgets.insert(id.clone(), budget.max(1) as u32);
                     }
                     loaded.tenants.push((id, t.get(1)));
                 }

@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "reconcile",
         sql: include_str!("../migrations/0012_reconcile.sql"),
     },
+    Migration {
+        version: 13,
+        name: "tenant_budget",
+        sql: include_str!("../migrations/0013_tenant_budget.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

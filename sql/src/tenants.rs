@@ -20,6 +20,8 @@ pub struct TenantRecord {
     pub name: String,
     /// Its share of dispatch capacity.
     pub weight: i32,
+    /// Its own in-flight budget per dispatcher node, if set.
+    pub max_in_flight: Option<i32>,
     /// When it was registered.
     pub created_at: SystemTime,
     /// When it was disabled, if it is.
@@ -52,6 +54,7 @@ fn tenant_row(r: &tokio_postgres::Row) -> Option<TenantRecord> {
         weight: r.get(2),
         created_at: r.get(3),
         disabled_at: r.get(4),
+        max_in_flight: r.get(5),
     })
 }
 
@@ -67,7 +70,7 @@ fn key_row(r: &tokio_postgres::Row) -> Option<ApiKeyRecord> {
     })
 }
 
-const TENANT_COLUMNS: &str = "id, name, weight, created_at, disabled_at";
+const TENANT_COLUMNS: &str = "id, name, weight, created_at, disabled_at, max_in_flight";
 const KEY_COLUMNS: &str = "id, tenant_id, name, prefix, created_at, created_by, revoked_at";
 
 impl Platform {
@@ -77,6 +80,7 @@ impl Platform {
         id: &TenantId,
         name: &str,
         weight: i32,
+        max_in_flight: Option<i32>,
         actor: &str,
     ) -> Result<Option<TenantRecord>, StoreError> {
         let mut client = self.client().await?;
@@ -87,10 +91,10 @@ impl Platform {
         let row = tx
             .query_opt(
                 &format!(
-                    "INSERT INTO walhook.tenants (id, name, weight) VALUES ($1, $2, $3) \
+                    "INSERT INTO walhook.tenants (id, name, weight, max_in_flight) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (id) DO NOTHING RETURNING {TENANT_COLUMNS}"
                 ),
-                &[&id.as_str(), &name, &weight],
+                &[&id.as_str(), &name, &weight, &max_in_flight],
             )
             .await
             .map_err(StoreError::query("create a tenant"))?;
@@ -99,8 +103,9 @@ impl Platform {
         };
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
-             VALUES ($1, $2, 'tenant.created', $1, jsonb_build_object('name', $3::text, 'weight', $4::int4))",
-            &[&id.as_str(), &actor, &name, &weight],
+             VALUES ($1, $2, 'tenant.created', $1, jsonb_build_object('name', $3::text, 'weight', $4::int4, \
+                     'max_in_flight', $5::int4))",
+            &[&id.as_str(), &actor, &name, &weight, &max_in_flight],
         )
         .await
         .map_err(StoreError::query("audit a tenant creation"))?;

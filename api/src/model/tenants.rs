@@ -24,10 +24,18 @@ pub struct CreateTenant {
     #[serde(default)]
     #[schema(max_length = 256)]
     pub name: Option<String>,
-    /// Its share of dispatch capacity, 1 to 1000 (default 1).
+    /// Its share of dispatch capacity, 1 to 1000 (default 1): under
+    /// contention, tenants hold attempt slots in proportion to their
+    /// weights.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
     pub weight: Option<i32>,
+    /// Its own in-flight budget: attempts in flight at most for the tenant
+    /// on each dispatcher node, 1 to 100000 (default: `[dispatch]
+    /// tenant_max_in_flight`).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub max_in_flight: Option<i32>,
 }
 
 /// A tenant.
@@ -39,6 +47,8 @@ pub struct Tenant {
     pub name: String,
     /// Its share of dispatch capacity.
     pub weight: i32,
+    /// Its own in-flight budget per dispatcher node, when set.
+    pub max_in_flight: Option<i32>,
     /// When it was registered.
     pub created_at: DateTime<Utc>,
     /// When it was disabled.
@@ -51,6 +61,7 @@ impl From<TenantRecord> for Tenant {
             id: r.id.to_string(),
             name: r.name,
             weight: r.weight,
+            max_in_flight: r.max_in_flight,
             created_at: ts(r.created_at),
             disabled_at: r.disabled_at.map(ts),
         }

@@ -61,6 +61,17 @@ pub async fn create_tenant(
     if !(1..=1000).contains(&weight) {
         checks.fail("weight", format!("is {weight}; give 1 to 1000"));
     }
+    if let Some(n) = b.max_in_flight
+        && !(1..=100_000).contains(&n)
+    {
+        checks.fail(
+            "max_in_flight",
+            format!(
+                "is {n}; give 1 to 100000, or leave it out for [dispatch] tenant_max_in_flight"
+            ),
+        );
+    }
+    let max_in_flight = b.max_in_flight;
     checks.finish()?;
     let id = id.expect("checked above");
     let (s, id, name) = (&state, &id, &name);
@@ -73,7 +84,7 @@ pub async fn create_tenant(
         || async move {
             match s
                 .platform
-                .insert_tenant(id, name, weight, "operator")
+                .insert_tenant(id, name, weight, max_in_flight, "operator")
                 .await?
             {
                 Some(t) => Ok(Reply::json(StatusCode::CREATED, &Tenant::from(t))),

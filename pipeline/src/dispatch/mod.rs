@@ -209,7 +209,8 @@ struct RunState {
     numbering: Numbering,
     /// Attempts out, by task.
     in_flight: HashMap<tokio::task::Id, InFlight>,
-    /// The directory epoch the scheduler's tenant weights come from.
+    /// The directory epoch the scheduler's tenant weights and budgets come
+    /// from.
     weights_epoch: Option<i64>,
 }
 
@@ -493,7 +494,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         let directory = self.directory.snapshot();
         if state.weights_epoch != Some(directory.epoch) {
             state.weights_epoch = Some(directory.epoch);
-            state.sched.set_weights(directory.weights().clone());
+            state
+                .sched
+                .set_tenants(directory.weights().clone(), directory.budgets().clone());
         }
         let default_cap = self.settings.endpoint_max_in_flight;
         loop {

@@ -145,6 +145,8 @@ pub struct Scheduler {
     ready_tenants: BTreeSet<(u64, u64, TenantId)>,
     /// Tenants' weights other than 1.
     weights: HashMap<TenantId, u32>,
+    /// Tenants' own in-flight budgets, where set.
+    budgets: HashMap<TenantId, u32>,
     timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
     /// Automatic deliveries held (waiting, queued or in flight) and their
@@ -280,7 +282,11 @@ impl Scheduler {
     /// Puts a tenant with ready endpoints, under its budget, into the set of
     /// tenants with work (or moves it to match its in-flight count).
     fn queue_tenant(&mut self, id: &TenantId) {
-        let budget = self.cfg.tenant_max_in_flight;
+        let budget = self
+            .budgets
+            .get(id)
+            .copied()
+            .unwrap_or(self.cfg.tenant_max_in_flight);
         let weight = self.weights.get(id).copied().unwrap_or(1);
         let Some(t) = self.tenants.get_mut(id) else {
             return;
@@ -303,20 +309,22 @@ impl Scheduler {
         }
     }
 
-    /// Sets the tenants' weights (absent: 1); tenants waiting for a slot
-    /// move to their new place.
-    pub fn set_weights(&mut self, weights: HashMap<TenantId, u32>) {
+    /// Sets the tenants' weights (absent: 1) and their own in-flight
+    /// budgets (absent: the configured one); tenants move to their new
+    /// place among those with work.
+    pub fn set_tenants(
+        &mut self,
+        weights: HashMap<TenantId, u32>,
+        budgets: HashMap<TenantId, u32>,
+    ) {
         self.weights = weights
             .into_iter()
             .filter(|(_, w)| *w != 1)
             .map(|(t, w)| (t, w.clamp(1, MAX_WEIGHT)))
             .collect();
-        let queued: Vec<TenantId> = self
-            .ready_tenants
-            .iter()
-            .map(|(_, _, t)| t.clone())
-            .collect();
-        for t in queued {
+        self.budgets = budgets.into_iter().map(|(t, b)| (t, b.max(1))).collect();
+        let known: Vec<TenantId> = self.tenants.keys().cloned().collect();
+        for t in known {
             self.queue_tenant(&t);
         }
     }
@@ -600,10 +608,13 @@ pub(crate) mod tests {
             max_in_flight: 12,
             ..SchedulerConfig::default()
         });
-        s.set_weights(HashMap::from([
-            (TenantId::new("gold").unwrap(), 3),
-            (TenantId::new("bronze").unwrap(), 1),
-        ]));
+        s.set_tenants(
+            HashMap::from([
+                (TenantId::new("gold").unwrap(), 3),
+                (TenantId::new("bronze").unwrap(), 1),
+            ]),
+            HashMap::new(),
+        );
         for n in 0..200 {
             let tenant = if n % 2 == 0 { "gold" } else { "bronze" };
             s.add(job(n, (n % 100) as u8, tenant, 0), Timestamp(0));
@@ -646,7 +657,7 @@ pub(crate) mod tests {
         assert_eq!((held(&out, "gold"), held(&out, "bronze")), (9, 3));
         assert_eq!(started, (300, 100), "refills follow the weights");
         // Equal weights again: equal shares of what frees up.
-        s.set_weights(HashMap::new());
+        s.set_tenants(HashMap::new(), HashMap::new());
         let mut freed = 0;
         while held(&out, "gold") > held(&out, "bronze") && freed < 50 {
             let i = out
@@ -664,6 +675,41 @@ pub(crate) mod tests {
             freed += 1;
         }
         assert_eq!((held(&out, "gold"), held(&out, "bronze")), (6, 6));
+    }
+
+    #[test]
+    fn a_tenant_s_own_budget_replaces_the_configured_one() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            tenant_max_in_flight: 3,
+            ..SchedulerConfig::default()
+        });
+        s.set_tenants(
+            HashMap::new(),
+            HashMap::from([
+                (TenantId::new("big").unwrap(), 5),
+                (TenantId::new("small").unwrap(), 1),
+            ]),
+        );
+        for n in 0..30 {
+            let tenant = ["big", "small", "plain"][(n % 3) as usize];
+            s.add(job(n, n as u8, tenant, 0), Timestamp(0));
+        }
+        let mut held: HashMap<String, usize> = HashMap::new();
+        while let Some(j) = s.next_job(Timestamp(0), lim(10)) {
+            *held.entry(j.tenant_id.to_string()).or_default() += 1;
+        }
+        assert_eq!(
+            (held["big"], held["small"], held["plain"]),
+            (5, 1, 3),
+            "{held:?}"
+        );
+        // A budget raised while work waits frees it at once.
+        s.set_tenants(
+            HashMap::new(),
+            HashMap::from([(TenantId::new("small").unwrap(), 2)]),
+        );
+        let next = s.next_job(Timestamp(0), lim(10)).unwrap();
+        assert_eq!(next.tenant_id.as_str(), "small");
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub struct Loaded {
     pub tenants: Vec<(TenantId, bool)>,
     /// Tenants' dispatch weights other than 1 (`tenants.weight`).
     pub weights: HashMap<TenantId, u32>,
+    /// Tenants' own in-flight budgets (`tenants.max_in_flight`).
+    pub budgets: HashMap<TenantId, u32>,
     /// Every endpoint that is not deleted (of enabled tenants), quarantined
     /// ones included.
     pub endpoints: Vec<EndpointConfig>,
@@ -150,6 +152,7 @@ pub struct Directory {
     by_id: HashMap<EndpointId, Arc<EndpointConfig>>,
     tenants: HashMap<TenantId, bool>,
     weights: HashMap<TenantId, u32>,
+    budgets: HashMap<TenantId, u32>,
     missing_keys: Vec<String>,
 }
 
@@ -166,6 +169,7 @@ impl Directory {
             Loaded {
                 tenants,
                 weights: HashMap::new(),
+                budgets: HashMap::new(),
                 endpoints,
                 missing_keys: Vec::new(),
             },
@@ -178,6 +182,7 @@ impl Directory {
             epoch,
             tenants: loaded.tenants.into_iter().collect(),
             weights: loaded.weights,
+            budgets: loaded.budgets,
             missing_keys: loaded.missing_keys,
             ..Directory::default()
         };
@@ -234,6 +239,11 @@ impl Directory {
     /// The tenants' dispatch weights other than 1.
     pub fn weights(&self) -> &HashMap<TenantId, u32> {
         &self.weights
+    }
+
+    /// The tenants' own in-flight budgets, where set.
+    pub fn budgets(&self) -> &HashMap<TenantId, u32> {
+        &self.budgets
     }
 
     /// Master keys that sealed secrets of this snapshot's endpoints but are
