@@ -118,7 +118,8 @@ impl Findings {
         all.sort_by(|a, b| (a.class, &a.id).cmp(&(b.class, &b.id)));
         all.truncate(MAX_LISTED_GAPS);
         let total: u64 = self.gap_counts.values().sum();
-        (all.clone(), total - all.len() as u64)
+        let not_listed = total - all.len() as u64;
+        (all, not_listed)
     }
 
     /// The per-tenant funnels, by tenant id.

@@ -196,32 +196,12 @@ impl History {
                 None if self.deleted_at.get(&e.id).is_some_and(|d| *d <= at) => {
                     Decision::NotExpected(Explanation::EndpointDeleted)
                 }
-                None if in_force(e, at).is_some_and(|v| !v.enabled) => {
-                    Decision::NotExpected(Explanation::EndpointDisabled)
-                }
+                None if !e.enabled_at(at) => Decision::NotExpected(Explanation::EndpointDisabled),
                 None => Decision::NotExpected(Explanation::TypeNotSubscribed),
             };
             (e, decision)
         })
     }
-}
-
-/// The version in force at `at` (as `receiving_version` picks it).
-fn in_force(e: &EndpointConfig, at: Timestamp) -> Option<SubscriptionVersion> {
-    e.history
-        .iter()
-        .rev()
-        .find(|v| v.valid_from <= at)
-        .or_else(|| e.history.first())
-        .cloned()
-        .or_else(|| {
-            Some(SubscriptionVersion {
-                version: e.config_version,
-                valid_from: e.created_at,
-                enabled: e.enabled,
-                event_types: e.event_types.clone(),
-            })
-        })
 }
 
 fn event_types(names: Vec<String>) -> Vec<EventType> {

@@ -23,8 +23,15 @@ use crate::findings::{Findings, MAX_REPAIRS_PER_RUN, MissingDelivery, Overdue, g
 use crate::history::{Decision, History};
 use crate::report::{Explanation, GapClass};
 
-/// What the hot stage needs to know about the rest of the platform.
+/// What the hot stage reads, and what it needs to know about the rest of
+/// the platform.
 pub struct Context<'a> {
+    /// The window's start.
+    pub since: SystemTime,
+    /// The window's end.
+    pub until: SystemTime,
+    /// The one tenant read, if one.
+    pub tenant: Option<&'a str>,
     /// The planner's history.
     pub history: &'a History,
     /// Days whose events partition the archive dropped.
@@ -166,17 +173,14 @@ async fn next<T>(
 
 /// Reads the window's events on `events_client` and deliveries on
 /// `deliveries_client` (both at one snapshot) and records what it finds.
-#[allow(clippy::too_many_arguments)]
 pub async fn run(
     events_client: &tokio_postgres::Client,
     deliveries_client: &tokio_postgres::Client,
-    since: SystemTime,
-    until: SystemTime,
-    tenant: Option<&str>,
     ctx: &Context<'_>,
     findings: &mut Findings,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), ReconcileError> {
+    let (since, until, tenant) = (ctx.since, ctx.until, ctx.tenant);
     let attempts_from = since - Duration::from_secs(3600);
     let mut events = stream(
         events_client,

@@ -3,15 +3,21 @@
 //! durable) and the events in `walhook.events`; and capture's incidents.
 
 use std::collections::{BTreeMap, HashSet};
+use std::str::FromStr;
 use std::time::SystemTime;
+
+use walhook_pipeline::ids::Lsn;
 
 use crate::ReconcileError;
 use crate::findings::{Findings, gap};
 use crate::report::{CaptureRow, Explanation, GapClass};
 use crate::window::rfc3339;
 
+/// The first and last commit LSN of what a sum counted.
+type LsnRange = (Option<Lsn>, Option<Lsn>);
+
 /// Per (source, minute): events capture made, and the LSNs they spanned.
-type Minutes = BTreeMap<(String, SystemTime), (i64, Option<String>, Option<String>)>;
+type Minutes = BTreeMap<(String, SystemTime), (i64, LsnRange)>;
 
 /// Compares the ledger with the stored events over `[since, until)`; days in
 /// `archived` are left to the archive stage. Returns the ledger's rows per
@@ -23,27 +29,50 @@ pub async fn run(
     archived: &HashSet<chrono::NaiveDate>,
     findings: &mut Findings,
 ) -> Result<Vec<CaptureRow>, ReconcileError> {
+    // One read of the window's ledger rows (one per source, rule and
+    // minute), summed here per rule for the report and per minute for the
+    // comparison with the stored events.
     let rows = client
         .query(
-            "SELECT source, rule, sum(changes)::int8, sum(events)::int8, sum(filtered)::int8, \
-                    sum(incidents)::int8, min(first_commit_lsn)::text, max(last_commit_lsn)::text \
-             FROM walhook.capture_ledger WHERE window_start >= $1 AND window_start < $2 \
-             GROUP BY 1, 2 ORDER BY 1, 2",
+            "SELECT source, rule, window_start, changes, events, filtered, incidents, \
+                    first_commit_lsn::text, last_commit_lsn::text \
+             FROM walhook.capture_ledger WHERE window_start >= $1 AND window_start < $2",
             &[&since, &until],
         )
         .await
         .map_err(ReconcileError::query("read capture's ledger"))?;
-    let capture: Vec<CaptureRow> = rows
-        .iter()
-        .map(|r| CaptureRow {
-            source: r.get(0),
-            rule: r.get(1),
-            changes: r.get::<_, i64>(2) as u64,
-            events: r.get::<_, i64>(3) as u64,
-            filtered: r.get::<_, i64>(4) as u64,
-            incidents: r.get::<_, i64>(5) as u64,
-            first_commit_lsn: r.get(6),
-            last_commit_lsn: r.get(7),
+    let lsn = |text: String| Lsn::from_str(&text).ok();
+    let widen = |range: &mut LsnRange, first: Option<Lsn>, last: Option<Lsn>| {
+        range.0 = range.0.into_iter().chain(first).min();
+        range.1 = range.1.into_iter().chain(last).max();
+    };
+    let mut by_rule: BTreeMap<(String, String), ([u64; 4], LsnRange)> = BTreeMap::new();
+    let mut made: Minutes = BTreeMap::new();
+    for r in rows {
+        let (source, rule, minute): (String, String, SystemTime) = (r.get(0), r.get(1), r.get(2));
+        let counts = [3, 4, 5, 6].map(|i| r.get::<_, i64>(i).max(0) as u64);
+        let (first, last) = (lsn(r.get(7)), lsn(r.get(8)));
+        let (sums, range) = by_rule.entry((source.clone(), rule)).or_default();
+        for (sum, n) in sums.iter_mut().zip(counts) {
+            *sum += n;
+        }
+        widen(range, first, last);
+        let (events, range) = made.entry((source, minute)).or_default();
+        *events += counts[1] as i64;
+        widen(range, first, last);
+    }
+    let text = |l: Option<Lsn>| l.map(|l| l.to_string());
+    let capture: Vec<CaptureRow> = by_rule
+        .into_iter()
+        .map(|((source, rule), (sums, (first, last)))| CaptureRow {
+            source,
+            rule,
+            changes: sums[0],
+            events: sums[1],
+            filtered: sums[2],
+            incidents: sums[3],
+            first_commit_lsn: text(first),
+            last_commit_lsn: text(last),
         })
         .collect();
     findings.funnel.captured_changes = Some(capture.iter().map(|c| c.changes).sum());
@@ -56,20 +85,6 @@ pub async fn run(
 
     // Events are compared from the first commit each source's ledger
     // counted: older ones were made before the ledger existed.
-    let ledger = client
-        .query(
-            "SELECT source, window_start, sum(events)::int8, min(first_commit_lsn)::text, \
-                    max(last_commit_lsn)::text \
-             FROM walhook.capture_ledger WHERE window_start >= $1 AND window_start < $2 \
-             GROUP BY 1, 2",
-            &[&since, &until],
-        )
-        .await
-        .map_err(ReconcileError::query("read capture's ledger by minute"))?;
-    let mut made: Minutes = BTreeMap::new();
-    for r in ledger {
-        made.insert((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4)));
-    }
     let stored = client
         .query(
             "WITH firsts AS (SELECT source, min(first_commit_lsn) AS lsn FROM walhook.capture_ledger GROUP BY 1) \
@@ -98,7 +113,7 @@ pub async fn run(
         if archived.contains(&day(key.1)) {
             continue;
         }
-        let (n_made, first, last) = made.get(&key).cloned().unwrap_or((0, None, None));
+        let (n_made, (first, last)) = made.get(&key).copied().unwrap_or_default();
         let n_found = found.get(&key).copied().unwrap_or(0);
         if n_made == n_found {
             continue;

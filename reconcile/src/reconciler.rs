@@ -150,6 +150,9 @@ impl<S: ObjectStore> Reconciler<S> {
 
         progress.stage("events and deliveries");
         let ctx = hot::Context {
+            since,
+            until,
+            tenant,
             history: &history,
             archived_event_days: &archived_event_days,
             hot_attempts_from,
@@ -157,10 +160,7 @@ impl<S: ObjectStore> Reconciler<S> {
             as_of,
             grace: self.settings.grace,
         };
-        hot::run(&a, &b, since, until, tenant, &ctx, &mut findings, &|n| {
-            progress.rows(n)
-        })
-        .await?;
+        hot::run(&a, &b, &ctx, &mut findings, &|n| progress.rows(n)).await?;
         // Read-only: ending the sessions ends the snapshot.
         drop((a, b));
 

@@ -132,7 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let id = store_run(&platform, &report, "command", started).await?;
+    let id = store_run(&platform, &request, &report, "command", started).await?;
     eprintln!("stored as reconciliation {id} (GET /v1/reconciliations/{id})");
     Ok(if report.clean {
         ExitCode::SUCCESS
@@ -146,25 +146,22 @@ fn write_file(path: &Path, body: &str) -> anyhow::Result<()> {
         .with_context(|| format!("--out {}: cannot write the report there", path.display()))
 }
 
-/// Stores a finished run (`command` or `scheduled`); returns its id.
+/// Stores a finished run of `request` (`command` or `scheduled`); returns
+/// its id.
 pub async fn store_run(
     platform: &walhook_sql::Platform,
+    request: &Request,
     report: &Report,
     trigger: &str,
     started: SystemTime,
 ) -> anyhow::Result<i64> {
-    let window = |s: &str| -> anyhow::Result<SystemTime> {
-        Ok(chrono::DateTime::parse_from_rfc3339(s)?
-            .with_timezone(&chrono::Utc)
-            .into())
-    };
     let id = platform
         .save_reconciliation(&walhook_sql::reconcile::NewReconciliation {
             trigger,
-            since: window(&report.parameters.since)?,
-            until: window(&report.parameters.until)?,
-            tenant_id: report.parameters.tenant.as_deref(),
-            repair: report.parameters.repair,
+            since: request.window.since,
+            until: request.window.until,
+            tenant_id: request.tenant.as_deref(),
+            repair: request.repair,
             clean: report.clean,
             open_gaps: report.open_gaps() as i64,
             repaired: report.repaired_count() as i64,

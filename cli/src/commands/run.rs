@@ -216,8 +216,14 @@ async fn scheduled_reconcile(
             let report = reconciler
                 .run(&request, &walhook_reconcile::reconciler::Silent)
                 .await?;
-            let id =
-                super::reconcile::store_run(&round_platform, &report, "scheduled", started).await?;
+            let id = super::reconcile::store_run(
+                &round_platform,
+                &request,
+                &report,
+                "scheduled",
+                started,
+            )
+            .await?;
             if let Some(dir) = &report_dir {
                 super::reconcile::write_reports(dir, &report)?;
             }

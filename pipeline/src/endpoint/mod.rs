@@ -99,18 +99,29 @@ impl EndpointConfig {
         if self.created_at > at {
             return None;
         }
-        let in_force = self
-            .history
-            .iter()
-            .rev()
-            .find(|v| v.valid_from <= at)
-            .or_else(|| self.history.first());
-        match in_force {
+        match self.version_in_force(at) {
             Some(v) => v.subscribes_to(event_type).then_some(v.version),
             None => self
                 .subscribes_to(event_type)
                 .then_some(self.config_version),
         }
+    }
+
+    /// Whether the endpoint was enabled at `at`, by the version in force
+    /// then (as [`EndpointConfig::receiving_version`] picks it).
+    pub fn enabled_at(&self, at: crate::time::Timestamp) -> bool {
+        self.version_in_force(at)
+            .map_or(self.enabled, |v| v.enabled)
+    }
+
+    /// The recorded version in force at `at` (the oldest kept when `at` is
+    /// older than all); `None` when no history is kept.
+    fn version_in_force(&self, at: crate::time::Timestamp) -> Option<&SubscriptionVersion> {
+        self.history
+            .iter()
+            .rev()
+            .find(|v| v.valid_from <= at)
+            .or_else(|| self.history.first())
     }
 }
 
