@@ -65,6 +65,9 @@ async fn a_second_dispatcher_node_takes_over_and_fences_a_stale_one() {
             .await
             .unwrap();
     }
+    // Every event made (only this process captures), and attempts out.
+    w.wait_count("events stored", "SELECT count(*) FROM walhook.events", 6)
+        .await;
     wait_arrivals(&w, "acme", 1).await;
     node_a.kill();
     w.wait_count(
