@@ -3,6 +3,7 @@
 
 mod capture;
 mod dispatch;
+mod fluvio;
 mod ledger;
 mod objstore;
 mod tls;

@@ -9,10 +9,13 @@
 //!   test (rcgen), for `sslmode=verify-full` against a real server.
 //! - [`s3`]: a throwaway S3-compatible server (`s3s-fs`, installed by
 //!   `scripts/ensure-s3.sh`) on a free loopback port, with one bucket.
+//! - [`fluvio`]: a throwaway Fluvio cluster (one SC, one SPU) on loopback,
+//!   from the tools built from Fluvio's source, or a skip that says why.
 //! - [`receiver`]: HTTP receivers on `127.0.0.1:0` that record what arrives,
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
 
+pub mod fluvio;
 pub mod postgres;
 pub mod receiver;
 pub mod s3;

@@ -1,0 +1,462 @@
+//! The Fluvio log: the log port over a Fluvio cluster, with the official
+//! `fluvio` client.
+//!
+//! ```text
+//!  producer ──send (our partitioner)──▶ SPU ──Isolation::ReadCommitted──▶ receipt
+//!  consumer ◀── reader task (one per partition, owns the stream, never cancelled)
+//!  commit(n) ──▶ a one-shot stream at offset n-1, offset_commit + offset_flush
+//! ```
+//!
+//! How the port's contract maps onto Fluvio:
+//! - **Topics** are created at start with the partitions of their
+//!   [`TopicSpec`] and the replication of [`FluvioSettings`], or checked
+//!   when they exist: a topic with another partition count is refused, since
+//!   keys would then map elsewhere (see [`FluvioLog::connect`]).
+//! - **Keys** map to partitions with the port's own [`partition_for`], not
+//!   Fluvio's default hash, so every process (and the embedded log) agrees.
+//! - **Receipts** resolve once the cluster stored the records: the producer
+//!   asks for `Isolation::ReadCommitted` and a receipt awaits every record's
+//!   metadata. `send_all` returns once the records are queued in the
+//!   producer (it waits while the producer's queue is full).
+//! - **Consumers** read with a stream whose start is the group's committed
+//!   offset (a Fluvio consumer offset named after the group, one per topic
+//!   and partition). A task of its own owns the stream and keeps its
+//!   `next()` running (a cancelled `next()` leaves the client's retry stream
+//!   holding a lock that offset operations then wait for), and hands records
+//!   over through a bounded queue, so `poll` is cancel-safe.
+//! - **Commits** are exact. Fluvio commits "the last record the stream
+//!   yielded", and the reader is ahead of what the caller has finished. So a
+//!   commit of `n` opens a short stream of the same consumer at offset
+//!   `n - 1` (a record that exists: the reader has read it), takes that one
+//!   record, commits and flushes (the server acknowledges), and closes it.
+//!   Commits below the last one, or below the first record this consumer
+//!   read (where the group's position was), are no-ops. One member reads a partition for
+//!   a group at a time (static assignment), so nothing else moves it.
+//!
+//! A broker restart is absorbed by the client: producers retry their
+//! batches (`DeliverySemantic::AtLeastOnce`), and the reader's stream
+//! reconnects at the next offset it had not read. Records sent twice by a
+//! producer retry are read twice; every stage downstream de-duplicates on
+//! ids, as the contract says.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fluvio::consumer::{
+    ConsumerConfigExt, ConsumerRecord, ConsumerStream, OffsetManagementStrategy, RetryMode,
+};
+use fluvio::metadata::topic::{TopicResolution, TopicSpec as FluvioTopicSpec};
+use fluvio::{
+    Fluvio, FluvioClusterConfig, Isolation, Offset as FluvioOffset, PartitionId, Partitioner,
+    PartitionerConfig, TopicProducerConfigBuilder, TopicProducerPool,
+};
+use futures::StreamExt;
+use tokio::sync::{OnceCell, mpsc};
+use tokio::task::JoinHandle;
+use walhook_pipeline::ids::Offset;
+use walhook_pipeline::log::{
+    Consumer, Log, LogError, Message, Producer, Receipt, Record, TopicSpec, partition_for,
+};
+
+/// How to reach the cluster and shape the topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FluvioSettings {
+    /// The streaming controller's public address, `host:port`.
+    pub endpoint: String,
+    /// Replicas per partition for topics walhook creates (1 on a one-SPU
+    /// cluster; 3 in production).
+    pub replication: u32,
+    /// How long to wait for the cluster at start (connecting, topics
+    /// becoming ready) before giving up with an error.
+    pub connect_timeout: Duration,
+    /// Records read ahead per partition and consumer.
+    pub read_ahead: usize,
+}
+
+impl FluvioSettings {
+    /// Settings for `endpoint` with the defaults of a one-SPU cluster.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        FluvioSettings {
+            endpoint: endpoint.into(),
+            replication: 1,
+            connect_timeout: Duration::from_secs(30),
+            read_ahead: 1024,
+        }
+    }
+}
+
+/// A log over a Fluvio cluster; cheap to clone.
+#[derive(Clone)]
+pub struct FluvioLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Arc<Fluvio>,
+    settings: FluvioSettings,
+    partitions: HashMap<String, u32>,
+}
+
+fn backend(e: impl Into<anyhow::Error>) -> LogError {
+    let e: anyhow::Error = e.into();
+    LogError::Backend(e.into())
+}
+
+fn broken(msg: String) -> LogError {
+    LogError::Backend(msg.into())
+}
+
+impl FluvioLog {
+    /// Connects to the cluster, creates the topics that do not exist and
+    /// checks those that do, and waits until every partition has a leader.
+    ///
+    /// A topic that exists with another number of partitions is refused
+    /// with an error naming both figures: keys would map to other
+    /// partitions than the ones already written, and one object's events
+    /// would lose their order.
+    pub async fn connect(
+        settings: FluvioSettings,
+        topics: Vec<TopicSpec>,
+    ) -> Result<FluvioLog, LogError> {
+        let deadline = Instant::now() + settings.connect_timeout;
+        let config = FluvioClusterConfig::new(settings.endpoint.clone());
+        let client = tokio::time::timeout(
+            settings.connect_timeout,
+            Fluvio::connect_with_config(&config),
+        )
+        .await
+        .map_err(|_| {
+            broken(format!(
+                "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs",
+                settings.endpoint, settings.connect_timeout
+            ))
+        })?
+        .map_err(|e| {
+            LogError::Backend(
+                anyhow::Error::from(e)
+                    .context(format!("cannot connect to Fluvio at {}", settings.endpoint))
+                    .into(),
+            )
+        })?;
+        let admin = client.admin().await;
+        let mut partitions = HashMap::new();
+        for spec in &topics {
+            let existing = admin
+                .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
+                .await
+                .map_err(backend)?;
+            match existing.iter().find(|m| m.name == spec.name) {
+                Some(found) => {
+                    let have = found.spec.partitions();
+                    if have != spec.partitions {
+                        return Err(broken(format!(
+                            "Fluvio topic {:?} has {have} partitions but the configuration asks for {}: \
+                             set the [log] partition count back to {have}, or use new topic names \
+                             ([log] topic_prefix) once the old topics are drained",
+                            spec.name, spec.partitions
+                        )));
+                    }
+                }
+                None => {
+                    let create = FluvioTopicSpec::new_computed(
+                        spec.partitions,
+                        settings.replication,
+                        None,
+                    );
+                    if let Err(e) = admin.create(spec.name.clone(), false, create).await {
+                        // Another process may have created it meanwhile.
+                        let again = admin
+                            .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
+                            .await
+                            .map_err(backend)?;
+                        if !again.iter().any(|m| m.name == spec.name) {
+                            return Err(LogError::Backend(
+                                e.context(format!("cannot create Fluvio topic {:?}", spec.name))
+                                    .into(),
+                            ));
+                        }
+                    }
+                }
+            }
+            partitions.insert(spec.name.clone(), spec.partitions);
+        }
+        // Wait until every topic is provisioned (its partitions have
+        // leaders); producers and consumers fail before that.
+        for spec in &topics {
+            loop {
+                let found = admin
+                    .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
+                    .await
+                    .map_err(backend)?;
+                let ready = found
+                    .iter()
+                    .any(|m| m.name == spec.name && matches!(m.status.resolution, TopicResolution::Provisioned));
+                if ready {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(broken(format!(
+                        "Fluvio topic {:?} was not provisioned within {:?}: check that the cluster has an SPU online \
+                         (`fluvio cluster spu list`) and enough SPUs for replication {}",
+                        spec.name, settings.connect_timeout, settings.replication
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(FluvioLog {
+            inner: Arc::new(Inner {
+                client: Arc::new(client),
+                settings,
+                partitions,
+            }),
+        })
+    }
+}
+
+/// Maps keys with the port's own hash (see [`partition_for`]).
+struct PortPartitioner;
+
+impl Partitioner for PortPartitioner {
+    fn partition(&self, config: &PartitionerConfig, key: Option<&[u8]>, _: &[u8]) -> PartitionId {
+        partition_for(key.unwrap_or_default(), config.partition_count())
+    }
+}
+
+/// Appends to one Fluvio topic. The client's producer is made on the
+/// first send (making it talks to the cluster; the port's `producer` call
+/// does not wait), and shared by the clones.
+pub struct FluvioProducer<M> {
+    client: Arc<Fluvio>,
+    topic: String,
+    producer: Arc<OnceCell<TopicProducerPool>>,
+    _record: PhantomData<fn(M)>,
+}
+
+impl<M> Clone for FluvioProducer<M> {
+    fn clone(&self) -> Self {
+        FluvioProducer {
+            client: self.client.clone(),
+            topic: self.topic.clone(),
+            producer: self.producer.clone(),
+            _record: PhantomData,
+        }
+    }
+}
+
+impl<M> FluvioProducer<M> {
+    async fn get(&self) -> Result<&TopicProducerPool, LogError> {
+        self.producer
+            .get_or_try_init(|| async {
+                let config = TopicProducerConfigBuilder::default()
+                    .partitioner(Arc::new(PortPartitioner))
+                    .isolation(Isolation::ReadCommitted)
+                    .build()
+                    .map_err(backend)?;
+                self.client
+                    .topic_producer_with_config(self.topic.clone(), config)
+                    .await
+                    .map_err(backend)
+            })
+            .await
+    }
+}
+
+impl<M: Message> Producer<M> for FluvioProducer<M> {
+    async fn send_all(&self, records: Vec<(Vec<u8>, M)>) -> Result<Receipt, LogError> {
+        let producer = self.get().await?;
+        let mut outputs = Vec::with_capacity(records.len());
+        for (key, record) in records {
+            let mut bytes = Vec::new();
+            record.encode(&mut bytes);
+            let output = producer
+                .send(key, bytes)
+                .await
+                .map_err(backend)?;
+            outputs.push(output);
+        }
+        Ok(Receipt::new(async move {
+            for output in outputs {
+                output.wait().await.map_err(backend)?;
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// Reads one partition of a Fluvio topic for a consumer group.
+pub struct FluvioConsumer<M> {
+    partition: u32,
+    records: mpsc::Receiver<Result<Record<M>, LogError>>,
+    reader: JoinHandle<()>,
+    committer: Committer,
+}
+
+impl<M> Drop for FluvioConsumer<M> {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl<M: Message> Consumer<M> for FluvioConsumer<M> {
+    fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    async fn poll(&mut self, max: usize) -> Result<Vec<Record<M>>, LogError> {
+        let first = self.records.recv().await.ok_or(LogError::Closed)??;
+        self.committer.committed.get_or_insert(first.offset.0);
+        let mut out = vec![first];
+        while out.len() < max.max(1) {
+            match self.records.try_recv() {
+                Ok(record) => out.push(record?),
+                Err(_) => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
+        self.committer.commit(next).await
+    }
+}
+
+/// Moves a consumer offset to exact positions (see the module's notes).
+struct Committer {
+    client: Arc<Fluvio>,
+    topic: String,
+    partition: u32,
+    group: String,
+    /// Below this the group's position cannot move: the offset of the
+    /// first record this consumer handed out (the group's stored position
+    /// or later), then each commit. `None` until a record was handed out:
+    /// nothing read, nothing to commit.
+    committed: Option<u64>,
+}
+
+impl Committer {
+    async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
+        match self.committed {
+            Some(floor) if next.0 > floor => {}
+            _ => return Ok(()),
+        }
+        let last = i64::try_from(next.0 - 1).map_err(backend)?;
+        let config = ConsumerConfigExt::builder()
+            .topic(self.topic.clone())
+            .partition(self.partition)
+            .offset_consumer(self.group.clone())
+            .offset_start(FluvioOffset::absolute(last).map_err(backend)?)
+            .offset_strategy(OffsetManagementStrategy::Manual)
+            .retry_mode(RetryMode::TryUntil(20))
+            .build()
+            .map_err(backend)?;
+        let mut stream = self
+            .client
+            .consumer_with_config(config)
+            .await
+            .map_err(backend)?;
+        let record = stream
+            .next()
+            .await
+            .ok_or_else(|| broken(format!("offset {last} of {} is gone", self.topic)))?
+            .map_err(backend)?;
+        if record.offset != last {
+            return Err(broken(format!(
+                "committing {next} on {}/{}: the stream started at {} instead of {last}",
+                self.topic, self.partition, record.offset
+            )));
+        }
+        stream.offset_commit().await.map_err(backend)?;
+        stream.offset_flush().await.map_err(backend)?;
+        self.committed = Some(next.0);
+        Ok(())
+    }
+}
+
+/// Reads the partition into `out` until the consumer is dropped.
+async fn read<M, S, E>(mut stream: S, out: mpsc::Sender<Result<Record<M>, LogError>>)
+where
+    M: Message,
+    S: futures::Stream<Item = Result<ConsumerRecord, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    while let Some(item) = stream.next().await {
+        let record = item.map_err(backend).and_then(|r| {
+            Ok(Record {
+                offset: Offset(u64::try_from(r.offset).map_err(backend)?),
+                message: M::decode(r.value())?,
+            })
+        });
+        if out.send(record).await.is_err() {
+            return;
+        }
+    }
+    let _ = out.send(Err(LogError::Closed)).await;
+}
+
+impl Log for FluvioLog {
+    type Producer<M: Message> = FluvioProducer<M>;
+    type Consumer<M: Message> = FluvioConsumer<M>;
+
+    fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+        self.inner
+            .partitions
+            .get(topic)
+            .copied()
+            .ok_or_else(|| LogError::UnknownTopic(topic.to_owned()))
+    }
+
+    fn producer<M: Message>(&self, topic: &str) -> Result<FluvioProducer<M>, LogError> {
+        self.partitions(topic)?;
+        Ok(FluvioProducer {
+            client: self.inner.client.clone(),
+            topic: topic.to_owned(),
+            producer: Arc::new(OnceCell::new()),
+            _record: PhantomData,
+        })
+    }
+
+    async fn consumer<M: Message>(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: &str,
+    ) -> Result<FluvioConsumer<M>, LogError> {
+        let count = self.partitions(topic)?;
+        if partition >= count {
+            return Err(LogError::NoPartition {
+                topic: topic.to_owned(),
+                partition,
+            });
+        }
+        let client = &self.inner.client;
+        // No offset management on the reading stream: it starts at the
+        // group's stored offset and never commits (the committer does).
+        let config = ConsumerConfigExt::builder()
+            .topic(topic.to_owned())
+            .partition(partition)
+            .offset_consumer(group.to_owned())
+            .offset_start(FluvioOffset::beginning())
+            .offset_strategy(OffsetManagementStrategy::None)
+            .isolation(Isolation::ReadCommitted)
+            .build()
+            .map_err(backend)?;
+        let stream = client.consumer_with_config(config).await.map_err(backend)?;
+        let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
+        let reader = tokio::spawn(read::<M, _, _>(stream, tx));
+        Ok(FluvioConsumer {
+            partition,
+            records: rx,
+            reader,
+            committer: Committer {
+                client: client.clone(),
+                topic: topic.to_owned(),
+                partition,
+                group: group.to_owned(),
+                committed: None,
+            },
+        })
+    }
+}
