@@ -16,6 +16,26 @@ export WALHOOK_S3S_FS="${WALHOOK_S3S_FS:-$HOME/.cache/walhook-tools/bin/s3s-fs}"
 # Headless Chromium and chromedriver (Debian's packages) for the browser test
 # of the reconciliation's HTML report. The test fails without them.
 scripts/ensure-chromium.sh
+# A Fluvio cluster for the scale-out tests: no registry serves the Fluvio
+# server, so the tests start one from the programs built from Fluvio's
+# source (local-cluster.sh, bin/fluvio-run, bin/fluvio) in
+# $WALHOOK_FLUVIO_TOOLS, ../shared/tools/fluvio beside the checkout or
+# /work/shared/tools/fluvio; or they use the cluster named by
+# WALHOOK_FLUVIO_ENDPOINT. Where the tools are found the tests must run
+# (WALHOOK_FLUVIO_REQUIRED=1); elsewhere they print that they were skipped.
+if [ -z "${WALHOOK_FLUVIO_TOOLS:-}" ]; then
+  for d in "$PWD/../shared/tools/fluvio" /work/shared/tools/fluvio; do
+    if [ -x "$d/local-cluster.sh" ] && [ -x "$d/bin/fluvio-run" ]; then
+      export WALHOOK_FLUVIO_TOOLS="$d"
+      break
+    fi
+  done
+fi
+if [ -n "${WALHOOK_FLUVIO_TOOLS:-}" ] || [ -n "${WALHOOK_FLUVIO_ENDPOINT:-}" ]; then
+  export WALHOOK_FLUVIO_REQUIRED=1
+else
+  echo "no Fluvio tools found (set WALHOOK_FLUVIO_TOOLS or WALHOOK_FLUVIO_ENDPOINT): the Fluvio tests will say they were skipped" >&2
+fi
 
 # The PyPI packages `standardwebhooks` and `svix`, in a virtualenv of their
 # own, reinstalled only when tests/python-requirements.txt changes. The

@@ -15,4 +15,5 @@ mod hostile;
 mod nodes;
 mod pipeline;
 mod reconcile;
+mod scaleout;
 mod supervision;

@@ -136,23 +136,96 @@ impl SecretsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `embedded` (the default; one process) or `fluvio`.
-    pub kind: String,
+    pub kind: LogKind,
     /// Partitions of the events topic (one fan-out worker each).
     pub events_partitions: u32,
-    /// Partitions of the deliveries topic.
+    /// Partitions of the in-process deliveries topic.
     pub deliveries_partitions: u32,
-    /// Records held per partition before senders wait.
+    /// Records held per partition before senders wait (embedded log, and
+    /// the in-process deliveries topic).
     pub capacity: usize,
+    /// Fluvio: the streaming controller's public address, `host:port`.
+    pub endpoint: String,
+    /// Fluvio: replicas per partition of the topics walhook creates.
+    pub replication: u32,
+    /// Fluvio: the prefix of walhook's topic names (one prefix per
+    /// deployment sharing a cluster).
+    pub topic_prefix: String,
+}
+
+/// Which log runs between the stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogKind {
+    /// In-process; every stage in one `walhook run`.
+    Embedded,
+    /// A Fluvio cluster; stages may run as separate processes.
+    Fluvio,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
-            kind: "embedded".into(),
+            kind: LogKind::Embedded,
             events_partitions: 4,
             deliveries_partitions: 2,
             capacity: 20_000,
+            endpoint: "127.0.0.1:9003".into(),
+            replication: 1,
+            topic_prefix: "walhook-".into(),
         }
+    }
+}
+
+impl LogConfig {
+    /// The events topic's name.
+    pub fn events_topic(&self) -> String {
+        match self.kind {
+            LogKind::Embedded => walhook_pipeline::runtime::EVENTS.to_owned(),
+            LogKind::Fluvio => format!("{}{}", self.topic_prefix, walhook_pipeline::runtime::EVENTS),
+        }
+    }
+
+    /// The Fluvio client's settings.
+    pub fn fluvio_settings(&self) -> walhook_connectors::fluvio::FluvioSettings {
+        walhook_connectors::fluvio::FluvioSettings {
+            replication: self.replication,
+            ..walhook_connectors::fluvio::FluvioSettings::new(self.endpoint.clone())
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.events_partitions == 0 || self.deliveries_partitions == 0 {
+            bail!("[log] partitions must be at least 1");
+        }
+        if self.kind == LogKind::Fluvio {
+            let endpoint = self.endpoint.trim();
+            let port_ok = endpoint
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+            if !port_ok {
+                bail!(
+                    "[log].endpoint = {:?}: give the Fluvio SC's public address as host:port, for example \"127.0.0.1:9003\"",
+                    self.endpoint
+                );
+            }
+            if self.replication == 0 {
+                bail!("[log].replication = 0: give at least 1 (the number of SPUs that keep each partition)");
+            }
+            let name = self.events_topic();
+            if name.len() > 63
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                || name.starts_with('-')
+            {
+                bail!(
+                    "[log].topic_prefix = {:?}: Fluvio topic names use a-z, 0-9 and '-' (at most 63 characters, not starting with '-'); try \"walhook-\"",
+                    self.topic_prefix
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -337,15 +410,7 @@ impl Config {
         cfg.retry
             .validate()
             .map_err(|e| anyhow::anyhow!("[retry]: {e}"))?;
-        if cfg.log.kind != "embedded" {
-            bail!(
-                "[log].kind = {:?}: this build runs the embedded log only; remove the line (or write \"embedded\")",
-                cfg.log.kind
-            );
-        }
-        if cfg.log.events_partitions == 0 || cfg.log.deliveries_partitions == 0 {
-            bail!("[log] partitions must be at least 1");
-        }
+        cfg.log.validate()?;
         if cfg.dispatch.max_in_flight == 0
             || cfg.dispatch.endpoint_max_in_flight == 0
             || cfg.dispatch.tenant_max_in_flight == 0

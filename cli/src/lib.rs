@@ -47,8 +47,12 @@ pub enum Command {
     /// Serve the control-plane REST API alone (tenants, endpoints,
     /// deliveries, replays, audit; OpenAPI at /openapi.json).
     Api(commands::api::Args),
-    /// Run the capture stage alone; with --stdout, print events to try rules.
+    /// Run the capture stage alone: into the Fluvio log ([log] kind =
+    /// "fluvio"), or with --stdout, print events to try rules.
     Capture(commands::capture::Args),
+    /// Run a fan-out member on the Fluvio log: fan-out of its share of the
+    /// events partitions (--member I/N) and the dispatcher that sends them.
+    Fanout(commands::fanout::Args),
     /// Run a dispatcher node alone (no capture, no fan-out): it claims what
     /// is due and held by no live node, e.g. a crashed node's deliveries.
     Dispatch(commands::dispatch::Args),
@@ -147,6 +151,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,
         Command::Dispatch(args) => commands::dispatch::run(args).await,
+        Command::Fanout(args) => commands::fanout::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
         Command::Archive(args) => commands::archive::run(args),
         Command::Reconcile(args) => commands::reconcile::run(args).await,

@@ -1,10 +1,17 @@
-//! Wiring the stages of one `walhook run` process on the embedded log.
+//! Wiring the stages of a process onto the log `[log] kind` names.
 //!
 //! ```text
-//!  capture ──▶ events (embedded, durable group "fanout") ──▶ fan-out ×P ──▶ deliveries ──▶ dispatcher
-//!     ▲                                                        │
-//!     └──────── receipt: fan-out committed to Postgres ◀───────┘
+//!  capture ──▶ events (embedded or Fluvio) ──▶ fan-out ×P ──▶ deliveries (in-process) ──▶ dispatcher
+//!     ▲                                           │
+//!     └── receipt: embedded: fan-out committed to Postgres; Fluvio: stored by the cluster
 //! ```
+//!
+//! `walhook run` runs every stage; on Fluvio, `walhook capture` runs
+//! capture alone and `walhook fanout --member I/N` a worker group (fan-out
+//! of its share of the events partitions and their dispatcher). The worker
+//! runtime is `walhook_pipeline::runtime`; this module adds what needs the
+//! connectors (capture from Postgres, the HTTP egress, the Fluvio client)
+//! and the configuration.
 //!
 //! With metrics ([`start_observed`]), capture reports its lag, and the
 //! dispatcher tells an observer about every attempt (see `crate::metrics`).
@@ -24,27 +31,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use walhook_api::metrics::PipelineMetrics;
+use walhook_connectors::fluvio::FluvioLog;
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
 use walhook_pipeline::capture::{Incident, LedgerSink, LogSink, RecordingSink};
-use walhook_pipeline::delivery::DeliveryJob;
-use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
+use walhook_pipeline::dispatch::observe::AttemptObserver;
+use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings};
 use walhook_pipeline::endpoint::{RefreshSettings, SubscriptionCache};
 use walhook_pipeline::event::Event;
 use walhook_pipeline::failpoint;
-use walhook_pipeline::fanout::{FanoutCounters, FanoutOperator, FanoutSettings};
-use walhook_pipeline::ids::{Lsn, Offset};
+use walhook_pipeline::fanout::{FanoutCounters, FanoutSettings};
+use walhook_pipeline::ids::Lsn;
 use walhook_pipeline::log::embedded::EmbeddedLog;
-use walhook_pipeline::log::{Consumer, Log, LogError, TopicSpec};
+use walhook_pipeline::log::{Log, Producer};
+use walhook_pipeline::runtime::{self, WorkerCounters, WorkerSettings, Workers};
 use walhook_pipeline::supervise::{Stopped, Supervisor};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
 
-use crate::config::Config;
+use crate::config::{Config, LogKind};
 use crate::metrics::MetricsObserver;
 
 /// Capture's counters.
@@ -179,13 +187,104 @@ pub async fn start_observed(
     shutdown: CancellationToken,
     metrics: Option<Arc<PipelineMetrics>>,
 ) -> anyhow::Result<Running> {
+    let roles = Roles {
+        capture: true,
+        workers: Some(WorkerRole {
+            partitions: (0..cfg.log.events_partitions).collect(),
+            node_id: cfg.dispatch.node_id.clone(),
+        }),
+    };
+    start_roles(cfg, platform, shutdown, metrics, roles).await
+}
+
+/// Which stages a process runs.
+#[derive(Debug, Clone)]
+pub struct Roles {
+    /// Capture (the business database's slot → the events topic).
+    pub capture: bool,
+    /// Fan-out of some events partitions and their dispatcher.
+    pub workers: Option<WorkerRole>,
+}
+
+/// A worker group's share of the events topic.
+#[derive(Debug, Clone)]
+pub struct WorkerRole {
+    /// The events partitions read.
+    pub partitions: Vec<u32>,
+    /// The dispatcher node id of the group.
+    pub node_id: String,
+}
+
+/// Starts the stages of `roles` on the log `[log] kind` names.
+pub async fn start_roles(
+    cfg: &Config,
+    platform: Platform,
+    shutdown: CancellationToken,
+    metrics: Option<Arc<PipelineMetrics>>,
+    roles: Roles,
+) -> anyhow::Result<Running> {
+    let events = runtime::events_topic(
+        &cfg.log.events_topic(),
+        cfg.log.events_partitions,
+        cfg.log.capacity,
+    );
+    match cfg.log.kind {
+        LogKind::Embedded => {
+            anyhow::ensure!(
+                roles.capture && roles.workers.is_some(),
+                "the embedded log lives inside one process: run every stage with `walhook run`"
+            );
+            let log = EmbeddedLog::new([events]);
+            start_on(cfg, platform, shutdown, metrics, roles, log).await
+        }
+        LogKind::Fluvio => {
+            let log = FluvioLog::connect(cfg.log.fluvio_settings(), vec![events])
+                .await
+                .map_err(anyhow::Error::new)
+                .context("cannot open the Fluvio log ([log] kind = \"fluvio\")")?;
+            start_on(cfg, platform, shutdown, metrics, roles, log).await
+        }
+    }
+}
+
+/// A log the runtime can close after a failure, so that nothing waits on
+/// receipts that will never come.
+trait Closable {
+    fn close_after_failure(&self);
+}
+
+impl Closable for EmbeddedLog {
+    fn close_after_failure(&self) {
+        self.close();
+    }
+}
+
+impl Closable for FluvioLog {
+    // Receipts resolve when the cluster stored the records; nothing here
+    // waits for a consumer.
+    fn close_after_failure(&self) {}
+}
+
+async fn start_on<L: Log + Closable>(
+    cfg: &Config,
+    platform: Platform,
+    shutdown: CancellationToken,
+    metrics: Option<Arc<PipelineMetrics>>,
+    roles: Roles,
+    log: L,
+) -> anyhow::Result<Running> {
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;
-    let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?;
-    platform
-        .upsert_event_types(&cfg.source.name, source.event_types())
-        .await?;
+    let source = if roles.capture {
+        let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?;
+        platform
+            .upsert_event_types(&cfg.source.name, source.event_types())
+            .await?;
+        Some(source)
+    } else {
+        None
+    };
     let platform = Arc::new(platform);
 
     // Cancelled by the caller, or when a task fails or ends too early.
@@ -196,148 +295,103 @@ pub async fn start_observed(
     // A key missing at start-up is a configuration mistake, not one broken
     // endpoint: refuse to run rather than quarantine every endpoint it
     // sealed.
-    let directory = load_directory(&platform).await?;
+    // Capture alone needs no endpoints (nor the master key).
     let refresh_stop = CancellationToken::new();
-    let refresher = {
-        let (directory, platform, stop) =
-            (directory.clone(), (*platform).clone(), refresh_stop.clone());
-        supervisor.spawn("the endpoint directory refresher", async move {
-            directory
-                .refresh(platform, RefreshSettings::default(), stop)
-                .await;
+    let (directory, refresher) = if roles.workers.is_some() {
+        let directory = load_directory(&platform).await?;
+        let (d, platform, stop) = (directory.clone(), (*platform).clone(), refresh_stop.clone());
+        let refresher = supervisor.spawn("the endpoint directory refresher", async move {
+            d.refresh(platform, RefreshSettings::default(), stop).await;
             Ok::<(), Stopped>(())
-        })
+        });
+        (directory, Some(refresher))
+    } else {
+        (Arc::new(SubscriptionCache::default()), None)
     };
-
-    let log = EmbeddedLog::new([
-        TopicSpec {
-            name: "events".into(),
-            partitions: cfg.log.events_partitions,
-            capacity: cfg.log.capacity,
-            durable_groups: vec!["fanout".into()],
-        },
-        TopicSpec {
-            name: "deliveries".into(),
-            partitions: cfg.log.deliveries_partitions,
-            capacity: cfg.log.capacity,
-            durable_groups: vec![],
-        },
-    ]);
     let counters = Arc::new(Counters::default());
 
-    // Dispatch.
-    let settings = dispatch_settings(cfg);
-    let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
-    let (jobs_tx, jobs_rx) = mpsc::channel::<DeliveryJob>(4096);
-    let dispatch_stop = CancellationToken::new();
-    let mut dispatcher = Dispatcher::new(
-        egress,
-        platform.clone(),
-        directory.clone(),
-        settings,
-        counters.dispatch.clone(),
-    );
-    if let Some(m) = &metrics {
-        dispatcher = dispatcher.with_observer(Arc::new(MetricsObserver::new(m.clone())));
-    }
-    let dispatch_task = {
-        let stop = dispatch_stop.clone();
-        supervisor.spawn("dispatch", dispatcher.run(jobs_rx, stop))
+    let workers = match &roles.workers {
+        Some(role) => {
+            let mut dispatch = dispatch_settings(cfg);
+            dispatch.node_id = role.node_id.clone();
+            let observer = metrics.as_ref().map(|m| {
+                Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>
+            });
+            let settings = WorkerSettings {
+                events_topic: cfg.log.events_topic(),
+                partitions: role.partitions.clone(),
+                deliveries_partitions: cfg.log.deliveries_partitions,
+                capacity: cfg.log.capacity,
+                fanout: FanoutSettings {
+                    batch_size: cfg.fanout.batch_size,
+                    deadline: cfg.retry.deadline,
+                    lease_owner: None,
+                    lease: cfg.dispatch.lease,
+                },
+                dispatch,
+            };
+            let worker_counters = WorkerCounters {
+                fanout: counters.fanout.clone(),
+                dispatch: counters.dispatch.clone(),
+            };
+            Some(
+                Workers::start(
+                    &log,
+                    Arc::new(HttpEgress::new(cfg.egress.clone())?),
+                    platform.clone(),
+                    directory.clone(),
+                    settings,
+                    &worker_counters,
+                    observer,
+                    &supervisor,
+                )
+                .await?,
+            )
+        }
+        None => None,
     };
-    let forward_stop = CancellationToken::new();
-    let mut forwarders = Vec::new();
-    for p in 0..log.partitions("deliveries")? {
-        let consumer = log
-            .consumer::<DeliveryJob>("deliveries", p, "dispatch")
-            .await?;
-        forwarders.push(supervisor.spawn(
-            format!("the forwarder of deliveries partition {p}"),
-            forward(consumer, jobs_tx.clone(), forward_stop.clone()),
-        ));
-    }
-    drop(jobs_tx);
-
-    // Fan-out.
-    let fanout_stop = CancellationToken::new();
-    let mut fanout_tasks = Vec::new();
-    for p in 0..log.partitions("events")? {
-        let consumer = log.consumer::<Event>("events", p, "fanout").await?;
-        let op = FanoutOperator::new(
-            consumer,
-            log.producer::<DeliveryJob>("deliveries")?,
-            platform.clone(),
-            directory.clone(),
-            FanoutSettings {
-                batch_size: cfg.fanout.batch_size,
-                deadline: cfg.retry.deadline,
-                lease_owner: Some(cfg.dispatch.node_id.clone()),
-                lease: cfg.dispatch.lease,
-            },
-        );
-        let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
-        fanout_tasks.push(
-            supervisor.spawn(format!("fan-out of events partition {p}"), async move {
-                op.run(counters, stop).await
-            }),
-        );
-    }
 
     // Capture, restarted after transient errors.
-    let (confirmed, confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
-    let observer = Arc::new(PlatformObserver {
-        confirmed,
-        counters: counters.capture.clone(),
-        metrics,
-    });
-    let checkpoints_stop = CancellationToken::new();
-    let checkpoints = supervisor.spawn(
-        "the capture checkpoint writer",
-        save_checkpoints(
-            platform.clone(),
-            cfg.source.name.clone(),
-            cfg.source.slot.clone(),
-            confirmed_rx,
-            checkpoints_stop.clone(),
-        ),
-    );
-    let events = log.producer::<Event>("events")?;
-    let capture_stop = stop_all.clone();
-    let incident_store = platform.clone();
-    let capture_task = tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            // Incidents are stored before the hand-off; the ledger counts a
-            // transaction once fan-out made its events durable, and its
-            // receipt resolves only then (see `LedgerSink`).
-            let sink = RecordingSink::new(
-                LedgerSink::new(LogSink::new(events.clone()), incident_store.clone()),
-                incident_store.clone(),
-            );
-            let result = source
-                .run(
-                    sink,
-                    observer.clone(),
-                    RunOptions {
-                        confirm: true,
-                        stop_when_caught_up: false,
-                    },
-                    capture_stop.clone(),
-                )
-                .await;
-            match result {
-                Ok(_) => return Ok::<(), CaptureError>(()),
-                Err(e) if e.is_transient() && !capture_stop.is_cancelled() => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "capture stopped; restarting");
-                    tokio::select! {
-                        _ = capture_stop.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-                Err(e) => return Err(e),
-            }
+    let mut checkpoints_stop = None;
+    let mut checkpoints = None;
+    let capture_task = match source {
+        Some(source) => {
+            let (confirmed, confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
+            let observer = Arc::new(PlatformObserver {
+                confirmed,
+                counters: counters.capture.clone(),
+                metrics,
+            });
+            let stop = CancellationToken::new();
+            checkpoints = Some(supervisor.spawn(
+                "the capture checkpoint writer",
+                save_checkpoints(
+                    platform.clone(),
+                    cfg.source.name.clone(),
+                    cfg.source.slot.clone(),
+                    confirmed_rx,
+                    stop.clone(),
+                ),
+            ));
+            checkpoints_stop = Some(stop);
+            let events = log.producer::<Event>(&cfg.log.events_topic())?;
+            tokio::spawn(run_capture(
+                source,
+                events,
+                observer,
+                platform.clone(),
+                stop_all.clone(),
+            ))
         }
-    });
+        // No capture here: the process runs until shutdown.
+        None => {
+            let stop = stop_all.clone();
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                Ok(())
+            })
+        }
+    };
 
     let task = tokio::spawn(async move {
         // Capture runs until shutdown, or until it or another task fails.
@@ -349,7 +403,10 @@ pub async fn start_observed(
                 // that may never come (closing the log fails them); what
                 // was not confirmed is read again after the restart.
                 stop_all.cancel();
-                log.close();
+                log.close_after_failure();
+                if let Some(w) = &workers {
+                    w.close();
+                }
                 capture_task.await
             }
         };
@@ -360,21 +417,20 @@ pub async fn start_observed(
         };
         // Then the rest, upstream first; tasks ending now end on purpose.
         supervisor.stopping();
-        fanout_stop.cancel();
-        for t in fanout_tasks {
-            let _ = t.await;
+        if let Some(w) = workers {
+            w.stop().await;
         }
-        forward_stop.cancel();
-        for t in forwarders {
-            let _ = t.await;
-        }
-        dispatch_stop.cancel();
-        let _ = dispatch_task.await;
         refresh_stop.cancel();
-        let _ = refresher.await;
-        log.close();
-        checkpoints_stop.cancel();
-        let _ = checkpoints.await;
+        if let Some(t) = refresher {
+            let _ = t.await;
+        }
+        log.close_after_failure();
+        if let Some(stop) = checkpoints_stop {
+            stop.cancel();
+        }
+        if let Some(t) = checkpoints {
+            let _ = t.await;
+        }
         match (supervisor.take_failure(), capture_failure) {
             (Some(e), _) => Err(anyhow::Error::new(e)),
             (None, Some(e)) => Err(e),
@@ -386,6 +442,50 @@ pub async fn start_observed(
         directory,
         task,
     })
+}
+
+/// Runs capture into `events` until `stop` or a definite error, restarting
+/// it after transient errors with a growing pause.
+async fn run_capture<P: Producer<Event>>(
+    source: PostgresSource,
+    events: P,
+    observer: Arc<PlatformObserver>,
+    incident_store: Arc<Platform>,
+    stop: CancellationToken,
+) -> Result<(), CaptureError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        // Incidents are stored before the hand-off; the ledger counts a
+        // transaction once its events are durable, and its receipt
+        // resolves only then (see `LedgerSink`).
+        let sink = RecordingSink::new(
+            LedgerSink::new(LogSink::new(events.clone()), incident_store.clone()),
+            incident_store.clone(),
+        );
+        let result = source
+            .run(
+                sink,
+                observer.clone(),
+                RunOptions {
+                    confirm: true,
+                    stop_when_caught_up: false,
+                },
+                stop.clone(),
+            )
+            .await;
+        match result {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_transient() && !stop.is_cancelled() => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "capture stopped; restarting");
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The dispatcher's settings from `[dispatch]`, `[breaker]` and `[retry]`.
@@ -422,41 +522,4 @@ pub async fn load_directory(platform: &Platform) -> anyhow::Result<Arc<Subscript
         );
     }
     Ok(directory)
-}
-
-/// Moves jobs from a deliveries partition to the dispatcher, until `stop`
-/// or the log's close. When dispatch is gone it waits for the stop that
-/// dispatch's failure brings.
-async fn forward<C: Consumer<DeliveryJob>>(
-    mut consumer: C,
-    out: mpsc::Sender<DeliveryJob>,
-    stop: CancellationToken,
-) -> Result<(), LogError> {
-    loop {
-        if failpoint::hit("dispatch.forward") {
-            return Ok(());
-        }
-        let records = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            r = consumer.poll(256) => match r {
-                Ok(r) => r,
-                Err(LogError::Closed) => return Ok(()),
-                Err(e) => return Err(e),
-            },
-        };
-        let Some(last) = records.last().map(|r| r.offset) else {
-            continue;
-        };
-        for r in records {
-            if out.send(r.message).await.is_err() {
-                // Dispatch is gone: its own end says why (the supervisor
-                // keeps the first failure, which must be the cause, not
-                // this consequence). Wait for the stop it brings.
-                stop.cancelled().await;
-                return Ok(());
-            }
-        }
-        // The deliveries table holds the truth; the log only carries jobs.
-        consumer.commit(Offset(last.0 + 1)).await?;
-    }
 }

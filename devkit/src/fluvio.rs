@@ -99,6 +99,40 @@ impl FluvioCluster {
         &self.endpoint
     }
 
+    /// `fluvio partition list` and `fluvio consumer list` of the cluster,
+    /// for failure messages (empty when the CLI is not at hand).
+    pub fn describe(&self) -> String {
+        let Some(tools) = find_tools() else {
+            return String::new();
+        };
+        let mut out = String::new();
+        for args in [&["partition", "list"][..], &["consumer", "list"][..]] {
+            if let Ok(o) = Command::new(tools.join("bin/fluvio"))
+                .arg("-c")
+                .arg(&self.endpoint)
+                .args(args)
+                .env("HOME", std::env::temp_dir())
+                .output()
+            {
+                out.push_str(&String::from_utf8_lossy(&o.stdout));
+                out.push_str(&String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        out
+    }
+
+    /// A function that describes the cluster later (from another task).
+    pub fn describe_later(&self) -> impl Fn() -> String + Send + 'static {
+        let endpoint = self.endpoint.clone();
+        move || {
+            FluvioCluster {
+                endpoint: endpoint.clone(),
+                started: None,
+            }
+            .describe()
+        }
+    }
+
     /// Kills the SPU with SIGKILL and starts it again on the same ports and
     /// data (a broker crash). Panics for a cluster this test did not start.
     pub fn restart_spu(&self) {

@@ -169,7 +169,10 @@ pub trait TransactionSink: Send {
 }
 
 /// The events topic of a log as a [`TransactionSink`]: events are keyed by
-/// tenant, and a transaction without events is durable at once.
+/// tenant and object (one object's events stay on one partition, in commit
+/// order, while a busy tenant spreads over all of them; an event without an
+/// object is keyed by its id), and a transaction without events is durable
+/// at once.
 pub struct LogSink<P> {
     producer: P,
 }
@@ -189,10 +192,24 @@ impl<P: Producer<Event>> TransactionSink for LogSink<P> {
         let records = tx
             .events
             .into_iter()
-            .map(|e| (e.tenant_id.as_str().as_bytes().to_vec(), e))
+            .map(|e| (event_key(&e), e))
             .collect();
         Ok(self.producer.send_all(records).await?)
     }
+}
+
+/// The log key of `event`: tenant, a zero byte, then the object id (or the
+/// event id when there is no object).
+pub fn event_key(event: &Event) -> Vec<u8> {
+    let tenant = event.tenant_id.as_str().as_bytes();
+    let mut key = Vec::with_capacity(tenant.len() + 33);
+    key.extend_from_slice(tenant);
+    key.push(0);
+    match &event.object_id {
+        Some(object) => key.extend_from_slice(object.as_bytes()),
+        None => key.extend_from_slice(&event.id.0),
+    }
+    key
 }
 
 /// Where capture's incidents are stored (the platform database).

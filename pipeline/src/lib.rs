@@ -12,6 +12,8 @@
 //! - [`log`]: the log port, its embedded implementation and its contract.
 //! - [`capture`]: what capture hands downstream (the sink contract), the
 //!   sinks that store its incidents and its [`capture::ledger`] on the way.
+//! - [`runtime`]: fan-out and dispatch wired together over any log, shared
+//!   by `walhook run` and the scale-out processes.
 //! - [`failpoint`]: named crash points for the kill tests.
 //! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
@@ -34,6 +36,7 @@ pub mod incident;
 pub mod log;
 pub mod objstore;
 pub mod redact;
+pub mod runtime;
 pub mod sanitize;
 pub mod signing;
 pub mod store;

@@ -203,6 +203,11 @@ impl World {
             .0
     }
 
+    /// The business database's URL.
+    pub fn shop_url(&self) -> String {
+        self.shop_url.clone()
+    }
+
     /// Waits until `walhook run` streams from the slot (writes before the
     /// slot exists are not captured).
     pub async fn wait_streaming(&self) {
@@ -403,6 +408,22 @@ impl Child {
             .envs(env.iter().copied())
             .spawn()
             .expect("cannot start walhook run");
+        Child(child)
+    }
+
+    /// Starts `walhook <command> --config cfg <args>` with `env` added.
+    pub fn stage(command: &str, cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+        let child = walhook()
+            .args([command, "--config"])
+            .arg(cfg)
+            .args(args)
+            .env(
+                "WALHOOK_LOG",
+                std::env::var("WALHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .envs(env.iter().copied())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start walhook {command}: {e}"));
         Child(child)
     }
 

@@ -1,6 +1,8 @@
 //! `walhook capture`: the capture stage alone.
 //!
-//! With `--stdout` it prints every event body as one line of canonical JSON
+//! On the Fluvio log (`[log] kind = "fluvio"`) it writes the events topic,
+//! and confirms the slot once the cluster stored a transaction's events
+//! (fan-out members read them: `walhook fanout`). With `--stdout` it prints every event body as one line of canonical JSON
 //! and confirms nothing to the slot (unless `--confirm`), so users try their
 //! rules against real traffic before going live. Incidents go to stderr.
 
@@ -8,11 +10,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use walhook_connectors::postgres::{CaptureObserver, PostgresSource, RunOptions};
 use walhook_pipeline::capture::{Incident, WriterSink};
 
-use crate::config::Config;
+use crate::config::{Config, LogKind};
+use crate::pipeline::Roles;
 
 /// Arguments of `walhook capture`.
 #[derive(Debug, clap::Args)]
@@ -48,10 +51,28 @@ impl CaptureObserver for StderrObserver {
 /// Runs capture.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
+    if !args.stdout && cfg.log.kind == LogKind::Fluvio {
+        if args.until_caught_up {
+            bail!("--until-caught-up goes with --stdout (trying rules); capture into the log runs until stopped");
+        }
+        let platform = cfg.platform()?.platform()?;
+        let roles = Roles {
+            capture: true,
+            workers: None,
+        };
+        let shutdown = super::shutdown_on_signals();
+        let running = crate::pipeline::start_roles(&cfg, platform, shutdown, None, roles)
+            .await
+            .context("walhook capture could not start")?;
+        running.wait().await?;
+        tracing::info!("capture stopped");
+        return Ok(ExitCode::SUCCESS);
+    }
     if !args.stdout {
         bail!(
             "the embedded log lives inside one process: run the whole pipeline with `walhook run \
-             --config {}`, or try the rules with `walhook capture --stdout`",
+             --config {}`, set [log] kind = \"fluvio\" to run capture alone, or try the rules with \
+             `walhook capture --stdout`",
             args.config.display()
         );
     }

@@ -40,13 +40,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     let mut settings = crate::pipeline::dispatch_settings(&cfg);
     if let Some(id) = args.node_id {
-        let id = id.trim().to_owned();
-        if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
-            anyhow::bail!(
-                "--node-id {id:?}: give 1 to 128 characters without control characters, unique per process"
-            );
-        }
-        settings.node_id = id;
+        settings.node_id = super::fanout::check_node_id(&id)?;
     }
     let keyring = cfg
         .secrets

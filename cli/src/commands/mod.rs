@@ -7,6 +7,7 @@ pub mod capture;
 pub mod check_url;
 pub mod demo;
 pub mod dispatch;
+pub mod fanout;
 pub mod migrate;
 pub mod reconcile;
 pub mod run;

@@ -326,6 +326,7 @@ impl<M: Message> Consumer<M> for FluvioConsumer<M> {
 /// Moves a consumer offset to exact positions (see the module's notes).
 struct Committer {
     client: Arc<Fluvio>,
+    cluster: FluvioClusterConfig,
     topic: String,
     partition: u32,
     group: String,
@@ -337,11 +338,50 @@ struct Committer {
 }
 
 impl Committer {
+    /// How long one try of a commit may take.
+    const TRY_TIMEOUT: Duration = Duration::from_secs(5);
+    /// How long a commit keeps trying (a broker restart takes seconds).
+    const GIVE_UP: Duration = Duration::from_secs(120);
+
     async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
         match self.committed {
             Some(floor) if next.0 > floor => {}
             _ => return Ok(()),
         }
+        let deadline = Instant::now() + Self::GIVE_UP;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let tried = tokio::time::timeout(Self::TRY_TIMEOUT, self.try_commit(next)).await;
+            let error = match tried {
+                Ok(Ok(())) => {
+                    self.committed = Some(next.0);
+                    return Ok(());
+                }
+                Ok(Err(e)) => format!("{:#}", anyhow::Error::from(e)),
+                Err(_) => format!("no answer within {:?}", Self::TRY_TIMEOUT),
+            };
+            if Instant::now() + pause > deadline {
+                return Err(broken(format!(
+                    "could not commit offset {next} of {}/{} for group {:?} within {:?}: {error}",
+                    self.topic, self.partition, self.group, Self::GIVE_UP
+                )));
+            }
+            tracing::warn!(topic = %self.topic, partition = self.partition, group = %self.group, %error, retry_in = ?pause, "a Fluvio offset commit failed; retrying on a new connection");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            // A broker restart leaves the client's pooled sockets dead.
+            if let Ok(Ok(client)) = tokio::time::timeout(
+                Self::TRY_TIMEOUT,
+                Fluvio::connect_with_config(&self.cluster),
+            )
+            .await
+            {
+                self.client = Arc::new(client);
+            }
+        }
+    }
+
+    async fn try_commit(&self, next: Offset) -> Result<(), LogError> {
         let last = i64::try_from(next.0 - 1).map_err(backend)?;
         let config = ConsumerConfigExt::builder()
             .topic(self.topic.clone())
@@ -349,7 +389,7 @@ impl Committer {
             .offset_consumer(self.group.clone())
             .offset_start(FluvioOffset::absolute(last).map_err(backend)?)
             .offset_strategy(OffsetManagementStrategy::Manual)
-            .retry_mode(RetryMode::TryUntil(20))
+            .retry_mode(RetryMode::Disabled)
             .build()
             .map_err(backend)?;
         let mut stream = self
@@ -370,7 +410,6 @@ impl Committer {
         }
         stream.offset_commit().await.map_err(backend)?;
         stream.offset_flush().await.map_err(backend)?;
-        self.committed = Some(next.0);
         Ok(())
     }
 }
@@ -452,6 +491,7 @@ impl Log for FluvioLog {
             reader,
             committer: Committer {
                 client: client.clone(),
+                cluster: FluvioClusterConfig::new(self.inner.settings.endpoint.clone()),
                 topic: topic.to_owned(),
                 partition,
                 group: group.to_owned(),

@@ -149,7 +149,7 @@ pub trait Producer<M: Message>: Clone + Send + Sync + 'static {
 }
 
 /// Reads one partition of a topic for a consumer group.
-pub trait Consumer<M: Message>: Send + 'static {
+pub trait Consumer<M: Message>: Send + Sync + 'static {
     /// The partition read.
     fn partition(&self) -> u32;
 

@@ -1,0 +1,279 @@
+//! The runtime that wires fan-out and dispatch, shared by every deployment.
+//!
+//! ```text
+//!  events log (embedded or Fluvio) ──▶ fan-out ×P ──▶ deliveries (in-process) ──▶ forwarders ──▶ dispatcher
+//! ```
+//!
+//! A [`Workers`] group reads a chosen set of events partitions, fans their
+//! events out, and sends the deliveries it made with a dispatcher of its
+//! own (node `settings.node_id`). Fan-out makes each delivery already leased
+//! to that node, and hands its job on in memory: the first attempt needs no
+//! claim and no second hop through the log. What a group held when it died
+//! is taken back by its next start (same node id) or, once its lease lapsed,
+//! by any other dispatcher node (`walhook dispatch`).
+//!
+//! So the unit of scale-out is a worker process owning some events
+//! partitions (`walhook fanout --member I/N` on Fluvio), with capture
+//! (`walhook capture`) writing the events topic on its own. Why deliveries
+//! do not cross processes through a deliveries topic: a fan-out plan row
+//! holds one lease per event, and an event's deliveries go to several
+//! endpoints; handing them to dispatchers chosen by endpoint would need a
+//! claim per delivery (a Postgres write each) or plans split per owner.
+//! `docs/scale-out.md` says what this means for per-endpoint limits.
+//!
+//! Every long-lived task runs under the caller's [`Supervisor`]: if one
+//! ends, fails or panics while the process runs, the group's fail token is
+//! cancelled and the caller stops in order. [`Workers::stop`] goes
+//! upstream first: fan-out finishes its batch, the forwarders stop, and
+//! dispatch drains the attempts in flight.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::DeliveryJob;
+use crate::dispatch::egress::Egress;
+use crate::dispatch::observe::AttemptObserver;
+use crate::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
+use crate::endpoint::SubscriptionCache;
+use crate::event::Event;
+use crate::failpoint;
+use crate::fanout::{FanoutCounters, FanoutOperator, FanoutSettings};
+use crate::ids::Offset;
+use crate::log::embedded::EmbeddedLog;
+use crate::log::{Consumer, Log, LogError, TopicSpec};
+use crate::store::{DispatchStore, FanoutStore};
+use crate::supervise::Supervisor;
+
+/// The topic capture writes and fan-out reads.
+pub const EVENTS: &str = "events";
+/// The in-process topic from fan-out to the dispatcher.
+pub const DELIVERIES: &str = "deliveries";
+/// The consumer group of fan-out on the events topic.
+pub const FANOUT_GROUP: &str = "fanout";
+
+/// The events topic: `partitions` partitions; with the embedded log a
+/// record is durable once fan-out committed it (its deliveries are in
+/// Postgres).
+pub fn events_topic(name: &str, partitions: u32, capacity: usize) -> TopicSpec {
+    TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        capacity,
+        durable_groups: vec![FANOUT_GROUP.into()],
+    }
+}
+
+/// Which events partitions a member of a group of `members` reads: those
+/// whose number is `member` modulo `members`.
+pub fn member_partitions(partitions: u32, member: u32, members: u32) -> Vec<u32> {
+    (0..partitions)
+        .filter(|p| p % members.max(1) == member)
+        .collect()
+}
+
+/// What a worker group needs besides the events log.
+pub struct WorkerSettings {
+    /// The events topic's name.
+    pub events_topic: String,
+    /// The events partitions this group reads.
+    pub partitions: Vec<u32>,
+    /// Partitions of the in-process deliveries topic.
+    pub deliveries_partitions: u32,
+    /// Records held per deliveries partition before fan-out waits.
+    pub capacity: usize,
+    /// Fan-out's settings (its lease owner is set to the dispatcher's node).
+    pub fanout: FanoutSettings,
+    /// The dispatcher's settings.
+    pub dispatch: DispatchSettings,
+}
+
+/// The counters of a worker group.
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    /// Fan-out's.
+    pub fanout: Arc<FanoutCounters>,
+    /// Dispatch's.
+    pub dispatch: Arc<DispatchCounters>,
+}
+
+/// A running group of fan-out operators and their dispatcher.
+pub struct Workers {
+    fanout_stop: CancellationToken,
+    fanout_tasks: Vec<JoinHandle<()>>,
+    forward_stop: CancellationToken,
+    forwarders: Vec<JoinHandle<()>>,
+    dispatch_stop: CancellationToken,
+    dispatch_task: JoinHandle<()>,
+    deliveries: EmbeddedLog,
+}
+
+impl Workers {
+    /// Starts the dispatcher, the forwarders and one fan-out operator per
+    /// partition in `settings.partitions`, all under `supervisor`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start<L, E, S>(
+        events: &L,
+        egress: Arc<E>,
+        store: Arc<S>,
+        directory: Arc<SubscriptionCache>,
+        settings: WorkerSettings,
+        counters: &WorkerCounters,
+        observer: Option<Arc<dyn AttemptObserver>>,
+        supervisor: &Supervisor,
+    ) -> Result<Workers, LogError>
+    where
+        L: Log,
+        E: Egress,
+        S: FanoutStore + DispatchStore,
+    {
+        let deliveries = EmbeddedLog::new([TopicSpec {
+            name: DELIVERIES.into(),
+            partitions: settings.deliveries_partitions.max(1),
+            capacity: settings.capacity,
+            durable_groups: vec![],
+        }]);
+
+        // Dispatch.
+        let (jobs_tx, jobs_rx) = mpsc::channel::<DeliveryJob>(4096);
+        let dispatch_stop = CancellationToken::new();
+        let node = settings.dispatch.node_id.clone();
+        let mut dispatcher = Dispatcher::new(
+            egress,
+            store.clone(),
+            directory.clone(),
+            settings.dispatch,
+            counters.dispatch.clone(),
+        );
+        if let Some(observer) = observer {
+            dispatcher = dispatcher.with_observer(observer);
+        }
+        let dispatch_task =
+            supervisor.spawn("dispatch", dispatcher.run(jobs_rx, dispatch_stop.clone()));
+        let forward_stop = CancellationToken::new();
+        let mut forwarders = Vec::new();
+        for p in 0..deliveries.partitions(DELIVERIES)? {
+            let consumer = deliveries
+                .consumer::<DeliveryJob>(DELIVERIES, p, "dispatch")
+                .await?;
+            forwarders.push(supervisor.spawn(
+                format!("the forwarder of deliveries partition {p}"),
+                forward(consumer, jobs_tx.clone(), forward_stop.clone()),
+            ));
+        }
+        drop(jobs_tx);
+
+        // Fan-out, leasing what it makes to this group's dispatcher.
+        let fanout_stop = CancellationToken::new();
+        let mut fanout_tasks = Vec::new();
+        let fanout_settings = FanoutSettings {
+            lease_owner: Some(node),
+            ..settings.fanout
+        };
+        for &p in &settings.partitions {
+            let consumer = events
+                .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
+                .await?;
+            let op = FanoutOperator::new(
+                consumer,
+                deliveries.producer::<DeliveryJob>(DELIVERIES)?,
+                store.clone(),
+                directory.clone(),
+                fanout_settings.clone(),
+            );
+            let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
+            fanout_tasks.push(supervisor.spawn(
+                format!("fan-out of events partition {p}"),
+                async move { op.run(counters, stop).await },
+            ));
+        }
+        Ok(Workers {
+            fanout_stop,
+            fanout_tasks,
+            forward_stop,
+            forwarders,
+            dispatch_stop,
+            dispatch_task,
+            deliveries,
+        })
+    }
+
+    /// Wakes every task waiting on the in-process log (after a failure:
+    /// nothing there is waited for any more).
+    pub fn close(&self) {
+        self.deliveries.close();
+    }
+
+    /// Stops in order, upstream first: fan-out finishes its batch, the
+    /// forwarders stop, and dispatch drains the attempts in flight (what is
+    /// left is pending in Postgres, claimed again at the next start).
+    pub async fn stop(self) {
+        self.fanout_stop.cancel();
+        for t in self.fanout_tasks {
+            let _ = t.await;
+        }
+        self.forward_stop.cancel();
+        for t in self.forwarders {
+            let _ = t.await;
+        }
+        self.dispatch_stop.cancel();
+        let _ = self.dispatch_task.await;
+        self.deliveries.close();
+    }
+}
+
+/// Moves jobs from a deliveries partition to the dispatcher, until `stop`
+/// or the log's close. When dispatch is gone it waits for the stop that
+/// dispatch's failure brings.
+async fn forward<C: Consumer<DeliveryJob>>(
+    mut consumer: C,
+    out: mpsc::Sender<DeliveryJob>,
+    stop: CancellationToken,
+) -> Result<(), LogError> {
+    loop {
+        if failpoint::hit("dispatch.forward") {
+            return Ok(());
+        }
+        let records = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            r = consumer.poll(256) => match r {
+                Ok(r) => r,
+                Err(LogError::Closed) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+        };
+        let Some(last) = records.last().map(|r| r.offset) else {
+            continue;
+        };
+        for r in records {
+            if out.send(r.message).await.is_err() {
+                // Dispatch is gone: its own end says why (the supervisor
+                // keeps the first failure, which must be the cause, not
+                // this consequence). Wait for the stop it brings.
+                stop.cancelled().await;
+                return Ok(());
+            }
+        }
+        // The deliveries table holds the truth; the log only carries jobs.
+        consumer.commit(Offset(last.0 + 1)).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_share_the_partitions_without_overlap() {
+        let all: Vec<u32> = (0..3)
+            .flat_map(|m| member_partitions(8, m, 3))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
+        assert_eq!(member_partitions(8, 1, 3), vec![1, 4, 7]);
+        assert_eq!(member_partitions(4, 0, 1), vec![0, 1, 2, 3]);
+    }
+}
