@@ -83,7 +83,18 @@ fn bad_config_values_are_named() {
             "[dispatch]\nlease = \"1s\"\n",
             "must outlast [egress].request_timeout",
         ),
-        ("[log]\nkind = \"kafka\"\n", "[log].kind = \"kafka\""),
+        (
+            "[log]\nkind = \"kafka\"\n",
+            "unknown variant `kafka`, expected `embedded` or `fluvio`",
+        ),
+        (
+            "[log]\nkind = \"fluvio\"\nendpoint = \"sc.example\"\n",
+            "[log].endpoint = \"sc.example\": give the Fluvio SC's public address as host:port",
+        ),
+        (
+            "[log]\nkind = \"fluvio\"\ntopic_prefix = \"Walhook_\"\n",
+            "[log].topic_prefix = \"Walhook_\": Fluvio topic names use a-z, 0-9 and '-'",
+        ),
         (
             "[egress]\nallow_http = true\n",
             "unknown field `allow_http`",
@@ -101,6 +112,44 @@ fn bad_config_values_are_named() {
     }
 }
 
+/// The scale-out commands refuse what cannot work, saying what to change.
+#[test]
+fn scale_out_commands_explain_what_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "[platform]\nurl = \"postgres://postgres@127.0.0.1:9/walhook\"\n\n[source]\nurl = \"postgres://postgres@127.0.0.1:9/shop\"\n\n\
+         [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
+    );
+    let out = run(walhook()
+        .args(["fanout", "--member", "0/2", "--config"])
+        .arg(&cfg));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("set [log] kind = \"fluvio\""),
+        "{}",
+        stderr(&out)
+    );
+    for bad in ["2/2", "x", "1/0"] {
+        let out = run(walhook()
+            .args(["fanout", "--member", bad, "--config"])
+            .arg(&cfg));
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("give the member as I/N"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+    let out = run(walhook().args(["capture", "--config"]).arg(&cfg));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("set [log] kind = \"fluvio\" to run capture alone"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn help_teaches_the_commands() {
     let out = run(walhook().arg("--help"));
@@ -110,6 +159,8 @@ fn help_teaches_the_commands() {
         "run",
         "migrate",
         "capture",
+        "fanout",
+        "dispatch",
         "bench",
         "check-url",
         "secrets",
@@ -119,6 +170,11 @@ fn help_teaches_the_commands() {
             "{command} missing from --help:\n{help}"
         );
     }
+    let fanout = stdout(&run(walhook().args(["fanout", "--help"])));
+    assert!(
+        fanout.contains("--member") && fanout.contains("kind = \"fluvio\""),
+        "{fanout}"
+    );
     let capture = stdout(&run(walhook().args(["capture", "--help"])));
     assert!(
         capture.contains("--stdout") && capture.contains("--confirm"),

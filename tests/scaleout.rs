@@ -124,8 +124,12 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
     w.wait_streaming().await;
 
     insert_orders(&w, 1..=20).await;
-    w.wait_count("first wave fanned out", "SELECT count(*) FROM walhook.events", 20)
-        .await;
+    w.wait_count(
+        "first wave fanned out",
+        "SELECT count(*) FROM walhook.events",
+        20,
+    )
+    .await;
     // A fan-out member dies; its restart resumes at its committed offsets.
     member1.kill();
     insert_orders(&w, 21..=40).await;
@@ -179,7 +183,10 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
         .collect();
     assert_eq!(nodes, ["local-fanout-0", "local-fanout-1", "standby"]);
     for child in [capture, member0, member1, standby] {
-        assert!(child.terminate().success(), "a process did not stop cleanly");
+        assert!(
+            child.terminate().success(),
+            "a process did not stop cleanly"
+        );
     }
 }
 
@@ -255,8 +262,12 @@ async fn walhook_run_runs_every_stage_on_fluvio() {
     let first = Child::run(&cfg);
     w.wait_streaming().await;
     insert_orders(&w, 1..=15).await;
-    w.wait_count("events fanned out", "SELECT count(*) FROM walhook.events", 15)
-        .await;
+    w.wait_count(
+        "events fanned out",
+        "SELECT count(*) FROM walhook.events",
+        15,
+    )
+    .await;
     assert!(first.terminate().success(), "a clean stop");
     insert_orders(&w, 16..=30).await;
     let second = Child::run(&cfg);

@@ -182,7 +182,9 @@ impl LogConfig {
     pub fn events_topic(&self) -> String {
         match self.kind {
             LogKind::Embedded => walhook_pipeline::runtime::EVENTS.to_owned(),
-            LogKind::Fluvio => format!("{}{}", self.topic_prefix, walhook_pipeline::runtime::EVENTS),
+            LogKind::Fluvio => {
+                format!("{}{}", self.topic_prefix, walhook_pipeline::runtime::EVENTS)
+            }
         }
     }
 
@@ -200,9 +202,9 @@ impl LogConfig {
         }
         if self.kind == LogKind::Fluvio {
             let endpoint = self.endpoint.trim();
-            let port_ok = endpoint
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+            let port_ok = endpoint.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
             if !port_ok {
                 bail!(
                     "[log].endpoint = {:?}: give the Fluvio SC's public address as host:port, for example \"127.0.0.1:9003\"",
@@ -210,7 +212,9 @@ impl LogConfig {
                 );
             }
             if self.replication == 0 {
-                bail!("[log].replication = 0: give at least 1 (the number of SPUs that keep each partition)");
+                bail!(
+                    "[log].replication = 0: give at least 1 (the number of SPUs that keep each partition)"
+                );
             }
             let name = self.events_topic();
             if name.len() > 63

@@ -314,9 +314,9 @@ async fn start_on<L: Log + Closable>(
         Some(role) => {
             let mut dispatch = dispatch_settings(cfg);
             dispatch.node_id = role.node_id.clone();
-            let observer = metrics.as_ref().map(|m| {
-                Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>
-            });
+            let observer = metrics
+                .as_ref()
+                .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
             let settings = WorkerSettings {
                 events_topic: cfg.log.events_topic(),
                 partitions: role.partitions.clone(),

@@ -63,7 +63,9 @@ async fn a_consumer_and_a_producer_ride_out_a_broker_crash() {
         return;
     };
     if std::env::var(walhook_devkit::fluvio::ENDPOINT_ENV).is_ok() {
-        eprintln!("skipped: the SPU of a cluster named by WALHOOK_FLUVIO_ENDPOINT is not ours to kill");
+        eprintln!(
+            "skipped: the SPU of a cluster named by WALHOOK_FLUVIO_ENDPOINT is not ours to kill"
+        );
         return;
     }
     let topic = TopicSpec {
@@ -75,7 +77,9 @@ async fn a_consumer_and_a_producer_ride_out_a_broker_crash() {
     let log = FluvioLog::connect(settings(&cluster), vec![topic])
         .await
         .expect("connect");
-    let producer = log.producer::<TestRecord>("walhook-crash").expect("producer");
+    let producer = log
+        .producer::<TestRecord>("walhook-crash")
+        .expect("producer");
     let send = |from: u64| {
         let producer = producer.clone();
         async move {
@@ -109,13 +113,16 @@ async fn a_consumer_and_a_producer_ride_out_a_broker_crash() {
             }
         }
     });
-    second.await.expect("the producer recovers after the SPU restart");
+    second
+        .await
+        .expect("the producer recovers after the SPU restart");
     let read = tokio::time::timeout(Duration::from_secs(60), async {
         while seen.iter().filter(|r| r.message.0 >= 50).count() < 50 {
             seen.extend(consumer.poll(100).await.expect("poll after the crash"));
         }
     });
-    read.await.expect("the consumer reads what was sent after the crash");
+    read.await
+        .expect("the consumer reads what was sent after the crash");
     // At least once: a retried batch may repeat, never reorder or skip.
     let mut numbers: Vec<u64> = seen.iter().map(|r| r.message.0).collect();
     numbers.dedup();

@@ -189,11 +189,7 @@ impl<P: Producer<Event>> TransactionSink for LogSink<P> {
         if tx.events.is_empty() {
             return Ok(Receipt::ready());
         }
-        let records = tx
-            .events
-            .into_iter()
-            .map(|e| (event_key(&e), e))
-            .collect();
+        let records = tx.events.into_iter().map(|e| (event_key(&e), e)).collect();
         Ok(self.producer.send_all(records).await?)
     }
 }

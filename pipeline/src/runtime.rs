@@ -184,10 +184,11 @@ impl Workers {
                 fanout_settings.clone(),
             );
             let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
-            fanout_tasks.push(supervisor.spawn(
-                format!("fan-out of events partition {p}"),
-                async move { op.run(counters, stop).await },
-            ));
+            fanout_tasks.push(
+                supervisor.spawn(format!("fan-out of events partition {p}"), async move {
+                    op.run(counters, stop).await
+                }),
+            );
         }
         Ok(Workers {
             fanout_stop,

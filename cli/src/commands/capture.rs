@@ -53,7 +53,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     if !args.stdout && cfg.log.kind == LogKind::Fluvio {
         if args.until_caught_up {
-            bail!("--until-caught-up goes with --stdout (trying rules); capture into the log runs until stopped");
+            bail!(
+                "--until-caught-up goes with --stdout (trying rules); capture into the log runs until stopped"
+            );
         }
         let platform = cfg.platform()?.platform()?;
         let roles = Roles {

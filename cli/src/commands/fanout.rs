@@ -44,7 +44,9 @@ pub struct Args {
 /// Parses `I/N` with `I < N`.
 pub fn parse_member(s: &str) -> Result<(u32, u32), String> {
     let bad = || {
-        format!("{s:?}: give the member as I/N, with 0 <= I < N, for example 0/2 (the first of two)")
+        format!(
+            "{s:?}: give the member as I/N, with 0 <= I < N, for example 0/2 (the first of two)"
+        )
     };
     let (i, n) = s.split_once('/').ok_or_else(bad)?;
     let i: u32 = i.trim().parse().map_err(|_| bad())?;
@@ -91,10 +93,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(id) => check_node_id(&id)?,
         None => format!("{}-fanout-{member}", cfg.dispatch.node_id),
     };
-    let keyring = cfg
-        .secrets
-        .keyring()
-        .context("walhook fanout sends deliveries: it needs the master key that seals endpoint secrets")?;
+    let keyring = cfg.secrets.keyring().context(
+        "walhook fanout sends deliveries: it needs the master key that seals endpoint secrets",
+    )?;
     let platform = cfg.platform()?.platform()?.with_keyring(keyring);
     let partitions =
         walhook_pipeline::runtime::member_partitions(cfg.log.events_partitions, member, members);

@@ -160,11 +160,8 @@ impl FluvioLog {
                     }
                 }
                 None => {
-                    let create = FluvioTopicSpec::new_computed(
-                        spec.partitions,
-                        settings.replication,
-                        None,
-                    );
+                    let create =
+                        FluvioTopicSpec::new_computed(spec.partitions, settings.replication, None);
                     if let Err(e) = admin.create(spec.name.clone(), false, create).await {
                         // Another process may have created it meanwhile.
                         let again = admin
@@ -190,9 +187,10 @@ impl FluvioLog {
                     .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
                     .await
                     .map_err(backend)?;
-                let ready = found
-                    .iter()
-                    .any(|m| m.name == spec.name && matches!(m.status.resolution, TopicResolution::Provisioned));
+                let ready = found.iter().any(|m| {
+                    m.name == spec.name
+                        && matches!(m.status.resolution, TopicResolution::Provisioned)
+                });
                 if ready {
                     break;
                 }
@@ -271,10 +269,7 @@ impl<M: Message> Producer<M> for FluvioProducer<M> {
         for (key, record) in records {
             let mut bytes = Vec::new();
             record.encode(&mut bytes);
-            let output = producer
-                .send(key, bytes)
-                .await
-                .map_err(backend)?;
+            let output = producer.send(key, bytes).await.map_err(backend)?;
             outputs.push(output);
         }
         Ok(Receipt::new(async move {
@@ -363,7 +358,10 @@ impl Committer {
             if Instant::now() + pause > deadline {
                 return Err(broken(format!(
                     "could not commit offset {next} of {}/{} for group {:?} within {:?}: {error}",
-                    self.topic, self.partition, self.group, Self::GIVE_UP
+                    self.topic,
+                    self.partition,
+                    self.group,
+                    Self::GIVE_UP
                 )));
             }
             tracing::warn!(topic = %self.topic, partition = self.partition, group = %self.group, %error, retry_in = ?pause, "a Fluvio offset commit failed; retrying on a new connection");
