@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
+use walhook_devkit::fluvio::FluvioCluster;
+
 use super::world::{World, build_commit, cpu_seconds, peak_rss_kib, process_cpu_seconds};
-use crate::pipeline::Running;
+use crate::pipeline::{Roles, Running};
 
 /// Arguments of `walhook bench pipeline`.
 #[derive(Debug, clap::Args)]
@@ -68,6 +70,63 @@ pub struct Args {
     /// inserts, updates (HOT or not) and deletes.
     #[arg(long)]
     pub statements: bool,
+    /// The log between the stages: `embedded` (one process) or `fluvio` (a
+    /// throwaway local cluster from the Fluvio tools, see docs/scale-out.md).
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "fluvio"])]
+    pub log: String,
+    /// With `--log fluvio`: run fan-out and dispatch as this many
+    /// `walhook fanout --member I/N` processes (capture stays in this
+    /// process). 0 runs every stage in this process.
+    #[arg(long, default_value_t = 0)]
+    pub members: u32,
+}
+
+/// walhook as the benchmark runs it: in this process, or capture here and
+/// fan-out members as processes of their own.
+struct Deployment {
+    running: Running,
+    members: Vec<std::process::Child>,
+    _cluster: Option<FluvioCluster>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Deployment {
+    /// Deliveries that succeeded: the dispatcher's counter in this process,
+    /// or the receiver's count when members send.
+    async fn succeeded(&self, world: &World) -> u64 {
+        if self.members.is_empty() {
+            self.running
+                .counters
+                .dispatch
+                .succeeded
+                .load(Ordering::Relaxed)
+        } else {
+            world.receiver.count().await.unwrap_or(0)
+        }
+    }
+
+    /// CPU seconds of the member processes so far.
+    fn members_cpu(&self) -> f64 {
+        self.members
+            .iter()
+            .map(|c| process_cpu_seconds(c.id()))
+            .sum()
+    }
+
+    /// Stops the members (SIGTERM: they drain) and this process's stages.
+    async fn stop(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        for c in &self.members {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+        }
+        for c in &mut self.members {
+            let _ = c.wait();
+        }
+        shutdown.cancel();
+        self.running.wait().await
+    }
 }
 
 /// The dispatch and fan-out settings every run of this benchmark uses.
@@ -75,7 +134,7 @@ const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size 
 
 /// A throwaway cluster with the tenant's endpoints, and every stage running
 /// (with the API when asked for: its port is returned).
-async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running, Option<u16>)> {
+async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deployment, Option<u16>)> {
     let world = if args.statements {
         World::start_with(&[
             ("shared_preload_libraries", "'pg_stat_statements'"),
@@ -87,12 +146,80 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Running
     };
     world.endpoints("bench", args.endpoints, 64).await?;
     let shutdown = CancellationToken::new();
+    let deployment = |running| Deployment {
+        running,
+        members: Vec::new(),
+        _cluster: None,
+        _dir: None,
+    };
+    if args.log == "fluvio" {
+        let cluster = FluvioCluster::start("walhook bench pipeline --log fluvio").ok_or_else(|| {
+            anyhow::anyhow!(
+                "--log fluvio needs a Fluvio cluster: set WALHOOK_FLUVIO_TOOLS to the directory with local-cluster.sh \
+                 (the Fluvio tools), or WALHOOK_FLUVIO_ENDPOINT to a running cluster"
+            )
+        })?;
+        let extra = format!(
+            "{SETTINGS}\n[log]\nkind = \"fluvio\"\nendpoint = \"{}\"\ntopic_prefix = \"bench{:08x}-\"\n",
+            cluster.endpoint(),
+            std::process::id()
+        );
+        let cfg = world.config("", &extra)?;
+        if args.members == 0 {
+            let running =
+                crate::pipeline::start(&cfg, world.platform.clone(), shutdown.clone()).await?;
+            let mut d = deployment(running);
+            d._cluster = Some(cluster);
+            return Ok((world, shutdown, d, None));
+        }
+        // Capture here; fan-out and dispatch in member processes.
+        let roles = Roles {
+            capture: true,
+            workers: None,
+        };
+        let running = crate::pipeline::start_roles(
+            &cfg,
+            world.platform.clone(),
+            shutdown.clone(),
+            None,
+            roles,
+        )
+        .await?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("walhook.toml");
+        std::fs::write(&path, world.config_text("", &extra))?;
+        let exe = std::env::current_exe()?;
+        let mut members = Vec::new();
+        for i in 0..args.members {
+            members.push(
+                std::process::Command::new(&exe)
+                    .args(["fanout", "--config"])
+                    .arg(&path)
+                    .args(["--member", &format!("{i}/{}", args.members)])
+                    .env("WALHOOK_MASTER_KEY", &world.master_key)
+                    .env("WALHOOK_LOG", "warn")
+                    .spawn()
+                    .context("cannot start a walhook fanout member")?,
+            );
+        }
+        return Ok((
+            world,
+            shutdown,
+            Deployment {
+                running,
+                members,
+                _cluster: Some(cluster),
+                _dir: Some(dir),
+            },
+            None,
+        ));
+    }
     if args.api || args.api_flood > 0 {
         let (running, port) = world.run_with_api(SETTINGS, shutdown.clone()).await?;
-        return Ok((world, shutdown, running, Some(port)));
+        return Ok((world, shutdown, deployment(running), Some(port)));
     }
     let running = world.run("", SETTINGS, shutdown.clone()).await?;
-    Ok((world, shutdown, running, None))
+    Ok((world, shutdown, deployment(running), None))
 }
 
 /// Runs the benchmark.
@@ -100,7 +227,13 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.find_rate {
         args.rate = find_rate(&args).await?;
     }
-    let (world, shutdown, running, api_port) = start(&args).await?;
+    if args.members > 0 && args.log != "fluvio" {
+        anyhow::bail!(
+            "--members {} runs fan-out members over a shared log: add --log fluvio",
+            args.members
+        );
+    }
+    let (world, shutdown, deployment, api_port) = start(&args).await?;
 
     // Slot lag sampler.
     let max_lag = Arc::new(AtomicI64::new(0));
@@ -144,6 +277,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     };
     let started = Instant::now();
     let cpu_start = cpu_seconds();
+    let members_start = deployment.members_cpu();
     while started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_millis(250)).await;
         bar.set_position(written.load(Ordering::Relaxed));
@@ -168,9 +302,10 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let cpu_end = cpu_seconds();
+    let members_end = deployment.members_cpu();
     let receiver_end = receiver_cpu();
     let cpu = (
-        (cpu_end.0 - cpu_start.0) / write_secs,
+        (cpu_end.0 - cpu_start.0 + members_end - members_start) / write_secs,
         (cpu_end.1 - cpu_start.1) / write_secs,
         (cpu_end.2 - cpu_start.2) / write_secs,
         (receiver_end - receiver_start) / write_secs,
@@ -182,14 +317,16 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     // Drain: until every delivery succeeded (or 5 minutes), watched through
     // the dispatcher's counter rather than by querying the database under load.
     let drain_start = Instant::now();
-    let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
-    while succeeded() < deliveries_expected && drain_start.elapsed() < Duration::from_secs(300) {
+    while deployment.succeeded(&world).await < deliveries_expected
+        && drain_start.elapsed() < Duration::from_secs(300)
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drain_secs = drain_start.elapsed().as_secs_f64();
     let total_secs = started.elapsed().as_secs_f64();
     // The cost model: what each delivery cost, writes and drain included.
     let cpu_done = cpu_seconds();
+    let members_done = deployment.members_cpu();
     let wal_end = world.wal().await?;
     let receiver_done = receiver_cpu();
     let (statements, tables) = if args.statements {
@@ -198,8 +335,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         (Vec::new(), Vec::new())
     };
     sampler_stop.cancel();
-    shutdown.cancel();
-    running.wait().await?;
+    deployment.stop(shutdown).await?;
 
     let row = world
         .platform_sql
@@ -215,7 +351,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let per = |x: f64| x / (ok.max(1) as f64);
     let cost = serde_json::json!({
         "postgres_cpu_us": per(cpu_done.1 - cpu_start.1) * 1e6,
-        "walhook_cpu_us": per(cpu_done.0 - cpu_start.0) * 1e6,
+        "walhook_cpu_us": per(cpu_done.0 - cpu_start.0 + members_done - members_start) * 1e6,
         "receiver_cpu_us": per(receiver_done - receiver_start) * 1e6,
         "wal_bytes": per(wal_end.bytes - wal_start.bytes),
         "wal_records": per(wal_end.records - wal_start.records),
@@ -224,6 +360,8 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     });
     let result = serde_json::json!({
         "scenario": "pipeline",
+        "log": args.log,
+        "fanout_member_processes": args.members,
         "target_events_per_second": args.rate,
         "rate_found_by_search": found,
         "endpoints_per_event": args.endpoints,
@@ -255,12 +393,20 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "requests_per_second": f.sent as f64 / write_secs,
             "statuses": f.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
         })),
-        "note": "Postgres, the receiver (its own process), the load writers and walhook share this machine; RSS is this process (walhook + writers)",
+        "note": "Postgres, the receiver (its own process), the load writers and walhook share this machine; RSS is this process (walhook + writers); with member processes walhook's CPU includes theirs, and the Fluvio cluster's CPU is in machine_busy only",
     });
     if !args.json {
         println!(
-            "pipeline benchmark: {} events/s target × {} endpoints for {:.0} s",
-            args.rate, args.endpoints, write_secs
+            "pipeline benchmark: {} events/s target × {} endpoints for {:.0} s on the {} log{}",
+            args.rate,
+            args.endpoints,
+            write_secs,
+            args.log,
+            if args.members > 0 {
+                format!(" with {} fan-out member processes", args.members)
+            } else {
+                String::new()
+            }
         );
         println!(
             "  events committed          {ev:>10}  ({:.0}/s)",
@@ -347,8 +493,7 @@ async fn find_rate(args: &Args) -> anyhow::Result<u64> {
     const STEP: Duration = Duration::from_secs(20);
     const DRAIN_BUDGET: Duration = Duration::from_secs(1);
     const MAX_STEPS: u32 = 12;
-    let (world, shutdown, running, _) = start(args).await?;
-    let succeeded = || running.counters.dispatch.succeeded.load(Ordering::Relaxed);
+    let (world, shutdown, deployment, _) = start(args).await?;
     let say = |line: String| {
         if args.json {
             eprintln!("{line}");
@@ -378,7 +523,9 @@ async fn find_rate(args: &Args) -> anyhow::Result<u64> {
         }
         expected += written.load(Ordering::Relaxed) * u64::from(args.endpoints);
         let stopped = Instant::now();
-        while succeeded() < expected && stopped.elapsed() < Duration::from_secs(120) {
+        while deployment.succeeded(&world).await < expected
+            && stopped.elapsed() < Duration::from_secs(120)
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let drain = stopped.elapsed();
@@ -403,8 +550,7 @@ async fn find_rate(args: &Args) -> anyhow::Result<u64> {
             (false, false) => rate = ((rate as f64 / 1.15).floor() as u64).max(1),
         }
     }
-    shutdown.cancel();
-    running.wait().await?;
+    deployment.stop(shutdown).await?;
     let Some(best) = best else {
         anyhow::bail!(
             "no rate down to {rate} events/s kept up within {} ms at p99; start lower with --rate",

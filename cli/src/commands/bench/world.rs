@@ -45,6 +45,9 @@ pub struct World {
     pub receiver: RemoteReceiver,
     shop_url: String,
     platform_url: String,
+    /// The master key sealing endpoint secrets, for walhook processes
+    /// started by the benchmark (`WALHOOK_MASTER_KEY`).
+    pub master_key: String,
 }
 
 impl World {
@@ -65,9 +68,14 @@ impl World {
         pg.connect("shop").await?.batch_execute(SCHEMA).await?;
         let mut platform_sql = pg.connect("walhook").await?;
         walhook_sql::migrate::run(&mut platform_sql).await?;
-        // The database lives and dies with this process: so does its key.
-        let platform =
-            Platform::new(&platform_url, 16)?.with_keyring(walhook_sql::Keyring::ephemeral());
+        // The database lives and dies with this run: so does its key (given
+        // to the walhook processes the benchmark starts, if any).
+        let master_key = walhook_sql::secrets::MasterKey::generate_text();
+        let keyring = walhook_sql::Keyring::new(
+            walhook_sql::secrets::MasterKey::parse(&master_key, "the benchmark's key")?,
+            Vec::new(),
+        );
+        let platform = Platform::new(&platform_url, 16)?.with_keyring(keyring);
         let receiver = RemoteReceiver::start().await?;
         Ok(World {
             pg,
@@ -76,6 +84,7 @@ impl World {
             receiver,
             shop_url,
             platform_url,
+            master_key,
         })
     }
 
@@ -114,12 +123,17 @@ impl World {
     /// The config of a walhook run against this world; `egress` adds lines
     /// to `[egress]`, `extra` adds sections.
     pub fn config(&self, egress: &str, extra: &str) -> anyhow::Result<Config> {
-        Config::parse(&format!(
+        Config::parse(&self.config_text(egress, extra))
+    }
+
+    /// The text of [`World::config`].
+    pub fn config_text(&self, egress: &str, extra: &str) -> String {
+        format!(
             "[platform]\nurl = \"{}\"\nmax_connections = 16\n\n[source]\nurl = \"{}\"\n\
              create_slot = true\ncreate_publication = true\nstatus_interval = \"200ms\"\n\n\
              [egress]\nallow_http_loopback = true\n{egress}\n\n{extra}\n{RULES}",
             self.platform_url, self.shop_url
-        ))
+        )
     }
 
     /// Starts walhook in this process; `egress` adds lines to `[egress]`,
