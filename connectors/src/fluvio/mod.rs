@@ -42,6 +42,7 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fluvio::consumer::{
@@ -97,6 +98,9 @@ struct Inner {
     client: Arc<Fluvio>,
     settings: FluvioSettings,
     partitions: HashMap<String, u32>,
+    /// The commit state of the latest consumer per (topic, partition,
+    /// group).
+    commits: parking_lot::Mutex<HashMap<(String, u32, String), Arc<CommitState>>>,
 }
 
 fn backend(e: impl Into<anyhow::Error>) -> LogError {
@@ -209,6 +213,7 @@ impl FluvioLog {
                 client: Arc::new(client),
                 settings,
                 partitions,
+                commits: parking_lot::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -286,7 +291,15 @@ pub struct FluvioConsumer<M> {
     partition: u32,
     records: mpsc::Receiver<Result<Record<M>, LogError>>,
     reader: JoinHandle<()>,
-    committer: Committer,
+    /// Below this the group's position cannot move: the offset of the
+    /// first record this consumer handed out (the group's stored position
+    /// or later). `None` until a record was handed out: nothing read,
+    /// nothing to commit.
+    floor: Option<u64>,
+    commits: Arc<CommitState>,
+    /// Wakes the committer task; dropped with the consumer, which lets the
+    /// task finish what was asked and end.
+    wake: mpsc::Sender<()>,
 }
 
 impl<M> Drop for FluvioConsumer<M> {
@@ -302,7 +315,7 @@ impl<M: Message> Consumer<M> for FluvioConsumer<M> {
 
     async fn poll(&mut self, max: usize) -> Result<Vec<Record<M>>, LogError> {
         let first = self.records.recv().await.ok_or(LogError::Closed)??;
-        self.committer.committed.get_or_insert(first.offset.0);
+        self.floor.get_or_insert(first.offset.0);
         let mut out = vec![first];
         while out.len() < max.max(1) {
             match self.records.try_recv() {
@@ -313,8 +326,74 @@ impl<M: Message> Consumer<M> for FluvioConsumer<M> {
         Ok(out)
     }
 
+    /// Asks the committer task to move the group to `next` and returns:
+    /// fan-out does not wait a broker round trip per batch. A later commit
+    /// supersedes one not yet made; a new consumer of the same group and
+    /// partition in this process starts only once every commit asked for
+    /// here is stored. A commit the task gave up on fails the next call.
     async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
-        self.committer.commit(next).await
+        if let Some(error) = self.commits.failed.lock().clone() {
+            return Err(broken(error));
+        }
+        match self.floor {
+            Some(floor) if next.0 > floor => {}
+            _ => return Ok(()),
+        }
+        self.commits.want.fetch_max(next.0, Ordering::AcqRel);
+        // A full queue means a wake-up is already pending.
+        let _ = self.wake.try_send(());
+        Ok(())
+    }
+}
+
+/// What the committer task of one consumer was asked and has done.
+struct CommitState {
+    /// The highest position asked for.
+    want: AtomicU64,
+    /// The highest position stored.
+    done: tokio::sync::watch::Sender<u64>,
+    /// Why the task gave up, if it did.
+    failed: parking_lot::Mutex<Option<String>>,
+}
+
+impl CommitState {
+    /// Waits until every position asked for is stored, or the task gave up.
+    async fn settled(&self) {
+        let mut done = self.done.subscribe();
+        let _ = done
+            .wait_for(|d| *d >= self.want.load(Ordering::Acquire) || self.failed.lock().is_some())
+            .await;
+    }
+}
+
+/// Makes the commits of one consumer, newest first, until it is dropped
+/// and nothing is left to do.
+async fn run_committer(
+    mut committer: Committer,
+    state: Arc<CommitState>,
+    mut wake: mpsc::Receiver<()>,
+) {
+    loop {
+        let want = state.want.load(Ordering::Acquire);
+        if want > *state.done.borrow() {
+            match committer.commit(Offset(want)).await {
+                Ok(()) => {
+                    state.done.send_replace(want);
+                }
+                Err(e) => {
+                    let text = format!("{:#}", anyhow::Error::from(e));
+                    tracing::error!(error = %text, "a Fluvio offset commit failed for good");
+                    *state.failed.lock() = Some(text);
+                    state.done.send_modify(|_| {});
+                    return;
+                }
+            }
+            continue;
+        }
+        if wake.recv().await.is_none() && state.want.load(Ordering::Acquire) <= *state.done.borrow()
+        {
+            return;
+        }
     }
 }
 
@@ -325,11 +404,6 @@ struct Committer {
     topic: String,
     partition: u32,
     group: String,
-    /// Below this the group's position cannot move: the offset of the
-    /// first record this consumer handed out (the group's stored position
-    /// or later), then each commit. `None` until a record was handed out:
-    /// nothing read, nothing to commit.
-    committed: Option<u64>,
 }
 
 impl Committer {
@@ -339,19 +413,12 @@ impl Committer {
     const GIVE_UP: Duration = Duration::from_secs(120);
 
     async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
-        match self.committed {
-            Some(floor) if next.0 > floor => {}
-            _ => return Ok(()),
-        }
         let deadline = Instant::now() + Self::GIVE_UP;
         let mut pause = Duration::from_millis(100);
         loop {
             let tried = tokio::time::timeout(Self::TRY_TIMEOUT, self.try_commit(next)).await;
             let error = match tried {
-                Ok(Ok(())) => {
-                    self.committed = Some(next.0);
-                    return Ok(());
-                }
+                Ok(Ok(())) => return Ok(()),
                 Ok(Err(e)) => format!("{:#}", anyhow::Error::from(e)),
                 Err(_) => format!("no answer within {:?}", Self::TRY_TIMEOUT),
             };
@@ -480,21 +547,38 @@ impl Log for FluvioLog {
             .isolation(Isolation::ReadCommitted)
             .build()
             .map_err(backend)?;
+        // Commits asked for by an earlier consumer of this group and
+        // partition land before this one reads its start position.
+        let key = (topic.to_owned(), partition, group.to_owned());
+        let earlier = self.inner.commits.lock().get(&key).cloned();
+        if let Some(earlier) = earlier {
+            earlier.settled().await;
+        }
         let stream = client.consumer_with_config(config).await.map_err(backend)?;
         let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
         let reader = tokio::spawn(read::<M, _, _>(stream, tx));
+        let commits = Arc::new(CommitState {
+            want: AtomicU64::new(0),
+            done: tokio::sync::watch::Sender::new(0),
+            failed: parking_lot::Mutex::new(None),
+        });
+        self.inner.commits.lock().insert(key, commits.clone());
+        let (wake, woken) = mpsc::channel(1);
+        let committer = Committer {
+            client: client.clone(),
+            cluster: FluvioClusterConfig::new(self.inner.settings.endpoint.clone()),
+            topic: topic.to_owned(),
+            partition,
+            group: group.to_owned(),
+        };
+        tokio::spawn(run_committer(committer, commits.clone(), woken));
         Ok(FluvioConsumer {
             partition,
             records: rx,
             reader,
-            committer: Committer {
-                client: client.clone(),
-                cluster: FluvioClusterConfig::new(self.inner.settings.endpoint.clone()),
-                topic: topic.to_owned(),
-                partition,
-                group: group.to_owned(),
-                committed: None,
-            },
+            floor: None,
+            commits,
+            wake,
         })
     }
 }
