@@ -587,3 +587,82 @@ async fn walhook_api_serves_the_committed_document() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("[api]"), "{}", stderr(&out));
 }
+
+/// A pending delivery that keeps failing is cancelled: no attempt starts
+/// after the cancel (one already out may still arrive), it stays
+/// `cancelled`, the audit log says who did it, and ended or foreign
+/// deliveries cannot be cancelled.
+#[tokio::test]
+async fn a_cancelled_delivery_is_never_attempted_again() {
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&api_section(port)));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    let other = onboard(&w, &api, "globex").await;
+    let (ep, _) = endpoint(&w, &api, &key, "flaky", &["order.created"]).await;
+    w.receiver.set_behaviour("flaky", Behaviour::Status(500));
+    insert_order(&w, 1, "acme").await;
+    let listed = api
+        .wait_for(
+            &key,
+            &format!("/v1/webhook-deliveries?endpoint_id={ep}&status=pending"),
+            "a delivery being retried",
+            |b| {
+                b["data"]
+                    .as_array()
+                    .is_some_and(|d| d.len() == 1 && d[0]["attempt_count"].as_i64() >= Some(2))
+            },
+        )
+        .await;
+    let dlv = listed["data"][0]["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/webhook-deliveries/{dlv}/cancel");
+    let (s, body) = api.post(&other, &path, json!({})).await;
+    assert_eq!(s, 404, "another tenant cancelled it: {body}");
+    let (s, body) = api.post(&key, &path, json!({})).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "{body}"
+    );
+    let at_cancel = w.receiver.arrivals("flaky");
+    // Retries came every few hundred milliseconds; none may start now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = w.receiver.arrivals("flaky");
+    assert!(
+        after <= at_cancel + 1,
+        "attempts after the cancel: {at_cancel} then {after}"
+    );
+    let (_, detail) = api
+        .get(&key, &format!("/v1/webhook-deliveries/{dlv}"))
+        .await;
+    assert_eq!(detail["delivery"]["status"], "cancelled", "{detail}");
+    let (s, body) = api.post(&key, &path, json!({})).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("has ended (cancelled)"),
+        "{body}"
+    );
+    let (s, _) = api
+        .post(
+            &key,
+            "/v1/webhook-deliveries/dlv_00000000000000000000000000/cancel",
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (_, audit) = api.get(&key, "/v1/audit-log").await;
+    assert!(
+        audit["data"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|r| r["action"] == "delivery.cancelled" && r["target"] == dlv.as_str())),
+        "{audit}"
+    );
+    assert!(child.terminate().success());
+    w.assert_pending_consistent().await;
+}

@@ -3,7 +3,7 @@
 //! ```text
 //!  operator token ──▶ /v1/tenants, /v1/tenants/{id}/api-keys, /v1/audit-log
 //!  tenant API key ──▶ /v1/webhook-endpoints[/{id}[/versions|/rotate-secret|/recover|/test]]
-//!                     /v1/webhook-deliveries[/{id}[/replay]], /v1/event-types, /v1/audit-log
+//!                     /v1/webhook-deliveries[/{id}[/replay|/cancel]], /v1/event-types, /v1/audit-log
 //!  anyone        ──▶ /healthz, /readyz, /metrics, /openapi.json
 //!                          │
 //!                          ▼

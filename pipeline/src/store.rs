@@ -220,6 +220,19 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
         async { Ok(()) }
     }
 
+    /// Deliveries cancelled through the API after position `after` (at
+    /// most `limit`, in order) and the position to ask after next; with
+    /// `after = None`, none and the current last position. A store without
+    /// cancellations has none.
+    fn cancellations_after(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<crate::ids::DeliveryId>, i64), StoreError>> + Send {
+        let _ = (after, limit);
+        async { Ok((Vec::new(), 0)) }
+    }
+
     /// Hands held deliveries back (no attempt): they stay pending, become
     /// due no earlier than the given time, and any node may claim them then.
     fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -731,6 +731,14 @@ impl DispatchStore for Platform {
         Ok((jobs, next.filter(|_| events.len() >= limit)))
     }
 
+    async fn cancellations_after(
+        &self,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<(Vec<DeliveryId>, i64), walhook_pipeline::store::StoreError> {
+        Ok(self.read_cancellations(after, limit).await?)
+    }
+
     async fn tidy_plans(&self) -> Result<u64, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
         Ok(client

@@ -18,6 +18,7 @@
 //!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
 pub mod audit;
+pub mod cancel;
 pub mod capture;
 pub mod deliveries;
 pub mod directory;

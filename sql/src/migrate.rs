@@ -89,6 +89,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "tenant_budget",
         sql: include_str!("../migrations/0013_tenant_budget.sql"),
     },
+    Migration {
+        version: 14,
+        name: "cancellations",
+        sql: include_str!("../migrations/0014_cancellations.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

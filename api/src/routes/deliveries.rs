@@ -1,4 +1,4 @@
-//! Tenant routes: delivery history and replays.
+//! Tenant routes: delivery history, replays and cancellation.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -7,6 +7,7 @@ use walhook_archive::cold::Restore;
 use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
+use walhook_sql::cancel::CancelOutcome;
 use walhook_sql::deliveries::DeliveryFilter;
 use walhook_sql::replay::ReplayOutcome;
 
@@ -289,6 +290,56 @@ pub async fn replay_delivery(
                      the dispatcher sends it within a sweep interval: follow it with \
                      GET /v1/webhook-deliveries/{did} and ask again once it has been made",
                     ts(requested_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ))),
+            }
+        },
+    )
+    .await
+}
+
+/// Cancels a pending delivery: no attempt starts after this (an attempt
+/// already out finishes and is kept in the history, without changing the
+/// state). Ended deliveries cannot be cancelled (409 names their state).
+#[utoipa::path(post, path = "/v1/webhook-deliveries/{delivery_id}/cancel", tag = "deliveries",
+    params(("delivery_id" = String, Path, description = "The delivery (`dlv_…`)"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe")),
+    request_body(content = Empty, description = "Optional; `{}` or nothing"),
+    responses((status = 200, description = "The delivery, now cancelled", body = Delivery), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn cancel_delivery(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+    key: IdempotencyKey,
+    body: JsonBody<Empty>,
+) -> Result<Response, ApiError> {
+    let did = delivery_id(&id)?;
+    let path = format!("POST /v1/webhook-deliveries/{did}/cancel");
+    let (s, tenant, actor) = (&state, &caller.tenant, &caller.principal.actor());
+    idempotency::once(
+        s,
+        &caller.principal,
+        &key,
+        &path,
+        &body.raw,
+        || async move {
+            match s.platform.cancel_delivery_of_tenant(tenant, did, actor).await? {
+                CancelOutcome::Cancelled => {
+                    let delivery = s
+                        .platform
+                        .delivery_of_tenant(tenant, did)
+                        .await?
+                        .ok_or_else(|| not_found(&did.to_string()))?;
+                    Ok(Reply::json(StatusCode::OK, &Delivery::from(delivery)))
+                }
+                CancelOutcome::NotFound => Err(not_found(&did.to_string())),
+                CancelOutcome::NotAttemptedYet => Err(ApiError::Conflict(format!(
+                    "delivery {did} is having its first attempt made right now; ask again in a moment \
+                     (a retry it may need is then cancelled)"
+                ))),
+                CancelOutcome::Ended(status) => Err(ApiError::Conflict(format!(
+                    "delivery {did} has ended ({status}); only a pending delivery can be cancelled \
+                     (ask for a new attempt with POST /v1/webhook-deliveries/{did}/replay)"
                 ))),
             }
         },

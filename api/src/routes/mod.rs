@@ -85,6 +85,10 @@ pub fn router(state: ApiState) -> Router {
             "/v1/webhook-deliveries/{delivery_id}/replay",
             post(replay_delivery),
         )
+        .route(
+            "/v1/webhook-deliveries/{delivery_id}/cancel",
+            post(cancel_delivery),
+        )
         .route("/v1/event-types", get(catalog::list_event_types))
         .route("/v1/audit-log", get(catalog::list_audit))
         .route(

@@ -208,6 +208,25 @@ impl FluvioLog {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+        // Consumer offsets live in a system topic the SC makes after it
+        // starts; until then every consumer of a group fails and backs off
+        // for a second or more. Wait for it here, once.
+        loop {
+            match client.consumer_offsets().await {
+                Ok(_) => break,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(LogError::Backend(
+                        e.context(format!(
+                            "the Fluvio cluster at {} cannot store consumer offsets yet (its system topic \
+                             `consumer-offset` is missing); check the SC's log",
+                            settings.endpoint
+                        ))
+                        .into(),
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
         Ok(FluvioLog {
             inner: Arc::new(Inner {
                 client: Arc::new(client),

@@ -212,6 +212,10 @@ struct RunState {
     /// The directory epoch the scheduler's tenant weights and budgets come
     /// from.
     weights_epoch: Option<i64>,
+    /// Deliveries cancelled while an attempt of theirs was out: when it
+    /// finishes it is recorded (as history: the cancel moved the lease on)
+    /// and never rescheduled.
+    cancelled: std::collections::HashSet<crate::ids::DeliveryId>,
 }
 
 fn health_of(outcome: &AttemptOutcome) -> Health {
@@ -314,6 +318,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             numbering: Numbering::default(),
             in_flight: HashMap::new(),
             weights_epoch: None,
+            cancelled: Default::default(),
         };
         self.restore_health(&mut state).await;
         let (claimed_tx, mut claimed_rx) = mpsc::channel::<Claimed>(4);
@@ -390,6 +395,21 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     Claimed::Replays(batch) => {
                         for job in batch {
                             state.sched.add_manual(job);
+                        }
+                    }
+                    Claimed::Cancelled(ids) => {
+                        for id in ids {
+                            if state.sched.cancel(&id) {
+                                let out = state
+                                    .in_flight
+                                    .values()
+                                    .any(|f| f.job.delivery_id == id && f.job.replay.is_none());
+                                if out {
+                                    state.cancelled.insert(id);
+                                } else {
+                                    state.numbering.forget(id);
+                                }
+                            }
                         }
                     }
                 },
@@ -722,7 +742,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             }
             _ => {}
         }
+        let cancelled = state.cancelled.remove(&f.job.delivery_id);
         let hold = next.status == DeliveryStatus::Pending
+            && !cancelled
             && next.next_attempt_at.since(f.finished_at) <= self.settings.hold_horizon;
         let record = AttemptRecord {
             status: next.status,

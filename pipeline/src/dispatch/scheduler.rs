@@ -232,6 +232,26 @@ impl Scheduler {
         }
     }
 
+    /// Forgets automatic delivery `id` (cancelled): it leaves the held set,
+    /// the waiting set and its endpoint's queue, so it is never started
+    /// again. Returns whether it was held. An attempt of it already out
+    /// still finishes (the caller must not reschedule it).
+    pub fn cancel(&mut self, id: &DeliveryId) -> bool {
+        let held = self.held.remove(id).is_some();
+        if !held {
+            return false;
+        }
+        if self.waiting.remove(id).is_none() {
+            // Queued, or in flight: drop it from its endpoint's queue.
+            for ep in self.endpoints.values_mut() {
+                let keep = |j: &DeliveryJob| j.delivery_id != *id || j.replay.is_some();
+                ep.fresh.retain(keep);
+                ep.retries.retain(keep);
+            }
+        }
+        true
+    }
+
     /// Adds a manual job (a replay): queued at once with new work, not held
     /// (the automatic schedule of the delivery is not touched).
     pub fn add_manual(&mut self, job: DeliveryJob) {
@@ -550,6 +570,24 @@ pub(crate) mod tests {
             max_in_flight: cap,
             rate_per_sec: None,
         }
+    }
+
+    #[test]
+    fn a_cancelled_delivery_is_never_handed_out_whether_queued_or_waiting() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.add(job(1, 1, "t", 0), Timestamp(0)); // queued
+        s.add(job(2, 1, "t", 0), Timestamp(0)); // queued
+        s.add(job(3, 1, "t", 50), Timestamp(0)); // waiting for a retry
+        assert!(s.cancel(&job(1, 1, "t", 0).delivery_id));
+        assert!(s.cancel(&job(3, 1, "t", 0).delivery_id));
+        assert!(!s.cancel(&job(9, 1, "t", 0).delivery_id), "not held");
+        s.release_due(Timestamp(100));
+        let mut out = Vec::new();
+        while let Some(j) = s.next_job(Timestamp(100), lim(10)) {
+            out.push(j.delivery_id);
+        }
+        assert_eq!(out, vec![job(2, 1, "t", 0).delivery_id]);
+        assert_eq!(s.held(), 1);
     }
 
     #[test]

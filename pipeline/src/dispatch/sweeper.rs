@@ -32,6 +32,8 @@ pub enum Claimed {
     Due(Vec<DeliveryJob>),
     /// Manual attempts.
     Replays(Vec<DeliveryJob>),
+    /// Deliveries cancelled through the API: whoever holds them drops them.
+    Cancelled(Vec<crate::ids::DeliveryId>),
 }
 
 /// Runs until `stop`; `exclude` lists endpoints whose due deliveries it
@@ -116,6 +118,15 @@ pub async fn run<S: DispatchStore>(
             }
         }
     }
+    // Cancellations from now on concern this node (what was cancelled
+    // before is not pending, so it is never claimed).
+    let mut cancel_cursor = match store.cancellations_after(None, 0).await {
+        Ok((_, last)) => Some(last),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the cancellations; trying again at the next sweep");
+            None
+        }
+    };
     let mut last_tidy = std::time::Instant::now();
     let mut last_clean = std::time::Instant::now();
     loop {
@@ -184,6 +195,30 @@ pub async fn run<S: DispatchStore>(
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not claim replay requests"),
+        }
+        loop {
+            match store.cancellations_after(cancel_cursor, 1000).await {
+                Ok((ids, next)) => {
+                    let more = ids.len() >= 1000;
+                    // The first read (or a read after a failure at start)
+                    // only finds where to start.
+                    let first = cancel_cursor.is_none();
+                    cancel_cursor = Some(next);
+                    if !ids.is_empty() && !first {
+                        tracing::debug!(count = ids.len(), "deliveries cancelled");
+                        if out.send(Claimed::Cancelled(ids)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if !more || first {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the cancellations");
+                    break;
+                }
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return,
