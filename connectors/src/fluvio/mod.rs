@@ -139,8 +139,7 @@ impl FluvioLog {
         })?
         .map_err(|e| {
             LogError::Backend(
-                anyhow::Error::from(e)
-                    .context(format!("cannot connect to Fluvio at {}", settings.endpoint))
+                e.context(format!("cannot connect to Fluvio at {}", settings.endpoint))
                     .into(),
             )
         })?;
