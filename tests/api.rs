@@ -666,3 +666,58 @@ async fn a_cancelled_delivery_is_never_attempted_again() {
     assert!(child.terminate().success());
     w.assert_pending_consistent().await;
 }
+
+/// Replays stop at the replay window (`[archive] replay_window`), for
+/// deliveries still in the hot tables too, with a 409 that says why; a
+/// recovery cannot look back further either.
+#[tokio::test]
+async fn replays_past_the_replay_window_are_refused() {
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&format!(
+        "{}\n[archive]\nreplay_window = \"2s\"\n",
+        api_section(port)
+    )));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    let (ep, _) = endpoint(&w, &api, &key, "orders", &["order.created"]).await;
+    insert_order(&w, 1, "acme").await;
+    let listed = api
+        .wait_for(
+            &key,
+            &format!("/v1/webhook-deliveries?endpoint_id={ep}&status=succeeded"),
+            "a delivery",
+            |b| b["data"].as_array().is_some_and(|d| d.len() == 1),
+        )
+        .await;
+    let dlv = listed["data"][0]["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (s, body) = api
+        .post(
+            &key,
+            &format!("/v1/webhook-deliveries/{dlv}/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("more than the replay window"),
+        "{body}"
+    );
+    let since = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let (s, body) = api
+        .post(
+            &key,
+            &format!("/v1/webhook-endpoints/{ep}/recover"),
+            json!({"since": since}),
+        )
+        .await;
+    assert_eq!(s, 422, "{body}");
+    assert!(body.to_string().contains("the replay"), "{body}");
+    assert!(child.terminate().success());
+}

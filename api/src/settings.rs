@@ -184,6 +184,9 @@ pub struct ApiSettings {
     pub test_delivery_deadline: Duration,
     /// Limits on requests, connections and tenants.
     pub limits: ApiLimits,
+    /// How old an event may be for its deliveries to be replayed
+    /// (`[archive] replay_window`, default 30 days), hot or archived.
+    pub replay_window: Duration,
 }
 
 impl ApiSettings {
@@ -195,6 +198,7 @@ impl ApiSettings {
             rotation_overlap: DEFAULT_ROTATION_OVERLAP,
             test_delivery_deadline: Duration::from_secs(24 * 3600),
             limits: ApiLimits::default(),
+            replay_window: Duration::from_secs(30 * 86_400),
         }
     }
 }

@@ -33,6 +33,11 @@ pub enum ReplayOutcome {
     NotAttemptedYet,
     /// The delivery's endpoint was deleted: nothing to send to.
     EndpointDeleted,
+    /// The delivery's event occurred before the replay window.
+    OutsideWindow {
+        /// When the event occurred.
+        occurred_at: SystemTime,
+    },
     /// A request for this delivery is open already (not carried out yet).
     AlreadyOpen {
         /// The open request's id.
@@ -87,6 +92,7 @@ impl Platform {
         tenant: &TenantId,
         id: DeliveryId,
         actor: &str,
+        window: std::time::Duration,
     ) -> Result<ReplayOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client
@@ -96,13 +102,22 @@ impl Platform {
         let uid = Uuid::from_bytes(id.0);
         let row = tx
             .query_opt(
-                "SELECT e.deleted_at IS NOT NULL, e.id FROM walhook.deliveries d \
+                "SELECT e.deleted_at IS NOT NULL, e.id, d.event_occurred_at FROM walhook.deliveries d \
                  JOIN walhook.endpoints e ON e.id = d.endpoint_id \
                  WHERE d.id = $1 AND d.tenant_id = $2",
                 &[&uid, &tenant.as_str()],
             )
             .await
             .map_err(StoreError::query("read a delivery"))?;
+        if let Some(r) = &row {
+            let occurred_at: SystemTime = r.get(2);
+            let age = SystemTime::now()
+                .duration_since(occurred_at)
+                .unwrap_or_default();
+            if age > window {
+                return Ok(ReplayOutcome::OutsideWindow { occurred_at });
+            }
+        }
         let endpoint: Uuid = match row.map(|r| (r.get::<_, bool>(0), r.get(1))) {
             None if self.is_planned(tenant, id).await? => {
                 return Ok(ReplayOutcome::NotAttemptedYet);

@@ -25,6 +25,20 @@ fn not_found(id: &str) -> ApiError {
     ApiError::NotFound(format!("no delivery {id:?}"))
 }
 
+/// The refusal of a replay past the replay window.
+fn outside_window(
+    did: DeliveryId,
+    occurred_at: std::time::SystemTime,
+    window: std::time::Duration,
+) -> ApiError {
+    ApiError::Conflict(format!(
+        "the event of delivery {did} occurred at {}, more than the replay window ({} days) ago, so it \
+         cannot be replayed; its history stays readable, and the operator can widen [archive] replay_window",
+        ts(occurred_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        window.as_secs() / 86_400
+    ))
+}
+
 fn delivery_id(text: &str) -> Result<DeliveryId, ApiError> {
     text.parse().map_err(|_| not_found(text))
 }
@@ -239,7 +253,7 @@ pub async fn replay_delivery(
         || async move {
             let mut outcome = s
                 .platform
-                .request_replay_of_tenant(tenant, did, actor)
+                .request_replay_of_tenant(tenant, did, actor, s.settings.replay_window)
                 .await?;
             // An archived delivery comes back to the hot tables first (same
             // ids and bytes), within the replay window.
@@ -250,17 +264,15 @@ pub async fn replay_delivery(
                     Restore::Restored => {
                         outcome = s
                             .platform
-                            .request_replay_of_tenant(tenant, did, actor)
+                            .request_replay_of_tenant(tenant, did, actor, s.settings.replay_window)
                             .await?;
                     }
                     Restore::NotFound => {}
-                    Restore::OutsideWindow { occurred_at, window } => {
-                        return Err(ApiError::Conflict(format!(
-                            "delivery {did} is archived and its event occurred at {}, more than the replay window ({} days) ago; \
-                             its history stays readable, and the operator can widen [archive] replay_window",
-                            ts(occurred_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                            window.as_secs() / 86_400
-                        )));
+                    Restore::OutsideWindow {
+                        occurred_at,
+                        window,
+                    } => {
+                        return Err(outside_window(did, occurred_at, window));
                     }
                 }
             }
@@ -273,6 +285,9 @@ pub async fn replay_delivery(
                     },
                 )),
                 ReplayOutcome::NotFound => Err(not_found(&did.to_string())),
+                ReplayOutcome::OutsideWindow { occurred_at } => {
+                    Err(outside_window(did, occurred_at, s.settings.replay_window))
+                }
                 ReplayOutcome::NotAttemptedYet => Err(ApiError::Conflict(format!(
                     "delivery {did} has not had its first attempt yet; it is pending and is sent \
                      without a replay: follow it with GET /v1/webhook-deliveries/{did}"

@@ -398,18 +398,19 @@ pub async fn recover_endpoint(
     }
     // Another tenant's endpoint is a 404 whatever the body says.
     let eid = owned(&state, &caller.tenant, &id).await?.id;
-    let oldest =
-        chrono::Utc::now() - chrono::Duration::from_std(MAX_RECOVER_WINDOW).expect("30 days fit");
+    // No further back than the replay window (and 30 days at most).
+    let window = state.settings.replay_window.min(MAX_RECOVER_WINDOW);
+    let oldest = chrono::Utc::now()
+        - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(30));
     if b.since < oldest {
         return Err(ApiError::field(
             "since",
             format!(
-                "is {}, more than {} days ago; recovery looks back {} days at most: give a time \
-                 after {} (older deliveries are past every retry deadline; replay single ones \
-                 with POST /v1/webhook-deliveries/{{id}}/replay)",
+                "is {}, more than {} days ago; recovery looks back {} days at most (the replay \
+                 window): give a time after {}",
                 b.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                MAX_RECOVER_WINDOW.as_secs() / 86_400,
-                MAX_RECOVER_WINDOW.as_secs() / 86_400,
+                window.as_secs() / 86_400,
+                window.as_secs() / 86_400,
                 oldest.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
         ));

@@ -158,6 +158,7 @@ impl ApiConfig {
         settings.rotation_overlap = self.rotation_overlap;
         settings.test_delivery_deadline = cfg.retry.deadline;
         settings.limits = self.limits();
+        settings.replay_window = cfg.archive.replay_window;
         settings
     }
 }
