@@ -274,3 +274,47 @@ async fn walhook_run_runs_every_stage_on_fluvio() {
     assert_delivered_once(&w, "walhook run on fluvio", 30).await;
     assert!(second.terminate().success());
 }
+
+/// A member change (two members, then three) moves partitions between
+/// processes without losing or repeating anything: each partition resumes
+/// at the group's committed offset, whoever reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_change_rebalances_without_loss() {
+    let Some(cluster) = FluvioCluster::start("a_member_change_rebalances_without_loss") else {
+        return;
+    };
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let cfg = w.config(&fluvio_log(&cluster));
+    let capture = Child::stage("capture", &cfg, &[], &[]);
+    let two: Vec<Child> = ["0/2", "1/2"]
+        .iter()
+        .map(|m| Child::stage("fanout", &cfg, &["--member", m], &[]))
+        .collect();
+    w.wait_streaming().await;
+    insert_orders(&w, 1..=20).await;
+    w.wait_count(
+        "the first orders fanned out",
+        "SELECT count(*) FROM walhook.events",
+        20,
+    )
+    .await;
+    for child in two {
+        assert!(child.terminate().success(), "a member did not stop cleanly");
+    }
+    // Written while no member runs: they wait in the log.
+    insert_orders(&w, 21..=30).await;
+    let three: Vec<Child> = ["0/3", "1/3", "2/3"]
+        .iter()
+        .map(|m| Child::stage("fanout", &cfg, &["--member", m], &[]))
+        .collect();
+    insert_orders(&w, 31..=40).await;
+    assert_delivered_once(&w, "a member change", 40).await;
+    for child in three.into_iter().chain([capture]) {
+        assert!(
+            child.terminate().success(),
+            "a process did not stop cleanly"
+        );
+    }
+}
