@@ -26,6 +26,12 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
   exit 0
 fi
 
+# A lock file that no longer matches the workspace is walhook's mistake, not
+# the toolchain's: it fails, never skips.
+if ! cargo metadata --locked --format-version 1 >/dev/null 2>&1; then
+  echo "fuzz/Cargo.lock does not match the workspace: run 'cd fuzz && cargo update --workspace' and commit it" >&2
+  exit 1
+fi
 host="$(rustc -vV | sed -n 's/^host: //p')"
 export CARGO_TARGET_DIR="${WALHOOK_FUZZ_TARGET_DIR:-$HOME/.cache/walhook-fuzz-target}"
 # The flags cargo-fuzz passes (without a sanitizer: the code under test is

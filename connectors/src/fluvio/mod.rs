@@ -139,7 +139,10 @@ impl FluvioLog {
         })?
         .map_err(|e| {
             LogError::Backend(
-                e.context(format!("cannot connect to Fluvio at {}", settings.endpoint))
+                e.context(format!(
+                    "cannot connect to Fluvio at {}: check [log] endpoint and that the cluster's SC listens there",
+                    settings.endpoint
+                ))
                     .into(),
             )
         })?;
