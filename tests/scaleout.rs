@@ -9,7 +9,22 @@ use std::time::Duration;
 use walhook_devkit::fluvio::FluvioCluster;
 use walhook_devkit::receiver::Received;
 
+use crate::support::api::free_port;
 use crate::support::{Child, World};
+
+/// The value of counter `name` at http://`listen`/metrics.
+async fn scrape(listen: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{listen}/metrics"))
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|e| panic!("GET {listen}/metrics: {e}"))
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
 
 /// The `[log]` section of a deployment on `cluster`, with topics of its own.
 fn fluvio_log(cluster: &FluvioCluster) -> String {
@@ -287,7 +302,9 @@ async fn a_member_change_rebalances_without_loss() {
     w.endpoint("acme", "acme-a", &[]).await;
     w.endpoint("acme", "acme-b", &["order.created"]).await;
     let cfg = w.config(&fluvio_log(&cluster));
-    let capture = Child::stage("capture", &cfg, &[], &[]);
+    let capture_port = free_port().to_string();
+    let capture_listen = format!("127.0.0.1:{capture_port}");
+    let capture = Child::stage("capture", &cfg, &["--metrics-listen", &capture_listen], &[]);
     let two: Vec<Child> = ["0/2", "1/2"]
         .iter()
         .map(|m| Child::stage("fanout", &cfg, &["--member", m], &[]))
@@ -305,12 +322,36 @@ async fn a_member_change_rebalances_without_loss() {
     }
     // Written while no member runs: they wait in the log.
     insert_orders(&w, 21..=30).await;
+    let member_listen = format!("127.0.0.1:{}", free_port());
     let three: Vec<Child> = ["0/3", "1/3", "2/3"]
         .iter()
-        .map(|m| Child::stage("fanout", &cfg, &["--member", m], &[]))
+        .map(|m| {
+            let metrics: &[&str] = if *m == "0/3" {
+                &["--metrics-listen", &member_listen]
+            } else {
+                &[]
+            };
+            Child::stage(
+                "fanout",
+                &cfg,
+                &[&["--member", m][..], metrics].concat(),
+                &[],
+            )
+        })
         .collect();
     insert_orders(&w, 31..=40).await;
     assert_delivered_once(&w, "a member change", 40).await;
+    // Each stage process serves its own metrics.
+    assert!(scrape(&capture_listen, "walhook_capture_events_total").await >= 40.0);
+    assert!(scrape(&member_listen, "walhook_fanout_events_total").await >= 1.0);
+    assert!(
+        scrape(
+            &member_listen,
+            "walhook_dispatch_deliveries_succeeded_total"
+        )
+        .await
+            >= 2.0
+    );
     for child in three.into_iter().chain([capture]) {
         assert!(
             child.terminate().success(),

@@ -180,3 +180,50 @@ impl Collector for PipelineCollector {
         Ok(())
     }
 }
+
+/// Serves `GET /metrics` (the metrics of this process: no SQL gauges, which
+/// `walhook api` serves once for the deployment) and `GET /healthz` on
+/// `listen` until `shutdown`, for the processes without the API: `walhook
+/// capture`, `walhook fanout`, `walhook dispatch` (`--metrics-listen`).
+pub async fn serve_stage_metrics(
+    listen: &str,
+    metrics: Arc<walhook_api::Metrics>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use anyhow::Context;
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| {
+            format!("cannot listen on --metrics-listen {listen:?}; is the port free?")
+        })?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    let text = metrics.render(None, std::time::Duration::ZERO).await;
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        text,
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    }))
+}

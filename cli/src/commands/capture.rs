@@ -35,6 +35,10 @@ pub struct Args {
     /// read (instead of running until Ctrl-C).
     #[arg(long)]
     pub until_caught_up: bool,
+    /// With the Fluvio log: serve Prometheus metrics of this process at
+    /// http://ADDR/metrics (and /healthz), for example 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR", conflicts_with = "stdout")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Prints incidents to stderr as JSON lines.
@@ -63,9 +67,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             workers: None,
         };
         let shutdown = super::shutdown_on_signals();
-        let running = crate::pipeline::start_roles(&cfg, platform, shutdown, None, roles)
-            .await
-            .context("walhook capture could not start")?;
+        let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
+        let running = crate::pipeline::start_roles(
+            &cfg,
+            platform,
+            shutdown,
+            metrics.as_ref().map(|m| m.pipeline.clone()),
+            roles,
+        )
+        .await
+        .context("walhook capture could not start")?;
+        super::register_stage_collector(metrics.as_deref(), &running);
         running.wait().await?;
         tracing::info!("capture stopped");
         return Ok(ExitCode::SUCCESS);

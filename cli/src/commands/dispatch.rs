@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use walhook_connectors::http::HttpEgress;
-use walhook_pipeline::dispatch::{DispatchCounters, Dispatcher};
+use walhook_pipeline::dispatch::Dispatcher;
 use walhook_pipeline::endpoint::RefreshSettings;
 
 use crate::config::Config;
@@ -33,6 +33,10 @@ pub struct Args {
     /// running processes, stable across restarts of this one.
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
+    /// Serve Prometheus metrics of this process at http://ADDR/metrics
+    /// (and /healthz), for example 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Runs until SIGINT/SIGTERM, then drains attempts in flight and exits.
@@ -63,13 +67,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         })
     };
     let node = settings.node_id.clone();
-    let dispatcher = Dispatcher::new(
+    let counters = Arc::new(crate::pipeline::Counters::default());
+    let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
+    let mut dispatcher = Dispatcher::new(
         Arc::new(HttpEgress::new(cfg.egress.clone())?),
         platform,
-        directory,
+        directory.clone(),
         settings,
-        Arc::new(DispatchCounters::default()),
+        counters.dispatch.clone(),
     );
+    if let Some(m) = &metrics {
+        dispatcher = dispatcher.with_observer(Arc::new(crate::metrics::MetricsObserver::new(
+            m.pipeline.clone(),
+        )));
+        m.register_collector(Box::new(crate::metrics::PipelineCollector::new(
+            counters, directory,
+        )));
+    }
     // No log feeds this node: everything it sends it claims from Postgres.
     // The sender stays open, or the dispatcher would take its close for
     // the end of its work.

@@ -39,6 +39,10 @@ pub struct Args {
     /// among running processes.
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
+    /// Serve Prometheus metrics of this process at http://ADDR/metrics
+    /// (and /healthz), for example 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Parses `I/N` with `I < N`.
@@ -108,9 +112,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }),
     };
     let shutdown = super::shutdown_on_signals();
-    let running = crate::pipeline::start_roles(&cfg, platform, shutdown, None, roles)
-        .await
-        .context("walhook fanout could not start")?;
+    let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
+    let running = crate::pipeline::start_roles(
+        &cfg,
+        platform,
+        shutdown,
+        metrics.as_ref().map(|m| m.pipeline.clone()),
+        roles,
+    )
+    .await
+    .context("walhook fanout could not start")?;
+    super::register_stage_collector(metrics.as_deref(), &running);
     running.wait().await?;
     tracing::info!("fan-out member stopped");
     Ok(ExitCode::SUCCESS)
