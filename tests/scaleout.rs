@@ -10,7 +10,7 @@ use walhook_devkit::fluvio::FluvioCluster;
 use walhook_devkit::receiver::Received;
 
 use crate::support::api::free_port;
-use crate::support::{Child, World};
+use crate::support::{Child, World, run, stderr, stdout, walhook};
 
 /// The value of counter `name` at http://`listen`/metrics.
 async fn scrape(listen: &str, name: &str) -> f64 {
@@ -197,6 +197,23 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
         .map(|r| r.get(0))
         .collect();
     assert_eq!(nodes, ["local-fanout-0", "local-fanout-1", "standby"]);
+    // Reconciliation of the window finds every stage in agreement: the
+    // capture ledger (written by capture once the cluster stored the
+    // events), the events and deliveries fan-out made, and the attempts.
+    let (since, until) = {
+        let now = chrono::Utc::now();
+        let fmt =
+            |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        (
+            fmt(now - chrono::Duration::minutes(10)),
+            fmt(now + chrono::Duration::minutes(2)),
+        )
+    };
+    let out = run(walhook()
+        .args(["reconcile", "--config"])
+        .arg(&cfg)
+        .args(["--since", &since, "--until", &until]));
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     for child in [capture, member0, member1, standby] {
         assert!(
             child.terminate().success(),
