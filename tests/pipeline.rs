@@ -135,6 +135,17 @@ async fn business_writes_become_verified_webhooks() {
             .entry((r.path.clone(), k.clone()))
             .or_insert_with(|| r.webhook_id.clone());
         assert_eq!(id, &r.webhook_id, "a retry changed webhook-id");
+        // The headers that say when the event happened and which schema
+        // version its body follows repeat the body's own fields.
+        let b = body(r);
+        assert_eq!(
+            (r.event_occurred_at.as_str(), r.schema_version.as_str()),
+            (
+                b["occurred_at"].as_str().unwrap(),
+                b["schema_version"].to_string().as_str()
+            ),
+            "walhook-event-occurred-at / walhook-schema-version"
+        );
         let row = w
             .platform_sql
             .query_one(

@@ -236,6 +236,7 @@ impl Harness {
                 lease_version: 1,
                 endpoint_config_version: 1,
                 event_occurred_at: now,
+                schema_version: 1,
                 replay: None,
             })
             .await

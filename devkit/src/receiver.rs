@@ -84,6 +84,10 @@ pub struct Received {
     pub signature: String,
     /// `walhook-event-id`.
     pub event_id: String,
+    /// `walhook-event-occurred-at`.
+    pub event_occurred_at: String,
+    /// `walhook-schema-version`.
+    pub schema_version: String,
     /// The exact body.
     pub body: Bytes,
     /// When it arrived.
@@ -235,6 +239,8 @@ async fn handle(
         webhook_timestamp: ts,
         signature: sig,
         event_id: header(&headers, "walhook-event-id"),
+        event_occurred_at: header(&headers, "walhook-event-occurred-at"),
+        schema_version: header(&headers, "walhook-schema-version"),
         body,
         at: Instant::now(),
         status,

@@ -129,8 +129,12 @@ pub struct DeliveryJob {
     pub lease_version: i64,
     /// The endpoint config version recorded at fan-out.
     pub endpoint_config_version: i32,
-    /// The event's commit time (for first-attempt latency).
+    /// The event's commit time (for first-attempt latency, and the
+    /// `walhook-event-occurred-at` header).
     pub event_occurred_at: Timestamp,
+    /// The event type's schema version (the `walhook-schema-version`
+    /// header).
+    pub schema_version: u32,
     /// Set when this is a manual attempt asked for through the API.
     pub replay: Option<Replay>,
 }
@@ -314,7 +318,7 @@ mod codec {
 
     impl Message for DeliveryJob {
         fn encode(&self, out: &mut Vec<u8>) {
-            out.push(2);
+            out.push(3);
             out.extend_from_slice(&self.delivery_id.0);
             out.extend_from_slice(&self.event_id.0);
             out.extend_from_slice(&self.endpoint_id.0);
@@ -342,12 +346,13 @@ mod codec {
             }
             out.extend_from_slice(&self.manual_attempt_count.to_be_bytes());
             out.push(u8::from(self.after_unknown) | (u8::from(self.materialized) << 1));
+            out.extend_from_slice(&self.schema_version.to_be_bytes());
         }
 
         fn decode(bytes: &[u8]) -> Result<Self, LogError> {
             let mut c = Cursor(bytes);
             let version = c.take(1)?[0];
-            if !matches!(version, 1 | 2) {
+            if !matches!(version, 1..=3) {
                 return Err(LogError::Decode("unknown delivery job version".into()));
             }
             let delivery_id = DeliveryId(c.arr16()?);
@@ -379,6 +384,7 @@ mod codec {
                     (count, flags & 1 != 0, flags & 2 != 0)
                 }
             };
+            let schema_version = if version >= 3 { c.u32()? } else { 1 };
             Ok(DeliveryJob {
                 delivery_id,
                 event_id,
@@ -396,6 +402,7 @@ mod codec {
                 lease_version,
                 endpoint_config_version,
                 event_occurred_at,
+                schema_version,
                 replay,
             })
         }
@@ -424,6 +431,7 @@ mod codec {
                 lease_version: 9,
                 endpoint_config_version: 3,
                 event_occurred_at: Timestamp(-1),
+                schema_version: 4,
                 replay: Some(Replay {
                     request_id: 7,
                     number: 2,

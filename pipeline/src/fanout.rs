@@ -300,6 +300,7 @@ where
                     lease_version: 1,
                     endpoint_config_version: config_version,
                     event_occurred_at: event.occurred_at,
+                    schema_version: event.schema_version,
                     replay: None,
                 });
             }

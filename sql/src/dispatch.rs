@@ -204,7 +204,8 @@ fn plans_claim_sql(picked: &str, after_unknown: &str) -> String {
                       p.endpoint_ids, p.config_versions, p.created_at, p.expires_at, p.lease_version, \
                       picked.old_owner) \
          SELECT x.id, f.event_id, x.ep, f.tenant_id, f.event_type, e.payload, 0, f.created_at, f.created_at, \
-                f.expires_at, f.lease_version, x.ver, f.event_occurred_at, 0, {after_unknown} \
+                f.expires_at, f.lease_version, x.ver, f.event_occurred_at, 0, {after_unknown}, \
+                e.schema_version \
          FROM f JOIN walhook.events e ON e.id = f.event_id AND e.occurred_at = f.event_occurred_at \
          LEFT JOIN LATERAL ( \
             SELECT * FROM unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS u(id, ep, ver) \
@@ -261,7 +262,7 @@ FROM claimed, walhook.events e \
 WHERE d.id = claimed.delivery_id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, d.manual_attempt_count, false, claimed.id";
+          d.event_occurred_at, d.manual_attempt_count, false, claimed.id, e.schema_version";
 
 /// The claim update shared by the claims: `due` names the rows and says
 /// whether an unrecorded attempt may have gone out (`after_unknown`).
@@ -273,7 +274,7 @@ FROM due, walhook.events e \
 WHERE d.id = due.id AND d.status = 'pending' AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, d.manual_attempt_count, due.after_unknown";
+          d.event_occurred_at, d.manual_attempt_count, due.after_unknown, e.schema_version";
 
 /// Due, unheld deliveries (the `pending_due` index), then those of nodes
 /// whose lease lapsed (the `pending_held` index). A delivery is unheld
@@ -1081,6 +1082,7 @@ impl Platform {
                 lease_version: r.get(10),
                 endpoint_config_version: r.get(11),
                 event_occurred_at: ts(12),
+                schema_version: r.get::<_, i32>(if replays { 16 } else { 15 }).max(1) as u32,
                 replay: replays.then(|| Replay {
                     request_id: r.get(15),
                     number: attempt_count + manual_attempt_count,

@@ -70,6 +70,11 @@ pub fn build_request(
             ("webhook-signature", signature),
             ("walhook-event-id", job.event_id.to_string()),
             ("walhook-event-type", job.event_type.to_string()),
+            (
+                "walhook-event-occurred-at",
+                job.event_occurred_at.to_string(),
+            ),
+            ("walhook-schema-version", job.schema_version.to_string()),
             ("walhook-attempt", number.to_string()),
         ],
         body: job.payload.clone(),

@@ -67,6 +67,7 @@ fn job(n: u32, endpoint: EndpointId, tenant: &str, now: Timestamp) -> DeliveryJo
         lease_version: 1,
         endpoint_config_version: 1,
         event_occurred_at: now,
+        schema_version: 1,
         replay: None,
     }
 }

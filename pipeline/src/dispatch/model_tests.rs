@@ -165,6 +165,7 @@ fn job(n: u32, endpoint: u8, tenant: u8, now: Timestamp) -> DeliveryJob {
         lease_version: 1,
         endpoint_config_version: 1,
         event_occurred_at: now,
+        schema_version: 1,
         replay: None,
     }
 }

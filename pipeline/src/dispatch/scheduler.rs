@@ -561,6 +561,7 @@ pub(crate) mod tests {
             lease_version: 1,
             endpoint_config_version: 1,
             event_occurred_at: Timestamp(0),
+            schema_version: 1,
             replay: None,
         }
     }
