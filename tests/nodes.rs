@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use walhook_devkit::receiver::Behaviour;
 
-use crate::support::{Child, World, run, stderr, stdout, walhook};
+use crate::support::{Child, World, assert_recent_window_reconciles, walhook};
 
 fn signal(child: &Child, sig: &str) {
     let status = std::process::Command::new("kill")
@@ -172,20 +172,7 @@ async fn a_second_dispatcher_node_takes_over_and_fences_a_stale_one() {
         assert!(lease >= 2, "node-b claimed under a newer lease: {lease}");
     }
     // The history holds both nodes' attempts; reconciliation finds no gap.
-    let (since, until) = {
-        let now = chrono::Utc::now();
-        let fmt =
-            |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        (
-            fmt(now - chrono::Duration::minutes(10)),
-            fmt(now + chrono::Duration::minutes(2)),
-        )
-    };
-    let out = run(walhook()
-        .args(["reconcile", "--config"])
-        .arg(&cfg)
-        .args(["--since", &since, "--until", &until]));
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_recent_window_reconciles(&cfg);
     node_a.terminate();
     node_b.terminate();
 }

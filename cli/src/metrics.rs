@@ -189,7 +189,7 @@ pub async fn serve_stage_metrics(
     listen: &str,
     metrics: Arc<walhook_api::Metrics>,
     shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<()> {
     use anyhow::Context;
     use axum::http::header;
     use axum::response::IntoResponse;
@@ -218,12 +218,15 @@ pub async fn serve_stage_metrics(
         )
         .route("/healthz", axum::routing::get(|| async { "ok" }));
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
-    Ok(tokio::spawn(async move {
+    // Ends at shutdown; a failure before that is logged, and the stages
+    // go on (metrics are not worth stopping delivery for).
+    tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "the metrics listener stopped");
         }
-    }))
+    });
+    Ok(())
 }

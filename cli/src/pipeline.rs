@@ -329,6 +329,7 @@ async fn start_on<L: Log + Closable>(
                     lease: cfg.dispatch.lease,
                 },
                 dispatch,
+                observer,
             };
             let worker_counters = WorkerCounters {
                 fanout: counters.fanout.clone(),
@@ -342,7 +343,6 @@ async fn start_on<L: Log + Closable>(
                     directory.clone(),
                     settings,
                     &worker_counters,
-                    observer,
                     &supervisor,
                 )
                 .await?,
@@ -352,7 +352,7 @@ async fn start_on<L: Log + Closable>(
     };
 
     // Capture, restarted after transient errors.
-    let mut checkpoints_stop = None;
+    // The checkpoint writer (stop token, task) when this process captures.
     let mut checkpoints = None;
     let capture_task = match source {
         Some(source) => {
@@ -363,7 +363,7 @@ async fn start_on<L: Log + Closable>(
                 metrics,
             });
             let stop = CancellationToken::new();
-            checkpoints = Some(supervisor.spawn(
+            let writer = supervisor.spawn(
                 "the capture checkpoint writer",
                 save_checkpoints(
                     platform.clone(),
@@ -372,8 +372,8 @@ async fn start_on<L: Log + Closable>(
                     confirmed_rx,
                     stop.clone(),
                 ),
-            ));
-            checkpoints_stop = Some(stop);
+            );
+            checkpoints = Some((stop, writer));
             let events = log.producer::<Event>(&cfg.log.events_topic())?;
             tokio::spawn(run_capture(
                 source,
@@ -425,11 +425,9 @@ async fn start_on<L: Log + Closable>(
             let _ = t.await;
         }
         log.close_after_failure();
-        if let Some(stop) = checkpoints_stop {
+        if let Some((stop, writer)) = checkpoints {
             stop.cancel();
-        }
-        if let Some(t) = checkpoints {
-            let _ = t.await;
+            let _ = writer.await;
         }
         match (supervisor.take_failure(), capture_failure) {
             (Some(e), _) => Err(anyhow::Error::new(e)),

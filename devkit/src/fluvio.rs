@@ -121,18 +121,6 @@ impl FluvioCluster {
         out
     }
 
-    /// A function that describes the cluster later (from another task).
-    pub fn describe_later(&self) -> impl Fn() -> String + Send + 'static {
-        let endpoint = self.endpoint.clone();
-        move || {
-            FluvioCluster {
-                endpoint: endpoint.clone(),
-                started: None,
-            }
-            .describe()
-        }
-    }
-
     /// Kills the SPU with SIGKILL and starts it again on the same ports and
     /// data (a broker crash). Panics for a cluster this test did not start.
     pub fn restart_spu(&self) {

@@ -88,6 +88,8 @@ pub struct WorkerSettings {
     pub fanout: FanoutSettings,
     /// The dispatcher's settings.
     pub dispatch: DispatchSettings,
+    /// Told about every attempt (metrics), when given.
+    pub observer: Option<Arc<dyn AttemptObserver>>,
 }
 
 /// The counters of a worker group.
@@ -113,7 +115,6 @@ pub struct Workers {
 impl Workers {
     /// Starts the dispatcher, the forwarders and one fan-out operator per
     /// partition in `settings.partitions`, all under `supervisor`.
-    #[allow(clippy::too_many_arguments)]
     pub async fn start<L, E, S>(
         events: &L,
         egress: Arc<E>,
@@ -121,7 +122,6 @@ impl Workers {
         directory: Arc<SubscriptionCache>,
         settings: WorkerSettings,
         counters: &WorkerCounters,
-        observer: Option<Arc<dyn AttemptObserver>>,
         supervisor: &Supervisor,
     ) -> Result<Workers, LogError>
     where
@@ -147,7 +147,7 @@ impl Workers {
             settings.dispatch,
             counters.dispatch.clone(),
         );
-        if let Some(observer) = observer {
+        if let Some(observer) = settings.observer {
             dispatcher = dispatcher.with_observer(observer);
         }
         let dispatch_task =

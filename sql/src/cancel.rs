@@ -53,9 +53,7 @@ impl Platform {
             .await
             .map_err(StoreError::query("cancel a delivery"))?;
         if cancelled.is_none() {
-            drop(tx);
-            let client = self.client().await?;
-            let status = client
+            let status = tx
                 .query_opt(
                     "SELECT status::text FROM walhook.deliveries WHERE id = $1 AND tenant_id = $2",
                     &[&uid, &tenant.as_str()],
@@ -63,6 +61,7 @@ impl Platform {
                 .await
                 .map_err(StoreError::query("read a delivery"))?
                 .map(|r| r.get::<_, String>(0));
+            drop(tx);
             return Ok(match status.as_deref().and_then(DeliveryStatus::parse) {
                 Some(status) => CancelOutcome::Ended(status),
                 None if self.is_planned(tenant, id).await? => CancelOutcome::NotAttemptedYet,

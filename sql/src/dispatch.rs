@@ -262,7 +262,7 @@ FROM claimed, walhook.events e \
 WHERE d.id = claimed.delivery_id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, d.manual_attempt_count, false, claimed.id, e.schema_version";
+          d.event_occurred_at, d.manual_attempt_count, false, e.schema_version, claimed.id";
 
 /// The claim update shared by the claims: `due` names the rows and says
 /// whether an unrecorded attempt may have gone out (`after_unknown`).
@@ -1082,9 +1082,9 @@ impl Platform {
                 lease_version: r.get(10),
                 endpoint_config_version: r.get(11),
                 event_occurred_at: ts(12),
-                schema_version: r.get::<_, i32>(if replays { 16 } else { 15 }).max(1) as u32,
+                schema_version: r.get::<_, i32>(15).max(1) as u32,
                 replay: replays.then(|| Replay {
-                    request_id: r.get(15),
+                    request_id: r.get(16),
                     number: attempt_count + manual_attempt_count,
                 }),
             });

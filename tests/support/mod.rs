@@ -484,3 +484,20 @@ impl Drop for Child {
         let _ = self.0.wait();
     }
 }
+
+/// Runs `walhook reconcile` over the last ten minutes (and the next two)
+/// with `cfg`, and panics unless it finds every stage in agreement.
+pub fn assert_recent_window_reconciles(cfg: &Path) {
+    let now = chrono::Utc::now();
+    let fmt =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (since, until) = (
+        fmt(now - chrono::Duration::minutes(10)),
+        fmt(now + chrono::Duration::minutes(2)),
+    );
+    let out = run(walhook()
+        .args(["reconcile", "--config"])
+        .arg(cfg)
+        .args(["--since", &since, "--until", &until]));
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+}

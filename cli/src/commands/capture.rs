@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use walhook_connectors::postgres::{CaptureObserver, PostgresSource, RunOptions};
 use walhook_pipeline::capture::{Incident, WriterSink};
 
@@ -61,26 +61,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "--until-caught-up goes with --stdout (trying rules); capture into the log runs until stopped"
             );
         }
-        let platform = cfg.platform()?.platform()?;
         let roles = Roles {
             capture: true,
             workers: None,
         };
-        let shutdown = super::shutdown_on_signals();
-        let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
-        let running = crate::pipeline::start_roles(
+        let platform = cfg.platform()?.platform()?;
+        return super::run_stages(
             &cfg,
             platform,
-            shutdown,
-            metrics.as_ref().map(|m| m.pipeline.clone()),
             roles,
+            args.metrics_listen.as_deref(),
+            "capture",
         )
-        .await
-        .context("walhook capture could not start")?;
-        super::register_stage_collector(metrics.as_deref(), &running);
-        running.wait().await?;
-        tracing::info!("capture stopped");
-        return Ok(ExitCode::SUCCESS);
+        .await;
     }
     if !args.stdout {
         bail!(

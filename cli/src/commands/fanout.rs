@@ -111,21 +111,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             node_id,
         }),
     };
-    let shutdown = super::shutdown_on_signals();
-    let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
-    let running = crate::pipeline::start_roles(
+    super::run_stages(
         &cfg,
         platform,
-        shutdown,
-        metrics.as_ref().map(|m| m.pipeline.clone()),
         roles,
+        args.metrics_listen.as_deref(),
+        "fanout",
     )
     .await
-    .context("walhook fanout could not start")?;
-    super::register_stage_collector(metrics.as_deref(), &running);
-    running.wait().await?;
-    tracing::info!("fan-out member stopped");
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -31,19 +31,37 @@ pub async fn stage_metrics(
     Ok(Some(metrics))
 }
 
-/// Lets `metrics` read the running stages' counters at each scrape.
-pub fn register_stage_collector(
-    metrics: Option<&walhook_api::Metrics>,
-    running: &crate::pipeline::Running,
-) {
-    if let Some(m) = metrics {
+/// Runs the stages of `roles` until SIGINT/SIGTERM (`walhook capture` and
+/// `walhook fanout` on Fluvio), with metrics on `metrics_listen` when given.
+pub async fn run_stages(
+    cfg: &crate::config::Config,
+    platform: walhook_sql::Platform,
+    roles: crate::pipeline::Roles,
+    metrics_listen: Option<&str>,
+    what: &str,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let shutdown = shutdown_on_signals();
+    let metrics = stage_metrics(metrics_listen, &shutdown).await?;
+    let running = crate::pipeline::start_roles(
+        cfg,
+        platform,
+        shutdown,
+        metrics.as_ref().map(|m| m.pipeline.clone()),
+        roles,
+    )
+    .await
+    .with_context(|| format!("walhook {what} could not start"))?;
+    if let Some(m) = &metrics {
         m.register_collector(Box::new(crate::metrics::PipelineCollector::new(
             running.counters.clone(),
             running.directory.clone(),
         )));
     }
+    running.wait().await?;
+    tracing::info!("walhook {what} stopped");
+    Ok(std::process::ExitCode::SUCCESS)
 }
-
 /// A token cancelled by SIGINT or SIGTERM.
 pub fn shutdown_on_signals() -> CancellationToken {
     let token = CancellationToken::new();

@@ -24,14 +24,20 @@
 //!   `next()` running (a cancelled `next()` leaves the client's retry stream
 //!   holding a lock that offset operations then wait for), and hands records
 //!   over through a bounded queue, so `poll` is cancel-safe.
-//! - **Commits** are exact. Fluvio commits "the last record the stream
-//!   yielded", and the reader is ahead of what the caller has finished. So a
-//!   commit of `n` opens a short stream of the same consumer at offset
-//!   `n - 1` (a record that exists: the reader has read it), takes that one
-//!   record, commits and flushes (the server acknowledges), and closes it.
-//!   Commits below the last one, or below the first record this consumer
-//!   read (where the group's position was), are no-ops. One member reads a partition for
-//!   a group at a time (static assignment), so nothing else moves it.
+//! - **Commits** are exact, and made by a task of the consumer's own, so
+//!   that the caller does not wait a broker round trip per batch. Fluvio
+//!   commits "the last record the stream yielded", and the reader is ahead
+//!   of what the caller has finished; so a commit of `n` opens a short
+//!   stream of the same consumer at offset `n - 1` (a record that exists:
+//!   the reader has read it), takes that record, commits and flushes (the
+//!   server acknowledges), and closes it. A newer commit supersedes one not
+//!   yet made; commits below the first record this consumer read (where the
+//!   group's position was) are no-ops. A new consumer of the same group and
+//!   partition in this process starts once the earlier one's commits are
+//!   stored (or its committer gave up). After a crash the group resumes at
+//!   the last stored commit and what follows is read again (at least once).
+//!   One member reads a partition for a group at a time (static
+//!   assignment), so nothing else moves it.
 //!
 //! A broker restart is absorbed by the client: producers retry their
 //! batches (`DeliverySemantic::AtLeastOnce`), and the reader's stream
@@ -147,12 +153,13 @@ impl FluvioLog {
             )
         })?;
         let admin = client.admin().await;
+        let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
+        let existing = admin
+            .list::<FluvioTopicSpec, String>(names.clone())
+            .await
+            .map_err(backend)?;
         let mut partitions = HashMap::new();
         for spec in &topics {
-            let existing = admin
-                .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
-                .await
-                .map_err(backend)?;
             match existing.iter().find(|m| m.name == spec.name) {
                 Some(found) => {
                     let have = found.spec.partitions();
@@ -187,28 +194,26 @@ impl FluvioLog {
         }
         // Wait until every topic is provisioned (its partitions have
         // leaders); producers and consumers fail before that.
-        for spec in &topics {
-            loop {
-                let found = admin
-                    .list::<FluvioTopicSpec, String>(vec![spec.name.clone()])
-                    .await
-                    .map_err(backend)?;
-                let ready = found.iter().any(|m| {
+        loop {
+            let found = admin
+                .list::<FluvioTopicSpec, String>(names.clone())
+                .await
+                .map_err(backend)?;
+            let waiting = topics.iter().find(|spec| {
+                !found.iter().any(|m| {
                     m.name == spec.name
                         && matches!(m.status.resolution, TopicResolution::Provisioned)
-                });
-                if ready {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(broken(format!(
-                        "Fluvio topic {:?} was not provisioned within {:?}: check that the cluster has an SPU online \
-                         (`fluvio cluster spu list`) and enough SPUs for replication {}",
-                        spec.name, settings.connect_timeout, settings.replication
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                })
+            });
+            let Some(spec) = waiting else { break };
+            if Instant::now() > deadline {
+                return Err(broken(format!(
+                    "Fluvio topic {:?} was not provisioned within {:?}: check that the cluster has an SPU online \
+                     (`fluvio cluster spu list`) and enough SPUs for replication {}",
+                    spec.name, settings.connect_timeout, settings.replication
+                )));
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Consumer offsets live in a system topic the SC makes after it
         // starts; until then every consumer of a group fails and backs off
@@ -377,7 +382,27 @@ struct CommitState {
     failed: parking_lot::Mutex<Option<String>>,
 }
 
+/// Marks the commits left undone when the committer task ends.
+struct Unfinished(Arc<CommitState>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let state = &self.0;
+        if state.want.load(Ordering::Acquire) > *state.done.borrow()
+            && state.failed.lock().is_none()
+        {
+            state.fail("the commit task ended before storing every commit".into());
+        }
+    }
+}
+
 impl CommitState {
+    /// Records why commits stop, and wakes whoever waits for them.
+    fn fail(&self, why: String) {
+        *self.failed.lock() = Some(why);
+        self.done.send_modify(|_| {});
+    }
+
     /// Waits until every position asked for is stored, or the task gave up.
     async fn settled(&self) {
         let mut done = self.done.subscribe();
@@ -394,6 +419,10 @@ async fn run_committer(
     state: Arc<CommitState>,
     mut wake: mpsc::Receiver<()>,
 ) {
+    // However the task ends (a panic included), what was asked and not
+    // stored becomes a failure: the next commit says so, and a new
+    // consumer of the group does not wait for it.
+    let _unfinished = Unfinished(state.clone());
     loop {
         let want = state.want.load(Ordering::Acquire);
         if want > *state.done.borrow() {
@@ -404,8 +433,7 @@ async fn run_committer(
                 Err(e) => {
                     let text = format!("{:#}", anyhow::Error::from(e));
                     tracing::error!(error = %text, "a Fluvio offset commit failed for good");
-                    *state.failed.lock() = Some(text);
-                    state.done.send_modify(|_| {});
+                    state.fail(text);
                     return;
                 }
             }
@@ -500,8 +528,10 @@ impl Committer {
     }
 }
 
-/// Reads the partition into `out` until the consumer is dropped.
-async fn read<M, S, E>(mut stream: S, out: mpsc::Sender<Result<Record<M>, LogError>>)
+/// Reads the partition into `out` until the consumer is dropped. The
+/// client's stream reconnects by itself; if it ends anyway, the consumer's
+/// next poll fails with an error naming the partition (`what`).
+async fn read<M, S, E>(mut stream: S, out: mpsc::Sender<Result<Record<M>, LogError>>, what: String)
 where
     M: Message,
     S: futures::Stream<Item = Result<ConsumerRecord, E>> + Unpin,
@@ -515,10 +545,14 @@ where
             })
         });
         if out.send(record).await.is_err() {
+            // The consumer is gone: nobody reads any more.
             return;
         }
     }
-    let _ = out.send(Err(LogError::Closed)).await;
+    // Dropped only when the consumer is gone, which needs no telling.
+    let _ = out
+        .send(Err(broken(format!("the Fluvio stream of {what} ended"))))
+        .await;
 }
 
 impl Log for FluvioLog {
@@ -577,7 +611,11 @@ impl Log for FluvioLog {
         }
         let stream = client.consumer_with_config(config).await.map_err(backend)?;
         let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
-        let reader = tokio::spawn(read::<M, _, _>(stream, tx));
+        let reader = tokio::spawn(read::<M, _, _>(
+            stream,
+            tx,
+            format!("{topic} partition {partition} (group {group:?})"),
+        ));
         let commits = Arc::new(CommitState {
             want: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),

@@ -119,12 +119,14 @@ pub async fn run<S: DispatchStore>(
         }
     }
     // Cancellations from now on concern this node (what was cancelled
-    // before is not pending, so it is never claimed).
+    // before is not pending, so it is never claimed). Without the current
+    // position it reads every cancellation kept: dropping a delivery this
+    // node does not hold changes nothing.
     let mut cancel_cursor = match store.cancellations_after(None, 0).await {
-        Ok((_, last)) => Some(last),
+        Ok((_, last)) => last,
         Err(e) => {
-            tracing::warn!(error = %e, "could not read the cancellations; trying again at the next sweep");
-            None
+            tracing::warn!(error = %e, "could not read the last cancellation; reading them all");
+            0
         }
     };
     let mut last_tidy = std::time::Instant::now();
@@ -197,20 +199,17 @@ pub async fn run<S: DispatchStore>(
             Err(e) => tracing::warn!(error = %e, "could not claim replay requests"),
         }
         loop {
-            match store.cancellations_after(cancel_cursor, 1000).await {
+            match store.cancellations_after(Some(cancel_cursor), 1000).await {
                 Ok((ids, next)) => {
                     let more = ids.len() >= 1000;
-                    // The first read (or a read after a failure at start)
-                    // only finds where to start.
-                    let first = cancel_cursor.is_none();
-                    cancel_cursor = Some(next);
-                    if !ids.is_empty() && !first {
+                    cancel_cursor = next;
+                    if !ids.is_empty() {
                         tracing::debug!(count = ids.len(), "deliveries cancelled");
                         if out.send(Claimed::Cancelled(ids)).await.is_err() {
                             return;
                         }
                     }
-                    if !more || first {
+                    if !more {
                         break;
                     }
                 }

@@ -86,7 +86,9 @@ pub struct Args {
 struct Deployment {
     running: Running,
     members: Vec<std::process::Child>,
+    /// Kept alive for the run (stopped when dropped).
     _cluster: Option<FluvioCluster>,
+    /// The members' config file (removed when dropped).
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -168,9 +170,11 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
         if args.members == 0 {
             let running =
                 crate::pipeline::start(&cfg, world.platform.clone(), shutdown.clone()).await?;
-            let mut d = deployment(running);
-            d._cluster = Some(cluster);
-            return Ok((world, shutdown, d, None));
+            let deployment = Deployment {
+                _cluster: Some(cluster),
+                ..deployment(running)
+            };
+            return Ok((world, shutdown, deployment, None));
         }
         // Capture here; fan-out and dispatch in member processes.
         let roles = Roles {
