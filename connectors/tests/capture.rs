@@ -891,3 +891,123 @@ async fn keepalives_are_answered_while_the_sink_applies_back_pressure() {
     assert_eq!(all, 10);
     run.abort();
 }
+
+/// Domains are written as their base type, arrays of domains and of enums as
+/// JSON arrays, also for a domain created while the stream runs.
+#[tokio::test]
+async fn domains_and_arrays_are_written_as_their_base_types() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let (url, db) = setup(&pg, "domains").await;
+    db.batch_execute(
+        "CREATE DOMAIN money2 AS numeric(12,2) CHECK (VALUE >= 0);
+         CREATE DOMAIN price AS money2;
+         CREATE DOMAIN stamp AS timestamptz;
+         CREATE DOMAIN doc AS jsonb;
+         CREATE TYPE mood AS ENUM ('calm', 'angry');
+         CREATE TABLE items (
+             id bigint PRIMARY KEY,
+             tenant_id text NOT NULL,
+             amount money2,
+             net price,
+             amounts money2[],
+             seen_at stamp,
+             extra doc,
+             mood mood,
+             moods mood[],
+             refs uuid[]
+         );",
+    )
+    .await
+    .unwrap();
+    let (cfg, _) = config(&url, "");
+    let rules: Rules = toml::from_str(
+        r#"
+[[rules]]
+name = "item_changed"
+table = "public.items"
+operations = ["insert"]
+event_type = "item.changed"
+tenant_column = "tenant_id"
+object_id_column = "id"
+"#,
+    )
+    .unwrap();
+    let source = PostgresSource::prepare(cfg, rules.rules).await.unwrap();
+    let sink = Collect::default();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (sink, shutdown) = (sink.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            source
+                .run(
+                    sink,
+                    Arc::new(Incidents::default()),
+                    RunOptions {
+                        confirm: true,
+                        stop_when_caught_up: false,
+                    },
+                    shutdown,
+                )
+                .await
+        })
+    };
+    db.batch_execute(
+        "INSERT INTO items VALUES (1, 'acme', 12.5, 3, '{1.25,NULL,7}', '2026-01-02 03:04:05.5+01', \
+         '{\"a\": [1, 2]}', 'calm', '{calm,angry}', '{6f1c0f6e-8e0a-4d35-9d37-2a1b3c4d5e6f}')",
+    )
+    .await
+    .unwrap();
+    let wait_for = |n: usize| {
+        let sink = sink.clone();
+        async move {
+            for _ in 0..300 {
+                if sink.events().len() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("capture made {} events, not {n}", sink.events().len());
+        }
+    };
+    wait_for(1).await;
+    let first = data(&sink.events()[0]);
+    let raw = String::from_utf8(sink.events()[0].payload.to_vec()).unwrap();
+    let row = &first["data"];
+    // Exact digits, as numbers: what a plain numeric(12,2) column gives.
+    for exact in [
+        r#""amount":12.50"#,
+        r#""net":3.00"#,
+        r#""amounts":[1.25,null,7.00]"#,
+    ] {
+        assert!(raw.contains(exact), "{exact} not in {raw}");
+    }
+    assert_eq!(row["seen_at"], "2026-01-02T02:04:05.5Z", "{first}");
+    assert_eq!(row["extra"], serde_json::json!({"a": [1, 2]}), "{first}");
+    assert_eq!(row["mood"], "calm", "{first}");
+    assert_eq!(
+        row["moods"],
+        serde_json::json!(["calm", "angry"]),
+        "{first}"
+    );
+    assert_eq!(
+        row["refs"],
+        serde_json::json!(["6f1c0f6e-8e0a-4d35-9d37-2a1b3c4d5e6f"]),
+        "{first}"
+    );
+
+    // A domain the running stream has never seen.
+    db.batch_execute(
+        "CREATE DOMAIN qty AS int4 CHECK (VALUE > 0);
+         ALTER TABLE items ADD COLUMN qty qty, ADD COLUMN qtys qty[];
+         INSERT INTO items (id, tenant_id, qty, qtys) VALUES (2, 'acme', 4, '{1,2}');",
+    )
+    .await
+    .unwrap();
+    wait_for(2).await;
+    let second = data(&sink.events()[1]);
+    let row = &second["data"];
+    assert_eq!(row["qty"], serde_json::json!(4), "{second}");
+    assert_eq!(row["qtys"], serde_json::json!([1, 2]), "{second}");
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}

@@ -14,6 +14,7 @@
 //!   `[source]` TLS policy (`sslmode`, `sslrootcert`).
 //! - [`catalog`]: start-up checks, slot and publication management.
 //! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
+//! - [`types`]: domains and arrays mapped to the type they are written as.
 //! - [`value`]: Postgres text values as typed canonical JSON.
 //! - [`rules`]: rules bound to columns; changes to events.
 //! - [`source`]: the streaming loop and the ack protocol; `stream`: one
@@ -27,6 +28,7 @@ pub mod pgoutput;
 pub mod rules;
 pub mod source;
 mod stream;
+pub mod types;
 pub mod value;
 
 pub use config::{RuleConfig, SourceConfig};

@@ -72,6 +72,17 @@ impl TableInfo {
     }
 }
 
+impl TableInfo {
+    /// Replaces each column's declared type by the type its values are
+    /// written as (a domain by its base type; see [`super::types`]).
+    pub fn resolve_types(mut self, types: &super::types::TypeMap) -> Self {
+        for c in &mut self.columns {
+            c.type_oid = types.effective(c.type_oid);
+        }
+        self
+    }
+}
+
 impl From<&Relation<'_>> for TableInfo {
     fn from(r: &Relation<'_>) -> Self {
         TableInfo {

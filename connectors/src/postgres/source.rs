@@ -106,7 +106,12 @@ impl PostgresSource {
         let client = connect_sql(&options).await?;
         catalog::check_wal_level(&client).await?;
         let tables = catalog::rule_tables(&rules);
-        let infos = catalog::load_tables(&client, &tables).await?;
+        let types = super::types::TypeMap::load(&client).await?;
+        let infos: Vec<_> = catalog::load_tables(&client, &tables)
+            .await?
+            .into_iter()
+            .map(|i| i.resolve_types(&types))
+            .collect();
         let mut warnings = Vec::new();
         let mut table_rules: HashMap<(String, String), Vec<RuleConfig>> = HashMap::new();
         for rule in rules.iter().filter(|r| r.kind != RuleKind::Message) {
@@ -225,7 +230,8 @@ impl PostgresSource {
         let (confirmed_tx, mut confirmed_rx) = watch::channel(state.confirmed_flush);
         let acker = tokio::spawn(acker(ack_rx, confirmed_tx, observer.clone()));
 
-        let mut stream = StreamState::new(self, observer.clone());
+        let types = super::types::TypeMap::load(&sql).await?;
+        let mut stream = StreamState::new(self, observer.clone(), types);
         let mut heartbeat = tokio::time::interval(if self.cfg.heartbeat_interval.is_zero() {
             Duration::from_secs(3600 * 24 * 365)
         } else {
@@ -275,7 +281,7 @@ impl PostgresSource {
                         Ok(None) => break Ok(()),
                         Err(e) => break Err(self.stream_error(&sql, e).await),
                     };
-                    match stream.on_event(event, &mut sink, &ack_tx).await {
+                    match stream.on_event(event, &sql, &mut sink, &ack_tx).await {
                         Ok(Flow::Continue) => {}
                         Ok(Flow::Stop) => break Ok(()),
                         Err(e) => break Err(e),

@@ -25,6 +25,7 @@ use super::error::CaptureError;
 use super::pgoutput::{self, Message};
 use super::rules::{Change, CompiledRule, Outcome, TableInfo, TxContext, compile};
 use super::source::{CaptureObserver, HEARTBEAT_PREFIX, PostgresSource};
+use super::types::TypeMap;
 
 /// Events handed off per chunk of a large transaction.
 const CHUNK_EVENTS: usize = 4096;
@@ -74,6 +75,8 @@ pub(super) struct StreamState<'s> {
     name: Arc<str>,
     observer: Arc<dyn CaptureObserver>,
     tables: HashMap<u32, BoundTable>,
+    /// Declared column types → the types their values are written as.
+    types: TypeMap,
     tx: Option<OpenTx>,
     pub(super) transactions: u64,
     pub(super) changes: u64,
@@ -82,12 +85,17 @@ pub(super) struct StreamState<'s> {
 }
 
 impl<'s> StreamState<'s> {
-    pub(super) fn new(source: &'s PostgresSource, observer: Arc<dyn CaptureObserver>) -> Self {
+    pub(super) fn new(
+        source: &'s PostgresSource,
+        observer: Arc<dyn CaptureObserver>,
+        types: TypeMap,
+    ) -> Self {
         StreamState {
             source,
             name: source.cfg.name.as_str().into(),
             observer,
             tables: HashMap::new(),
+            types,
             tx: None,
             transactions: 0,
             changes: 0,
@@ -177,6 +185,7 @@ impl<'s> StreamState<'s> {
     pub(super) async fn on_event<S: TransactionSink>(
         &mut self,
         event: ReplicationEvent,
+        sql: &tokio_postgres::Client,
         sink: &mut S,
         ack: &mpsc::Sender<(Lsn, Receipt)>,
     ) -> Result<Flow, CaptureError> {
@@ -202,6 +211,15 @@ impl<'s> StreamState<'s> {
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let msg = pgoutput::decode(&data).map_err(CaptureError::Decode)?;
+                if let Message::Relation(rel) = &msg
+                    && rel
+                        .columns
+                        .iter()
+                        .any(|c| self.types.is_unknown(c.type_oid))
+                {
+                    // A type created since the stream started (a new domain).
+                    self.types = TypeMap::load(sql).await?;
+                }
                 self.on_message(msg)?;
                 let full = self.tx.as_ref().is_some_and(|t| {
                     t.pending.events.len() >= CHUNK_EVENTS
@@ -375,7 +393,7 @@ impl<'s> StreamState<'s> {
     fn on_message(&mut self, msg: Message<'_>) -> Result<(), CaptureError> {
         match msg {
             Message::Relation(rel) => {
-                let info = TableInfo::from(&rel);
+                let info = TableInfo::from(&rel).resolve_types(&self.types);
                 if let Some(old) = self.tables.get(&rel.rel_id)
                     && old.info != info
                     && !old.rules.is_empty()

@@ -15,7 +15,11 @@
 //! | `timestamptz`                       | RFC 3339 string in UTC (`…Z`)             |
 //! | `timestamp` (no time zone)          | RFC 3339 string, read as UTC (`…Z`)       |
 //! | arrays of the above                 | JSON arrays, nested for more dimensions   |
-//! | anything else (text, uuid, date, enums, domains, …) | string as Postgres prints it |
+//! | arrays of other types (`text[]`, `uuid[]`, enums, …) | JSON arrays of strings     |
+//! | anything else (text, uuid, date, enum labels, …) | string as Postgres prints it |
+//!
+//! A domain is written as its base type, and an array of a domain as an
+//! array of the base type: [`super::types`] maps each declared type first.
 //!
 //! Timestamps outside RFC 3339 (`infinity`, years BC) stay strings as printed.
 
