@@ -396,7 +396,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
     let (_, versions) = api
         .get(&key, &format!("/v1/webhook-endpoints/{ep}/versions"))
         .await;
-    let v: Vec<(i64, bool)> = versions["data"]
+    let v: Vec<(i64, bool, i64)> = versions["data"]
         .as_array()
         .unwrap()
         .iter()
@@ -404,10 +404,12 @@ async fn a_customer_manages_webhooks_over_the_api() {
             (
                 v["version"].as_i64().unwrap(),
                 v["enabled"].as_bool().unwrap(),
+                v["secret_version"].as_i64().unwrap(),
             )
         })
         .collect();
-    assert_eq!(v, vec![(1, true), (2, false)]);
+    // Created; the secret rotated (a version of its own); disabled.
+    assert_eq!(v, vec![(1, true, 1), (2, true, 2), (3, false, 2)]);
     let (_, audit) = api.get(&key, &format!("/v1/audit-log?target={ep}")).await;
     let actions: Vec<&str> = audit["data"]
         .as_array()

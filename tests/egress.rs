@@ -298,12 +298,13 @@ async fn the_official_libraries_verify_deliveries_through_a_rotation() {
     }
 
     // A rotation with the default overlap: both secrets sign until it ends.
-    let (second, _) = w
+    let second = w
         .platform
         .rotate_secret(id, Duration::from_secs(24 * 3600), "test")
         .await
         .unwrap();
-    let second = second.expose_text();
+    assert_eq!((second.version, second.config_version), (2, 2));
+    let second = second.secret.expose_text();
     w.receiver
         .set_secrets("py", vec![first.clone(), second.clone()]);
     let mut overlap = Vec::new();
@@ -378,12 +379,12 @@ async fn the_official_libraries_verify_deliveries_through_a_rotation() {
     );
 
     // The overlap ends (rotation with none): only the newest secret signs.
-    let (third, _) = w
+    let third = w
         .platform
         .rotate_secret(id, Duration::ZERO, "test")
         .await
         .unwrap();
-    let third = third.expose_text();
+    let third = third.secret.expose_text();
     // Attempts already under way still carry the overlap's two signatures.
     w.receiver
         .set_secrets("py", vec![first.clone(), second.clone(), third.clone()]);
@@ -484,6 +485,55 @@ async fn the_official_libraries_verify_deliveries_through_a_rotation() {
             ("failed", 1, Some("http_3xx"))
         );
     }
+
+    // Every attempt names the secrets that signed it: as many as its
+    // header carried signatures, and over the run the first alone, the
+    // overlap (2, 1) and the third alone.
+    let mut seen = std::collections::BTreeSet::new();
+    for r in received.iter().filter(|r| r.path == "py") {
+        let id: walhook_pipeline::ids::DeliveryId = r.webhook_id.parse().unwrap();
+        let attempts = w.platform.attempts_of(id).await.unwrap();
+        let versions = attempts[0]
+            .secret_versions
+            .clone()
+            .expect("secret versions recorded");
+        assert_eq!(
+            versions.len(),
+            r.signature.split(' ').count(),
+            "{versions:?} for {}",
+            r.signature
+        );
+        seen.insert(versions);
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        vec![vec![1], vec![2, 1], vec![3]]
+    );
+    // Each rotation made a config version naming its secret, and each
+    // ended overlap a retired-secret audit record (written by the node that
+    // reloaded its directory).
+    let versions = w
+        .platform
+        .endpoint_versions(&walhook_pipeline::ids::TenantId::new("acme").unwrap(), id)
+        .await
+        .unwrap()
+        .unwrap();
+    let secret_of: Vec<(i32, Option<i32>)> = versions
+        .iter()
+        .map(|v| (v.version, v.secret_version))
+        .collect();
+    assert_eq!(secret_of, vec![(1, Some(1)), (2, Some(2)), (3, Some(3))]);
+    let retired = w
+        .platform_sql
+        .query(
+            "SELECT (detail->>'secret_version')::int4 FROM walhook.audit_log \
+             WHERE action = 'endpoint.secret_retired' AND target = $1 ORDER BY 1",
+            &[&id.to_string()],
+        )
+        .await
+        .unwrap();
+    let retired: Vec<i32> = retired.iter().map(|r| r.get(0)).collect();
+    assert_eq!(retired, vec![1, 2], "one audit record per retired secret");
     child.terminate();
 }
 

@@ -464,6 +464,21 @@ impl<'a> Cols<'a> {
             .ok_or_else(|| shape(name))?;
         Ok(a.is_valid(i).then(|| a.value(i).to_string()))
     }
+    /// A comma-separated list of integers; `None` when the value is null or
+    /// the file predates the column (layout 1).
+    fn int_list(&self, name: &'static str, i: usize) -> Result<Option<Vec<i32>>, ArchiveError> {
+        if self.0.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let Some(text) = self.text(name, i)? else {
+            return Ok(None);
+        };
+        text.split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().map_err(|_| shape(name)))
+            .collect::<Result<Vec<i32>, _>>()
+            .map(Some)
+    }
     fn int(&self, name: &'static str, i: usize) -> Result<Option<i32>, ArchiveError> {
         let a = self
             .col(name)?
@@ -573,6 +588,7 @@ fn attempts(batch: &RecordBatch, delivery: DeliveryId) -> Result<Vec<AttemptRow>
             error_class: c.text("error_class", i)?,
             response_sha256: c.bytes("response_sha256", i)?,
             response_excerpt: c.text("response_excerpt", i)?,
+            secret_versions: c.int_list("secret_versions", i)?,
         });
     }
     Ok(out)

@@ -20,7 +20,17 @@ use crate::ArchiveError;
 use crate::copy::CopyReader;
 
 /// The version of the Parquet layout; manifests carry it and readers check it.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// - 1: the first layout.
+/// - 2: attempts gain `secret_versions` (the versions of the secrets that
+///   signed the attempt, newest first, comma-separated).
+///
+/// Readers accept every version from [`OLDEST_READABLE`] on: a later
+/// layout only adds nullable columns, read as missing from older files.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The oldest layout readers still accept.
+pub const OLDEST_READABLE: u32 = 1;
 
 /// A hot table that is archived by day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -166,6 +176,12 @@ const ATTEMPTS: &[Column] = &[
     )),
     col("response_excerpt", "response_excerpt", Kind::Text, true),
     col("note", "note", Kind::Text, true),
+    col(
+        "secret_versions",
+        "array_to_string(secret_versions, ',')",
+        Kind::Text,
+        true,
+    ),
 ];
 
 impl Table {

@@ -8,7 +8,7 @@ use walhook_pipeline::objstore::{ObjectStore, sha256_hex};
 use crate::ArchiveError;
 use crate::encode::footer_rows;
 use crate::manifest::{FORMAT, Manifest};
-use crate::table::{SCHEMA_VERSION, Table};
+use crate::table::{OLDEST_READABLE, SCHEMA_VERSION, Table};
 
 /// Reads the manifest at `key` (whose bytes must hash to `sha256`, as the
 /// catalog recorded) and every part it names; returns the manifest when all
@@ -48,13 +48,13 @@ pub async fn verify<S: ObjectStore>(
     let manifest = Manifest::from_bytes(&bytes)
         .map_err(|e| fail(key, format!("the manifest does not parse: {e}"), &rewrite))?;
     if manifest.format != FORMAT
-        || manifest.schema_version != SCHEMA_VERSION
+        || !(OLDEST_READABLE..=SCHEMA_VERSION).contains(&manifest.schema_version)
         || manifest.table != table.name()
     {
         return Err(fail(
             key,
             format!(
-                "the manifest is {} v{} of table {}, not {FORMAT} v{SCHEMA_VERSION} of {table}",
+                "the manifest is {} v{} of table {}, not {FORMAT} v{OLDEST_READABLE}..v{SCHEMA_VERSION} of {table}",
                 manifest.format, manifest.schema_version, manifest.table
             ),
             &rewrite,

@@ -160,7 +160,10 @@ impl Harness {
                 config_version: 1,
                 rate_limit_per_sec: None,
                 max_in_flight: None,
-                secrets: vec![secret],
+                secrets: std::sync::Arc::from([walhook_pipeline::signing::VersionedSecret {
+                    version: 1,
+                    secret,
+                }]),
                 created_at: Timestamp(0),
                 quarantine: None,
                 history: vec![],

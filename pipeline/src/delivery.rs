@@ -239,6 +239,8 @@ pub struct AttemptRecord {
     pub trigger: Trigger,
     /// The endpoint config version used to send it.
     pub endpoint_config_version: i32,
+    /// The versions of the secrets that signed it, newest first.
+    pub secret_versions: Vec<i32>,
     /// When the request started.
     pub started_at: Timestamp,
     /// When the outcome was known.

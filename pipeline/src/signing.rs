@@ -48,6 +48,16 @@ impl SigningSecret {
     }
 }
 
+/// A secret and the version it is stored under: attempts record which
+/// versions signed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionedSecret {
+    /// The endpoint's secret version (1 for the first, +1 per rotation).
+    pub version: i32,
+    /// The key.
+    pub secret: SigningSecret,
+}
+
 impl fmt::Debug for SigningSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SigningSecret(***)")
@@ -74,7 +84,7 @@ pub fn sign_one(secret: &SigningSecret, msg_id: &str, timestamp: i64, body: &[u8
 
 /// The `webhook-signature` header: one signature per secret.
 pub fn signature_header(
-    secrets: &[SigningSecret],
+    secrets: &[VersionedSecret],
     msg_id: &str,
     timestamp: i64,
     body: &[u8],
@@ -84,7 +94,7 @@ pub fn signature_header(
         if i > 0 {
             out.push(' ');
         }
-        out.push_str(&sign_one(s, msg_id, timestamp, body));
+        out.push_str(&sign_one(&s.secret, msg_id, timestamp, body));
     }
     out
 }
@@ -121,7 +131,11 @@ mod tests {
     fn one_signature_per_secret() {
         let a = SigningSecret::generate();
         let b = SigningSecret::generate();
-        let header = signature_header(&[a.clone(), b.clone()], "id", 1, b"{}");
+        let versioned = |version, secret: &SigningSecret| VersionedSecret {
+            version,
+            secret: secret.clone(),
+        };
+        let header = signature_header(&[versioned(2, &a), versioned(1, &b)], "id", 1, b"{}");
         let parts: Vec<&str> = header.split(' ').collect();
         assert_eq!(
             parts,

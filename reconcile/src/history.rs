@@ -145,7 +145,7 @@ impl History {
                 config_version: r.get(4),
                 rate_limit_per_sec: None,
                 max_in_flight: None,
-                secrets: Vec::new(),
+                secrets: std::sync::Arc::from([]),
                 created_at: Timestamp::from_system_time(r.get(5)),
                 quarantine: None,
                 history: history.remove(&uid).unwrap_or_default(),
@@ -249,7 +249,7 @@ mod tests {
             config_version: 3,
             rate_limit_per_sec: None,
             max_in_flight: None,
-            secrets: Vec::new(),
+            secrets: std::sync::Arc::from([]),
             created_at: at(100),
             quarantine: None,
             history: vec![

@@ -121,6 +121,9 @@ pub struct AttemptRow {
     pub response_sha256: Option<Vec<u8>>,
     /// The start of the response body.
     pub response_excerpt: Option<String>,
+    /// The versions of the secrets that signed it, newest first (`None`
+    /// for attempts recorded before walhook kept them).
+    pub secret_versions: Option<Vec<i32>>,
 }
 
 const DELIVERY_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.event_type, d.status::text, \
@@ -346,7 +349,8 @@ impl Platform {
         let rows = client
             .query(
                 "SELECT id, number, trigger::text, endpoint_config_version, started_at, finished_at, \
-                        http_status, latency_ms, outcome, error_class, response_sha256, response_excerpt \
+                        http_status, latency_ms, outcome, error_class, response_sha256, response_excerpt, \
+                        secret_versions \
                  FROM walhook.attempts WHERE delivery_id = $1 ORDER BY started_at, number",
                 &[&Uuid::from_bytes(id.0)],
             )
@@ -367,6 +371,7 @@ impl Platform {
                 error_class: r.get(9),
                 response_sha256: r.get(10),
                 response_excerpt: r.get(11),
+                secret_versions: r.get(12),
             })
             .collect())
     }

@@ -6,6 +6,7 @@ use uuid::Uuid;
 use walhook_pipeline::endpoint::{EndpointConfig, EndpointSource};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::signing::VersionedSecret;
 
 use crate::{Platform, StoreError};
 
@@ -43,6 +44,19 @@ impl EndpointSource for Platform {
         &self,
     ) -> Result<walhook_pipeline::endpoint::Loaded, walhook_pipeline::store::StoreError> {
         let keyring = self.keyring()?;
+        // A reload is when a secret whose overlap ended stops signing here:
+        // the retirement is audited then (once across nodes). Failing to
+        // audit it does not keep the directory from loading.
+        match self.retire_expired_secrets().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                secrets = n,
+                "retired signing secrets whose rotation overlap ended"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record retired signing secrets; the next reload tries again")
+            }
+        }
         let client = self.client().await?;
         let tenants = client
             .query(
@@ -139,7 +153,10 @@ impl EndpointSource for Platform {
             for ((version, key_id), bytes) in versions.iter().zip(&key_ids).zip(&sealed) {
                 plain += usize::from(key_id == crate::secrets::PLAIN_KEY_ID);
                 match keyring.open(id, *version, key_id, bytes) {
-                    Ok(s) => secrets.push(s),
+                    Ok(secret) => secrets.push(VersionedSecret {
+                        version: *version,
+                        secret,
+                    }),
                     Err(e) => {
                         if let crate::secrets::SecretsError::UnknownKey { key_id, .. } = &e
                             && !loaded.missing_keys.contains(key_id)
@@ -181,7 +198,7 @@ impl EndpointSource for Platform {
                 config_version: r.get(5),
                 rate_limit_per_sec: rate.map(|n| n.max(1) as u32),
                 max_in_flight: cap.map(|n| n.max(1) as u32),
-                secrets,
+                secrets: secrets.into(),
                 created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(11)),
                 quarantine,
                 history: versions,

@@ -13,16 +13,20 @@ use walhook_pipeline::time::Timestamp;
 
 use crate::{Platform, StoreError};
 
+/// The number of parameters (arrays) of [`INSERT_ATTEMPTS`].
+const ATTEMPT_PARAMS: usize = 16;
+
 const INSERT_ATTEMPTS: &str = "\
 INSERT INTO walhook.attempts (id, delivery_id, endpoint_id, tenant_id, number, trigger, \
                               endpoint_config_version, started_at, finished_at, http_status, latency_ms, \
-                              outcome, error_class, response_sha256, response_excerpt, note) \
+                              outcome, error_class, response_sha256, response_excerpt, note, secret_versions) \
 SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
-       greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note \
+       greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note, \
+       ('{' || secrets || '}')::int4[] \
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
             $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], $14::text[], \
-            $15::text[]) \
-     AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note) \
+            $15::text[], $16::text[]) \
+     AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note, secrets) \
 ON CONFLICT DO NOTHING";
 
 /// The CTEs `u`, `gone`, `freed`: the deliveries' new states under their
@@ -143,7 +147,8 @@ fn record_fast_sql(updates: bool, fresh: bool) -> String {
         .expect("the attempt insert ends with its conflict clause");
     let mut ctes = vec![format!("a AS ({plain})")];
     let mut results = Vec::new();
-    let mut next = 16;
+    // After the attempt insert's parameters.
+    let mut next = ATTEMPT_PARAMS + 1;
     if updates {
         ctes.push(states_sql(next));
         results.push("SELECT id FROM u");
@@ -337,7 +342,16 @@ impl DispatchStore for Platform {
             .collect();
         let excerpts: Vec<Option<&str>> = a.iter().map(|x| x.response_excerpt.as_deref()).collect();
         let notes: Vec<Option<&str>> = a.iter().map(|x| x.note).collect();
-        let attempt_params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+        // One array per attempt: unnest cannot take an array of arrays of
+        // different lengths, so each travels as the list's text.
+        let secret_versions: Vec<String> = a
+            .iter()
+            .map(|x| {
+                let list: Vec<String> = x.secret_versions.iter().map(i32::to_string).collect();
+                list.join(",")
+            })
+            .collect();
+        let attempt_params: [&(dyn tokio_postgres::types::ToSql + Sync); ATTEMPT_PARAMS] = [
             &ids,
             &deliveries,
             &endpoints,
@@ -353,6 +367,7 @@ impl DispatchStore for Platform {
             &shas,
             &excerpts,
             &notes,
+            &secret_versions,
         ];
 
         // One state per delivery: the latest attempt's (an UPDATE … FROM

@@ -62,6 +62,9 @@ pub struct EndpointVersionRecord {
     pub changed_at: SystemTime,
     /// Who made it.
     pub changed_by: String,
+    /// The newest signing secret's version then (`None` for versions made
+    /// before walhook kept it).
+    pub secret_version: Option<i32>,
 }
 
 const COLUMNS: &str = "e.id, e.url, e.description, e.event_types, e.enabled, e.disabled_reason, \
@@ -150,7 +153,7 @@ impl Platform {
         let rows = client
             .query(
                 "SELECT version, url, description, event_types, enabled, rate_limit_per_sec, \
-                        max_in_flight, changed_at, changed_by \
+                        max_in_flight, changed_at, changed_by, secret_version \
                  FROM walhook.endpoint_versions WHERE endpoint_id = $1 ORDER BY version",
                 &[&uid(id)],
             )
@@ -168,6 +171,7 @@ impl Platform {
                     max_in_flight: r.get(6),
                     changed_at: r.get(7),
                     changed_by: r.get(8),
+                    secret_version: r.get(9),
                 })
                 .collect(),
         ))

@@ -204,13 +204,13 @@ impl Platform {
         if inserted == 0 {
             return Ok(CreatedEndpoint::Exists);
         }
-        record_version(&tx, uid, actor).await?;
         tx.execute(
             "INSERT INTO walhook.endpoint_secrets (endpoint_id, version, secret, key_id) VALUES ($1, 1, $2, $3)",
             &[&uid, &sealed.bytes, &sealed.key_id],
         )
         .await
         .map_err(StoreError::query("store an endpoint secret"))?;
+        record_version(&tx, uid, actor).await?;
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'endpoint.created', $3, jsonb_build_object('url', $4::text, 'config_version', 1))",
@@ -299,9 +299,10 @@ pub(crate) async fn record_version(
 ) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-         enabled, rate_limit_per_sec, max_in_flight, changed_by) \
+         enabled, rate_limit_per_sec, max_in_flight, changed_by, secret_version) \
          SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-         max_in_flight, $2 FROM walhook.endpoints WHERE id = $1",
+         max_in_flight, $2, (SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id) \
+         FROM walhook.endpoints e WHERE id = $1",
         &[&endpoint, &actor],
     )
     .await

@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cancellations",
         sql: include_str!("../migrations/0014_cancellations.sql"),
     },
+    Migration {
+        version: 15,
+        name: "secret_versions",
+        sql: include_str!("../migrations/0015_secret_versions.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -120,6 +120,7 @@ fn success(job: &DeliveryJob) -> AttemptRecord {
         number,
         trigger: Trigger::Auto,
         endpoint_config_version: job.endpoint_config_version,
+        secret_versions: vec![1],
         started_at: now,
         finished_at: now,
         http_status: Some(200),

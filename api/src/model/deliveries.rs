@@ -217,6 +217,10 @@ pub struct Attempt {
     pub response_sha256: Option<String>,
     /// The start of the response body.
     pub response_excerpt: Option<String>,
+    /// The versions of the endpoint's secrets that signed it, newest first
+    /// (more than one during a rotation overlap); absent for attempts
+    /// recorded before walhook kept them.
+    pub secret_versions: Option<Vec<i32>>,
 }
 
 impl From<AttemptRow> for Attempt {
@@ -238,6 +242,7 @@ impl From<AttemptRow> for Attempt {
             error_class: r.error_class,
             response_sha256: r.response_sha256.as_deref().map(hex),
             response_excerpt: r.response_excerpt,
+            secret_versions: r.secret_versions,
         }
     }
 }

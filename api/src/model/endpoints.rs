@@ -216,6 +216,10 @@ pub struct EndpointVersion {
     pub changed_at: DateTime<Utc>,
     /// Who made it.
     pub changed_by: String,
+    /// The version of the newest signing secret in force from this version
+    /// on (a secret rotation makes a new config version); absent for
+    /// versions recorded before walhook kept it.
+    pub secret_version: Option<i32>,
 }
 
 impl From<EndpointVersionRecord> for EndpointVersion {
@@ -230,6 +234,7 @@ impl From<EndpointVersionRecord> for EndpointVersion {
             max_in_flight: r.max_in_flight,
             changed_at: ts(r.changed_at),
             changed_by: r.changed_by,
+            secret_version: r.secret_version,
         }
     }
 }
@@ -266,6 +271,10 @@ pub struct RotatedSecret {
     pub note: Option<String>,
     /// Its version.
     pub secret_version: i32,
+    /// The endpoint config version the rotation made (every rotation is a
+    /// new version, listed under `/versions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_version: Option<i32>,
     /// Until when the previous secrets also sign (each request carries one
     /// signature per active secret).
     pub previous_secrets_expire_at: DateTime<Utc>,

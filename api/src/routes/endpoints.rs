@@ -343,16 +343,17 @@ pub async fn rotate_secret(
         &path,
         &body.raw,
         || async move {
-            let (secret, version) = s
+            let made = s
                 .platform
                 .rotate_secret(record.id, overlap, actor)
                 .await
                 .map_err(gone(record.id))?;
             let rotated = RotatedSecret {
-                secret: Some(secret.expose_text()),
+                secret: Some(made.secret.expose_text()),
                 secret_withheld: false,
                 note: None,
-                secret_version: version,
+                secret_version: made.version,
+                config_version: Some(made.config_version),
                 previous_secrets_expire_at: ts(std::time::SystemTime::now() + overlap),
             };
             Ok(Reply::shown_once(StatusCode::OK, &rotated))

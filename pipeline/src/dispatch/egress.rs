@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::outcome::AttemptOutcome;
 use crate::delivery::DeliveryJob;
-use crate::signing::{SigningSecret, signature_header};
+use crate::signing::{VersionedSecret, signature_header};
 
 /// A request ready to send.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub const USER_AGENT: &str = concat!("walhook/", env!("CARGO_PKG_VERSION"));
 pub fn build_request(
     job: &DeliveryJob,
     url: &str,
-    secrets: &[SigningSecret],
+    secrets: &[VersionedSecret],
     number: u32,
     unix_seconds: i64,
 ) -> Outbound {

@@ -62,6 +62,7 @@ use self::sweeper::Claimed;
 use crate::delivery::{ATTEMPT_NOTE_UNKNOWN, AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
 use crate::endpoint::SubscriptionCache;
 use crate::ids::{AttemptId, EndpointId};
+use crate::signing::VersionedSecret;
 use crate::store::{DispatchStore, Release, StoreError, Transition};
 use crate::time::Timestamp;
 
@@ -172,6 +173,8 @@ struct Finished {
     job: DeliveryJob,
     number: u32,
     config_version: i32,
+    /// The secrets that signed it.
+    secrets: Arc<[VersionedSecret]>,
     started_at: Timestamp,
     finished_at: Timestamp,
     result: EgressResult,
@@ -182,6 +185,7 @@ struct InFlight {
     job: DeliveryJob,
     number: u32,
     config_version: i32,
+    secrets: Arc<[VersionedSecret]>,
     started_at: Timestamp,
 }
 
@@ -603,6 +607,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 job: job.clone(),
                 number,
                 config_version,
+                secrets: secrets.clone(),
                 started_at,
             };
             let handle = attempts.spawn(async move {
@@ -617,6 +622,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     job,
                     number,
                     config_version,
+                    secrets,
                     started_at,
                     finished_at: clock.now(),
                     result,
@@ -640,6 +646,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             job: out.job,
             number: out.number,
             config_version: out.config_version,
+            secrets: out.secrets,
             started_at: out.started_at,
             finished_at: now,
             result: EgressResult::bare(AttemptOutcome::Retryable {
@@ -697,6 +704,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 Trigger::Auto
             },
             endpoint_config_version: f.config_version,
+            secret_versions: f.secrets.iter().map(|s| s.version).collect(),
             started_at: f.started_at,
             finished_at: f.finished_at,
             http_status: outcome.status(),

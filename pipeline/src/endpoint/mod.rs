@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::event::EventType;
 use crate::ids::{EndpointId, TenantId};
-use crate::signing::SigningSecret;
+use crate::signing::VersionedSecret;
 use crate::store::StoreError;
 
 pub use cache::{RefreshSettings, SubscriptionCache};
@@ -42,8 +42,9 @@ pub struct EndpointConfig {
     pub rate_limit_per_sec: Option<u32>,
     /// Concurrent requests allowed, if set.
     pub max_in_flight: Option<u32>,
-    /// Active signing secrets, newest first (two during a rotation overlap).
-    pub secrets: Vec<SigningSecret>,
+    /// Active signing secrets, newest first (two or more during a rotation
+    /// overlap). Shared: every attempt holds the set that signed it.
+    pub secrets: Arc<[VersionedSecret]>,
     /// When it was created: it receives events that occurred from then on.
     pub created_at: crate::time::Timestamp,
     /// Why its row or secrets could not be loaded, when they could not: its
@@ -313,7 +314,7 @@ mod tests {
             config_version: 1,
             rate_limit_per_sec: None,
             max_in_flight: None,
-            secrets: vec![],
+            secrets: Arc::from([]),
             created_at: crate::time::Timestamp(id as i64),
             quarantine: None,
             history: vec![],
