@@ -723,3 +723,159 @@ async fn replays_past_the_replay_window_are_refused() {
     assert!(body.to_string().contains("the replay"), "{body}");
     assert!(child.terminate().success());
 }
+
+/// Retry schedules per tenant and per endpoint: an endpoint's own field
+/// wins over its tenant's, which wins over `[retry]`; values outside
+/// `[retry.limits]` are refused naming the field and change nothing.
+#[tokio::test]
+async fn tenants_and_endpoints_set_their_own_retry_schedules() {
+    use crate::support::api::OPERATOR;
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&format!(
+        "{}\n[retry.limits]\nmax_attempts = 10\n",
+        api_section(port)
+    )));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+
+    // Bad schedules: refused, naming the field and the bound; no tenant.
+    for (retry, field, says) in [
+        (
+            json!({"max_attempts": 11}),
+            "retry.max_attempts",
+            "give 1 to 10",
+        ),
+        (
+            json!({"deadline_seconds": 0}),
+            "retry.deadline_seconds",
+            "is 0",
+        ),
+        (
+            json!({"base_delay_seconds": 60, "max_delay_seconds": 5}),
+            "retry.max_delay_seconds",
+            "below base_delay_seconds 60",
+        ),
+    ] {
+        let (s, body) = api
+            .post(
+                OPERATOR,
+                "/v1/tenants",
+                json!({"id": "bad", "retry": retry}),
+            )
+            .await;
+        assert_eq!(s, 422, "{body}");
+        let text = body.to_string();
+        assert!(text.contains(field) && text.contains(says), "{body}");
+    }
+    let (s, body) = api
+        .post(
+            OPERATOR,
+            "/v1/tenants",
+            json!({"id": "bad", "retry": {"attempts": 3}}),
+        )
+        .await;
+    assert_eq!(s, 422, "an unknown field was accepted: {body}");
+    let (s, _) = api.get(OPERATOR, "/v1/tenants/bad").await;
+    assert_eq!(s, 404, "a refused request created the tenant");
+
+    let (s, tenant) = api
+        .post(
+            OPERATOR,
+            "/v1/tenants",
+            json!({"id": "acme", "retry": {"max_attempts": 3}}),
+        )
+        .await;
+    assert_eq!((s, &tenant["retry"]), (201, &json!({"max_attempts": 3})));
+    let key = onboard(&w, &api, "acme").await;
+    let (inherits, _) = endpoint(&w, &api, &key, "inherits", &["order.created"]).await;
+    let (s, own) = api
+        .post(
+            &key,
+            "/v1/webhook-endpoints",
+            json!({"url": w.receiver.url("own"), "event_types": ["order.created"],
+                   "retry": {"max_attempts": 2}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{own}");
+    let own = own["endpoint"]["id"].as_str().unwrap().to_owned();
+    let (patched, _) = endpoint(&w, &api, &key, "patched", &["order.created"]).await;
+    let path = format!("/v1/webhook-endpoints/{patched}");
+    let (s, body) = api
+        .call(
+            &key,
+            Method::PATCH,
+            &path,
+            Some(json!({"retry": {"max_attempts": 50}})),
+        )
+        .await;
+    assert_eq!(s, 422, "{body}");
+    let (s, body) = api
+        .call(
+            &key,
+            Method::PATCH,
+            &path,
+            Some(json!({"retry": {"max_attempts": 5}})),
+        )
+        .await;
+    assert_eq!(
+        (s, &body["retry"]),
+        (200, &json!({"max_attempts": 5})),
+        "{body}"
+    );
+    let (_, versions) = api.get(&key, &format!("{path}/versions")).await;
+    assert_eq!(versions["data"][0]["retry"], Value::Null, "{versions}");
+    assert_eq!(
+        versions["data"][1]["retry"]["max_attempts"], 5,
+        "{versions}"
+    );
+    for p in ["inherits", "own", "patched"] {
+        w.receiver.set_behaviour(p, Behaviour::Status(500));
+    }
+    // The directory notices the changes within its 200 ms poll.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    insert_order(&w, 1, "acme").await;
+
+    for (ep, attempts) in [(&inherits, 3), (&own, 2), (&patched, 5)] {
+        let listed = api
+            .wait_for(
+                &key,
+                &format!("/v1/webhook-deliveries?endpoint_id={ep}&status=exhausted"),
+                "a delivery giving up",
+                |b| b["data"].as_array().is_some_and(|d| d.len() == 1),
+            )
+            .await;
+        assert_eq!(
+            listed["data"][0]["attempt_count"], attempts,
+            "endpoint {ep}: {listed}"
+        );
+    }
+    assert_eq!(
+        (
+            w.receiver.arrivals("inherits"),
+            w.receiver.arrivals("own"),
+            w.receiver.arrivals("patched")
+        ),
+        (3, 2, 5)
+    );
+
+    // The tenant's schedule removed: its endpoints inherit [retry] again.
+    let (s, body) = api
+        .call(
+            OPERATOR,
+            Method::PATCH,
+            "/v1/tenants/acme",
+            Some(json!({"retry": null})),
+        )
+        .await;
+    assert_eq!((s, &body["retry"]), (200, &Value::Null), "{body}");
+    let (_, audit) = api.get(&key, "/v1/audit-log").await;
+    assert!(
+        audit["data"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|r| r["action"] == "tenant.updated")),
+        "{audit}"
+    );
+    assert!(child.terminate().success());
+}

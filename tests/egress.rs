@@ -190,6 +190,7 @@ async fn endpoint_with_secret(w: &World, path: &str, types: &[&str]) -> (Endpoin
                 rate_limit_per_sec: None,
                 max_in_flight: None,
                 enabled: true,
+                retry: Default::default(),
             },
             "test",
         )

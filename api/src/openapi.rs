@@ -22,7 +22,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
     ),
     paths(
         ops::healthz, ops::readyz, ops::metrics,
-        tenants::create_tenant, tenants::list_tenants, tenants::get_tenant,
+        tenants::create_tenant, tenants::list_tenants, tenants::get_tenant, tenants::patch_tenant,
         tenants::create_api_key, tenants::list_api_keys, tenants::revoke_api_key,
         endpoints::create_endpoint, endpoints::list_endpoints, endpoints::get_endpoint,
         endpoints::patch_endpoint, endpoints::delete_endpoint, endpoints::endpoint_versions,

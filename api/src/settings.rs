@@ -187,6 +187,9 @@ pub struct ApiSettings {
     /// How old an event may be for its deliveries to be replayed
     /// (`[archive] replay_window`, default 30 days), hot or archived.
     pub replay_window: Duration,
+    /// The bounds of tenants' and endpoints' retry schedules
+    /// (`[retry.limits]`).
+    pub retry_limits: walhook_pipeline::dispatch::policy::RetryLimits,
 }
 
 impl ApiSettings {
@@ -199,6 +202,7 @@ impl ApiSettings {
             test_delivery_deadline: Duration::from_secs(24 * 3600),
             limits: ApiLimits::default(),
             replay_window: Duration::from_secs(30 * 86_400),
+            retry_limits: Default::default(),
         }
     }
 }

@@ -164,6 +164,7 @@ impl Harness {
                     version: 1,
                     secret,
                 }]),
+                retry: Default::default(),
                 created_at: Timestamp(0),
                 quarantine: None,
                 history: vec![],
@@ -186,6 +187,7 @@ impl Harness {
                 deadline: Duration::from_secs(24 * 3600),
                 retry_after_cap: Duration::from_secs(300),
                 slow_down_floor: Duration::from_secs(2),
+                ..RetryPolicy::default()
             },
             hold_horizon: Duration::from_secs(48 * 3600),
             clock: Clock::Manual(clock.clone()),

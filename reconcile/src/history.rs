@@ -146,6 +146,7 @@ impl History {
                 rate_limit_per_sec: None,
                 max_in_flight: None,
                 secrets: std::sync::Arc::from([]),
+                retry: Default::default(),
                 created_at: Timestamp::from_system_time(r.get(5)),
                 quarantine: None,
                 history: history.remove(&uid).unwrap_or_default(),
@@ -250,6 +251,7 @@ mod tests {
             rate_limit_per_sec: None,
             max_in_flight: None,
             secrets: std::sync::Arc::from([]),
+            retry: Default::default(),
             created_at: at(100),
             quarantine: None,
             history: vec![

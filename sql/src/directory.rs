@@ -3,6 +3,7 @@
 //! says when to read it again.
 
 use uuid::Uuid;
+use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::endpoint::{EndpointConfig, EndpointSource};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
@@ -69,7 +70,8 @@ impl EndpointSource for Platform {
             .query(
                 "SELECT e.id, e.tenant_id, e.url, e.event_types, e.enabled, e.config_version, \
                         e.rate_limit_per_sec, e.max_in_flight, \
-                        s.versions, s.key_ids, s.secrets, e.created_at \
+                        s.versions, s.key_ids, s.secrets, e.created_at, \
+                        e.retry_policy::text, t.retry_policy::text \
                  FROM walhook.endpoints e JOIN walhook.tenants t ON t.id = e.tenant_id \
                  CROSS JOIN LATERAL ( \
                      SELECT coalesce(array_agg(version ORDER BY version DESC), '{}') AS versions, \
@@ -185,6 +187,20 @@ impl EndpointSource for Platform {
                     event_types,
                 });
             }
+            // The endpoint's fields over its tenant's.
+            let mut retry = RetryOverride::default();
+            for (whose, text) in [
+                ("endpoint", r.get::<_, Option<String>>(12)),
+                ("tenant", r.get(13)),
+            ] {
+                match text.as_deref().map(serde_json::from_str::<RetryOverride>) {
+                    None => {}
+                    Some(Ok(o)) => retry = retry.or(o),
+                    Some(Err(e)) => {
+                        problems.push(format!("the {whose}'s retry_policy does not parse: {e}"))
+                    }
+                }
+            }
             let quarantine = (!problems.is_empty()).then(|| {
                 secrets.clear();
                 problems.join("; ")
@@ -199,6 +215,7 @@ impl EndpointSource for Platform {
                 rate_limit_per_sec: rate.map(|n| n.max(1) as u32),
                 max_in_flight: cap.map(|n| n.max(1) as u32),
                 secrets: secrets.into(),
+                retry,
                 created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(11)),
                 quarantine,
                 history: versions,

@@ -7,6 +7,7 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
+use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 
 use crate::endpoints::record_version;
@@ -39,6 +40,8 @@ pub struct EndpointRecord {
     pub created_at: SystemTime,
     /// When it last changed.
     pub updated_at: SystemTime,
+    /// Its retry schedule's changes, when it has any.
+    pub retry: Option<RetryOverride>,
 }
 
 /// One config version of an endpoint.
@@ -65,12 +68,20 @@ pub struct EndpointVersionRecord {
     /// The newest signing secret's version then (`None` for versions made
     /// before walhook kept it).
     pub secret_version: Option<i32>,
+    /// The retry schedule's changes then.
+    pub retry: Option<RetryOverride>,
 }
 
 const COLUMNS: &str = "e.id, e.url, e.description, e.event_types, e.enabled, e.disabled_reason, \
     e.rate_limit_per_sec, e.max_in_flight, e.config_version, \
     coalesce((SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id), 0), \
-    e.created_at, e.updated_at";
+    e.created_at, e.updated_at, e.retry_policy::text";
+
+/// A stored override (written by walhook, so it parses; one that does not is
+/// shown as none here and quarantines the endpoint in dispatch).
+fn parse_retry(text: Option<String>) -> Option<RetryOverride> {
+    text.and_then(|t| serde_json::from_str(&t).ok())
+}
 
 fn record(r: &tokio_postgres::Row) -> EndpointRecord {
     EndpointRecord {
@@ -86,6 +97,7 @@ fn record(r: &tokio_postgres::Row) -> EndpointRecord {
         secret_version: r.get(9),
         created_at: r.get(10),
         updated_at: r.get(11),
+        retry: parse_retry(r.get(12)),
     }
 }
 
@@ -153,7 +165,7 @@ impl Platform {
         let rows = client
             .query(
                 "SELECT version, url, description, event_types, enabled, rate_limit_per_sec, \
-                        max_in_flight, changed_at, changed_by, secret_version \
+                        max_in_flight, changed_at, changed_by, secret_version, retry_policy::text \
                  FROM walhook.endpoint_versions WHERE endpoint_id = $1 ORDER BY version",
                 &[&uid(id)],
             )
@@ -172,6 +184,7 @@ impl Platform {
                     changed_at: r.get(7),
                     changed_by: r.get(8),
                     secret_version: r.get(9),
+                    retry: parse_retry(r.get(10)),
                 })
                 .collect(),
         ))

@@ -8,6 +8,7 @@
 //! the database only ever holds ciphertext.
 
 use uuid::Uuid;
+use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::signing::SigningSecret;
@@ -31,6 +32,8 @@ pub struct NewEndpoint {
     pub max_in_flight: Option<u32>,
     /// Starts enabled.
     pub enabled: bool,
+    /// Changes to the retry schedule (empty: the tenant's, then `[retry]`).
+    pub retry: RetryOverride,
 }
 
 /// What [`Platform::create_endpoint_within`] did.
@@ -63,6 +66,8 @@ pub struct EndpointChange {
     pub rate_limit_per_sec: Option<Option<u32>>,
     /// New in-flight cap (`Some(None)` removes it).
     pub max_in_flight: Option<Option<u32>>,
+    /// New retry schedule changes (`Some(None)` removes them).
+    pub retry: Option<Option<RetryOverride>>,
 }
 
 impl EndpointChange {
@@ -76,6 +81,7 @@ impl EndpointChange {
             ("enabled", self.enabled.is_some()),
             ("rate_limit_per_sec", self.rate_limit_per_sec.is_some()),
             ("max_in_flight", self.max_in_flight.is_some()),
+            ("retry", self.retry.is_some()),
         ];
         for (name, set) in fields {
             if set {
@@ -88,6 +94,12 @@ impl EndpointChange {
 
 fn types_text(types: &[EventType]) -> Vec<String> {
     types.iter().map(|t| t.to_string()).collect()
+}
+
+/// An override as stored (`NULL` when it changes nothing).
+pub(crate) fn retry_json(o: Option<&RetryOverride>) -> Option<String> {
+    o.filter(|o| !o.is_empty())
+        .map(|o| serde_json::to_string(o).expect("an override serialises"))
 }
 
 fn opt_i32(v: Option<u32>) -> Option<i32> {
@@ -186,7 +198,8 @@ impl Platform {
         }
         let inserted = tx.execute(
             "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
-             rate_limit_per_sec, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             rate_limit_per_sec, max_in_flight, retry_policy) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb) \
              ON CONFLICT (id) DO NOTHING",
             &[
                 &uid,
@@ -197,6 +210,7 @@ impl Platform {
                 &ep.enabled,
                 &opt_i32(ep.rate_limit_per_sec),
                 &opt_i32(ep.max_in_flight),
+                &retry_json(Some(&ep.retry)),
             ],
         )
         .await
@@ -248,6 +262,7 @@ impl Platform {
                    rate_limit_per_sec = CASE WHEN $6 THEN $7 ELSE rate_limit_per_sec END, \
                    max_in_flight = CASE WHEN $8 THEN $9 ELSE max_in_flight END, \
                    disabled_reason = CASE WHEN $5 = false THEN 'disabled by ' || $10 WHEN $5 THEN NULL ELSE disabled_reason END, \
+                   retry_policy = CASE WHEN $11 THEN $12::text::jsonb ELSE retry_policy END, \
                    config_version = config_version + 1, updated_at = now() \
                  WHERE id = $1 AND deleted_at IS NULL RETURNING config_version, tenant_id",
                 &[
@@ -261,6 +276,8 @@ impl Platform {
                     &change.max_in_flight.is_some(),
                     &opt_i32(change.max_in_flight.flatten()),
                     &actor,
+                    &change.retry.is_some(),
+                    &retry_json(change.retry.flatten().as_ref()),
                 ],
             )
             .await
@@ -299,9 +316,10 @@ pub(crate) async fn record_version(
 ) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-         enabled, rate_limit_per_sec, max_in_flight, changed_by, secret_version) \
+         enabled, rate_limit_per_sec, max_in_flight, changed_by, secret_version, retry_policy) \
          SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
-         max_in_flight, $2, (SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id) \
+         max_in_flight, $2, (SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id), \
+         retry_policy \
          FROM walhook.endpoints e WHERE id = $1",
         &[&endpoint, &actor],
     )

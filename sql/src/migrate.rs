@@ -99,6 +99,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "secret_versions",
         sql: include_str!("../migrations/0015_secret_versions.sql"),
     },
+    Migration {
+        version: 16,
+        name: "retry_overrides",
+        sql: include_str!("../migrations/0016_retry_overrides.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -7,8 +7,10 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
+use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::ids::TenantId;
 
+use crate::endpoints::retry_json;
 use crate::{Platform, StoreError};
 
 /// A tenant as stored.
@@ -26,6 +28,32 @@ pub struct TenantRecord {
     pub created_at: SystemTime,
     /// When it was disabled, if it is.
     pub disabled_at: Option<SystemTime>,
+    /// Its retry schedule's changes, when it has any.
+    pub retry: Option<RetryOverride>,
+}
+
+/// A change to a tenant; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct TenantChange {
+    /// New weight.
+    pub weight: Option<i32>,
+    /// New in-flight budget (`Some(None)` removes it).
+    pub max_in_flight: Option<Option<i32>>,
+    /// New retry schedule changes (`Some(None)` removes them).
+    pub retry: Option<Option<RetryOverride>>,
+}
+
+impl TenantChange {
+    fn changed_fields(&self) -> Vec<&'static str> {
+        [
+            ("weight", self.weight.is_some()),
+            ("max_in_flight", self.max_in_flight.is_some()),
+            ("retry", self.retry.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
 }
 
 /// An API key as stored (never the key itself).
@@ -55,6 +83,9 @@ fn tenant_row(r: &tokio_postgres::Row) -> Option<TenantRecord> {
         created_at: r.get(3),
         disabled_at: r.get(4),
         max_in_flight: r.get(5),
+        retry: r
+            .get::<_, Option<String>>(6)
+            .and_then(|t| serde_json::from_str(&t).ok()),
     })
 }
 
@@ -70,7 +101,8 @@ fn key_row(r: &tokio_postgres::Row) -> Option<ApiKeyRecord> {
     })
 }
 
-const TENANT_COLUMNS: &str = "id, name, weight, created_at, disabled_at, max_in_flight";
+const TENANT_COLUMNS: &str =
+    "id, name, weight, created_at, disabled_at, max_in_flight, retry_policy::text";
 const KEY_COLUMNS: &str = "id, tenant_id, name, prefix, created_at, created_by, revoked_at";
 
 impl Platform {
@@ -81,6 +113,7 @@ impl Platform {
         name: &str,
         weight: i32,
         max_in_flight: Option<i32>,
+        retry: &RetryOverride,
         actor: &str,
     ) -> Result<Option<TenantRecord>, StoreError> {
         let mut client = self.client().await?;
@@ -91,10 +124,17 @@ impl Platform {
         let row = tx
             .query_opt(
                 &format!(
-                    "INSERT INTO walhook.tenants (id, name, weight, max_in_flight) VALUES ($1, $2, $3, $4) \
+                    "INSERT INTO walhook.tenants (id, name, weight, max_in_flight, retry_policy) \
+                     VALUES ($1, $2, $3, $4, $5::text::jsonb) \
                      ON CONFLICT (id) DO NOTHING RETURNING {TENANT_COLUMNS}"
                 ),
-                &[&id.as_str(), &name, &weight, &max_in_flight],
+                &[
+                    &id.as_str(),
+                    &name,
+                    &weight,
+                    &max_in_flight,
+                    &retry_json(Some(retry)),
+                ],
             )
             .await
             .map_err(StoreError::query("create a tenant"))?;
@@ -104,14 +144,62 @@ impl Platform {
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'tenant.created', $1, jsonb_build_object('name', $3::text, 'weight', $4::int4, \
-                     'max_in_flight', $5::int4))",
-            &[&id.as_str(), &actor, &name, &weight, &max_in_flight],
+                     'max_in_flight', $5::int4, 'retry', $6::text::jsonb))",
+            &[&id.as_str(), &actor, &name, &weight, &max_in_flight, &retry_json(Some(retry))],
         )
         .await
         .map_err(StoreError::query("audit a tenant creation"))?;
         tx.commit()
             .await
             .map_err(StoreError::query("commit a tenant creation"))?;
+        Ok(tenant_row(&row))
+    }
+
+    /// Applies `change` to tenant `id`, with an audit record; `None` when
+    /// there is no such tenant.
+    pub async fn update_tenant(
+        &self,
+        id: &TenantId,
+        change: &TenantChange,
+        actor: &str,
+    ) -> Result<Option<TenantRecord>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        let row = tx
+            .query_opt(
+                &format!(
+                    "UPDATE walhook.tenants SET weight = coalesce($2, weight), \
+                       max_in_flight = CASE WHEN $3 THEN $4 ELSE max_in_flight END, \
+                       retry_policy = CASE WHEN $5 THEN $6::text::jsonb ELSE retry_policy END \
+                     WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+                ),
+                &[
+                    &id.as_str(),
+                    &change.weight,
+                    &change.max_in_flight.is_some(),
+                    &change.max_in_flight.flatten(),
+                    &change.retry.is_some(),
+                    &retry_json(change.retry.flatten().as_ref()),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("update a tenant"))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        tx.execute(
+            "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
+             VALUES ($1, $2, 'tenant.updated', $1, jsonb_build_object('changed', $3::text[]))",
+            &[&id.as_str(), &actor, &change.changed_fields()],
+        )
+        .await
+        .map_err(StoreError::query("audit a tenant change"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit a tenant change"))?;
         Ok(tenant_row(&row))
     }
 

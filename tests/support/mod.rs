@@ -168,6 +168,7 @@ impl World {
                     rate_limit_per_sec: None,
                     max_in_flight: None,
                     enabled: true,
+                    retry: Default::default(),
                 },
                 "test",
             )
@@ -195,6 +196,7 @@ impl World {
                     rate_limit_per_sec: None,
                     max_in_flight: None,
                     enabled: true,
+                    retry: Default::default(),
                 },
                 "test",
             )

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use walhook_sql::endpoint_admin::{EndpointRecord, EndpointVersionRecord};
 
-use super::{double_option, ts};
+use super::{RetrySchedule, double_option, ts};
 use crate::idempotency::ShownOnce;
 
 /// The longest URL accepted.
@@ -52,6 +52,10 @@ pub struct CreateEndpoint {
     /// Whether it receives deliveries (default true).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Its own retry schedule; absent fields inherit the tenant's, then
+    /// the platform's.
+    #[serde(default)]
+    pub retry: Option<RetrySchedule>,
 }
 
 /// A change to an endpoint: absent fields stay as they are. Every change
@@ -79,6 +83,10 @@ pub struct PatchEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub max_in_flight: Option<Option<u32>>,
+    /// A new retry schedule (replacing the old); null removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<RetrySchedule>)]
+    pub retry: Option<Option<RetrySchedule>>,
 }
 
 /// An endpoint.
@@ -109,6 +117,9 @@ pub struct Endpoint {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// Its own retry schedule, if it has one (absent fields inherit the
+    /// tenant's, then the platform's).
+    pub retry: Option<RetrySchedule>,
 }
 
 impl From<EndpointRecord> for Endpoint {
@@ -126,6 +137,7 @@ impl From<EndpointRecord> for Endpoint {
             secret_version: r.secret_version,
             created_at: ts(r.created_at),
             updated_at: ts(r.updated_at),
+            retry: r.retry.map(RetrySchedule::from),
         }
     }
 }
@@ -220,6 +232,8 @@ pub struct EndpointVersion {
     /// on (a secret rotation makes a new config version); absent for
     /// versions recorded before walhook kept it.
     pub secret_version: Option<i32>,
+    /// Its own retry schedule then, if it had one.
+    pub retry: Option<RetrySchedule>,
 }
 
 impl From<EndpointVersionRecord> for EndpointVersion {
@@ -235,6 +249,7 @@ impl From<EndpointVersionRecord> for EndpointVersion {
             changed_at: ts(r.changed_at),
             changed_by: r.changed_by,
             secret_version: r.secret_version,
+            retry: r.retry.map(RetrySchedule::from),
         }
     }
 }

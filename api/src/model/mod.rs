@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
+use walhook_pipeline::dispatch::policy::RetryOverride;
 
 /// A stored time as an RFC 3339 UTC value.
 pub fn ts(t: SystemTime) -> DateTime<Utc> {
@@ -32,6 +33,54 @@ where
     T: Deserialize<'de>,
 {
     Option::<T>::deserialize(d).map(Some)
+}
+
+/// Changes to the retry schedule (`[retry]`) for a tenant or an endpoint.
+/// Absent fields inherit: an endpoint's from its tenant, a tenant's from
+/// `[retry]`. Each value must lie within the operator's `[retry.limits]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySchedule {
+    /// Automatic attempts at most, the first included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 8)]
+    pub max_attempts: Option<u32>,
+    /// The first backoff ceiling, in seconds (the delay before attempt
+    /// `n + 1` is uniform in `[0, min(max_delay, base_delay · 2^(n-1))]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 10)]
+    pub base_delay_seconds: Option<u64>,
+    /// The largest backoff ceiling, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 3600)]
+    pub max_delay_seconds: Option<u64>,
+    /// No automatic attempt after this many seconds from the delivery's
+    /// creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 86400)]
+    pub deadline_seconds: Option<u64>,
+}
+
+impl From<RetrySchedule> for RetryOverride {
+    fn from(r: RetrySchedule) -> Self {
+        RetryOverride {
+            max_attempts: r.max_attempts,
+            base_delay_seconds: r.base_delay_seconds,
+            max_delay_seconds: r.max_delay_seconds,
+            deadline_seconds: r.deadline_seconds,
+        }
+    }
+}
+
+impl From<RetryOverride> for RetrySchedule {
+    fn from(r: RetryOverride) -> Self {
+        RetrySchedule {
+            max_attempts: r.max_attempts,
+            base_delay_seconds: r.base_delay_seconds,
+            max_delay_seconds: r.max_delay_seconds,
+            deadline_seconds: r.deadline_seconds,
+        }
+    }
 }
 
 /// An event type of the catalog.

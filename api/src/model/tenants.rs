@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use walhook_sql::tenants::{ApiKeyRecord, TenantRecord};
 
-use super::ts;
+use super::{RetrySchedule, double_option, ts};
 use crate::auth::key_text_id;
 use crate::idempotency::ShownOnce;
 
@@ -36,6 +36,27 @@ pub struct CreateTenant {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100000)]
     pub max_in_flight: Option<i32>,
+    /// Its retry schedule; absent fields inherit `[retry]`, and its
+    /// endpoints' own schedules override it field by field.
+    #[serde(default)]
+    pub retry: Option<RetrySchedule>,
+}
+
+/// A change to a tenant: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchTenant {
+    /// A new share of dispatch capacity, 1 to 1000.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub weight: Option<i32>,
+    /// A new in-flight budget per dispatcher node; null removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<i32>, minimum = 1, maximum = 100000)]
+    pub max_in_flight: Option<Option<i32>>,
+    /// A new retry schedule (replacing the old); null removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<RetrySchedule>)]
+    pub retry: Option<Option<RetrySchedule>>,
 }
 
 /// A tenant.
@@ -49,6 +70,8 @@ pub struct Tenant {
     pub weight: i32,
     /// Its own in-flight budget per dispatcher node, when set.
     pub max_in_flight: Option<i32>,
+    /// Its retry schedule, when it has one.
+    pub retry: Option<RetrySchedule>,
     /// When it was registered.
     pub created_at: DateTime<Utc>,
     /// When it was disabled.
@@ -62,6 +85,7 @@ impl From<TenantRecord> for Tenant {
             name: r.name,
             weight: r.weight,
             max_in_flight: r.max_in_flight,
+            retry: r.retry.map(RetrySchedule::from),
             created_at: ts(r.created_at),
             disabled_at: r.disabled_at.map(ts),
         }

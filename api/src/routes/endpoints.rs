@@ -94,6 +94,7 @@ pub async fn create_endpoint(
         MAX_RATE_LIMIT,
     );
     checks.range("max_in_flight", b.max_in_flight, 1, MAX_IN_FLIGHT);
+    checks.retry(b.retry.as_ref(), &state.settings.retry_limits);
     checks.finish()?;
     let new = NewEndpoint {
         tenant_id: caller.tenant.clone(),
@@ -103,6 +104,7 @@ pub async fn create_endpoint(
         rate_limit_per_sec: b.rate_limit_per_sec,
         max_in_flight: b.max_in_flight,
         enabled: b.enabled,
+        retry: b.retry.map(Into::into).unwrap_or_default(),
     };
     // With an Idempotency-Key the id comes from the key, so that a retry
     // after a crash between the work and storing its response cannot make
@@ -238,6 +240,7 @@ pub async fn patch_endpoint(
         MAX_RATE_LIMIT,
     );
     checks.range("max_in_flight", b.max_in_flight.flatten(), 1, MAX_IN_FLIGHT);
+    checks.retry(b.retry.flatten().as_ref(), &state.settings.retry_limits);
     let change = EndpointChange {
         url,
         event_types: types,
@@ -245,11 +248,12 @@ pub async fn patch_endpoint(
         enabled: b.enabled,
         rate_limit_per_sec: b.rate_limit_per_sec,
         max_in_flight: b.max_in_flight,
+        retry: b.retry.map(|r| r.map(Into::into)),
     };
     if change.changed_fields().is_empty() {
         checks.fail(
             "body",
-            "changes nothing; give at least one of url, description, event_types, enabled, rate_limit_per_sec, max_in_flight",
+            "changes nothing; give at least one of url, description, event_types, enabled, rate_limit_per_sec, max_in_flight, retry",
         );
     }
     checks.finish()?;

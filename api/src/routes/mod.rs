@@ -44,7 +44,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi_json))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
-        .route("/v1/tenants/{tenant_id}", get(get_tenant))
+        .route(
+            "/v1/tenants/{tenant_id}",
+            get(get_tenant).patch(patch_tenant),
+        )
         .route(
             "/v1/tenants/{tenant_id}/api-keys",
             post(create_api_key).get(list_api_keys),

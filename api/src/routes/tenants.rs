@@ -72,9 +72,11 @@ pub async fn create_tenant(
         );
     }
     let max_in_flight = b.max_in_flight;
+    checks.retry(b.retry.as_ref(), &state.settings.retry_limits);
+    let retry = b.retry.map(Into::into).unwrap_or_default();
     checks.finish()?;
     let id = id.expect("checked above");
-    let (s, id, name) = (&state, &id, &name);
+    let (s, id, name, retry) = (&state, &id, &name, &retry);
     idempotency::once(
         s,
         &Principal::Operator,
@@ -84,7 +86,7 @@ pub async fn create_tenant(
         || async move {
             match s
                 .platform
-                .insert_tenant(id, name, weight, max_in_flight, "operator")
+                .insert_tenant(id, name, weight, max_in_flight, retry, "operator")
                 .await?
             {
                 Some(t) => Ok(Reply::json(StatusCode::CREATED, &Tenant::from(t))),
@@ -140,6 +142,58 @@ pub async fn get_tenant(
 ) -> Result<Response, ApiError> {
     let id = tenant_id(&id)?;
     match state.platform.tenant(&id).await? {
+        Some(t) => Ok(axum::Json(Tenant::from(t)).into_response()),
+        None => Err(ApiError::NotFound(format!("no tenant {id:?}"))),
+    }
+}
+
+/// Changes a tenant's weight, in-flight budget or retry schedule. Dispatch
+/// applies the change within a directory reload (about a second).
+#[utoipa::path(patch, path = "/v1/tenants/{tenant_id}", tag = "tenants",
+    params(("tenant_id" = String, Path, description = "The tenant")),
+    request_body = PatchTenant,
+    responses((status = 200, description = "The tenant as changed", body = Tenant), ErrorResponses),
+    security(("operator" = [])))]
+pub async fn patch_tenant(
+    _: Operator,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+    body: JsonBody<PatchTenant>,
+) -> Result<Response, ApiError> {
+    let id = tenant_id(&id)?;
+    let b = &body.value;
+    let mut checks = Checks::default();
+    if let Some(w) = b.weight
+        && !(1..=1000).contains(&w)
+    {
+        checks.fail("weight", format!("is {w}; give 1 to 1000"));
+    }
+    if let Some(Some(n)) = b.max_in_flight
+        && !(1..=100_000).contains(&n)
+    {
+        checks.fail(
+            "max_in_flight",
+            format!("is {n}; give 1 to 100000, or null for [dispatch] tenant_max_in_flight"),
+        );
+    }
+    checks.retry(b.retry.flatten().as_ref(), &state.settings.retry_limits);
+    let change = walhook_sql::tenants::TenantChange {
+        weight: b.weight,
+        max_in_flight: b.max_in_flight,
+        retry: b.retry.map(|r| r.map(Into::into)),
+    };
+    if b.weight.is_none() && b.max_in_flight.is_none() && b.retry.is_none() {
+        checks.fail(
+            "body",
+            "changes nothing; give at least one of weight, max_in_flight, retry",
+        );
+    }
+    checks.finish()?;
+    match state
+        .platform
+        .update_tenant(&id, &change, "operator")
+        .await?
+    {
         Some(t) => Ok(axum::Json(Tenant::from(t)).into_response()),
         None => Err(ApiError::NotFound(format!("no tenant {id:?}"))),
     }

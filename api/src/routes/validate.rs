@@ -138,6 +138,22 @@ impl Checks {
     }
 
     /// An integer in `min..=max`.
+    /// Checks a retry schedule against the operator's limits; each problem
+    /// names `retry.<field>`.
+    pub fn retry(
+        &mut self,
+        value: Option<&crate::model::RetrySchedule>,
+        limits: &walhook_pipeline::dispatch::policy::RetryLimits,
+    ) {
+        if let Some(v) = value {
+            let o = walhook_pipeline::dispatch::policy::RetryOverride::from(*v);
+            for (field, why) in o.problems(limits) {
+                self.fail(format!("retry.{field}"), why);
+            }
+        }
+    }
+
+    /// Records a failure unless `value` lies in `min..=max`.
     pub fn range(&mut self, field: &str, value: Option<u32>, min: u32, max: u32) {
         if let Some(v) = value
             && !(min..=max).contains(&v)

@@ -297,6 +297,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     rate_limit_per_sec: None,
                     max_in_flight: None,
                     enabled: true,
+                    retry: Default::default(),
                 },
                 "demo",
             )

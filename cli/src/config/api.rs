@@ -159,6 +159,7 @@ impl ApiConfig {
         settings.test_delivery_deadline = cfg.retry.deadline;
         settings.limits = self.limits();
         settings.replay_window = cfg.archive.replay_window;
+        settings.retry_limits = cfg.retry.limits;
         settings
     }
 }

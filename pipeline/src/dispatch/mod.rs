@@ -55,7 +55,7 @@ use self::egress::{Egress, EgressResult, build_request};
 use self::numbering::Numbering;
 use self::observe::{AttemptObserver, AttemptSeen, NoObserver};
 use self::outcome::{AttemptOutcome, ErrorClass};
-use self::policy::{DeliveryState, RetryPolicy};
+use self::policy::{DeliveryState, RetryOverride, RetryPolicy};
 use self::recorder::Record;
 use self::scheduler::{Limits, Scheduler, SchedulerConfig};
 use self::sweeper::Claimed;
@@ -175,6 +175,8 @@ struct Finished {
     config_version: i32,
     /// The secrets that signed it.
     secrets: Arc<[VersionedSecret]>,
+    /// The endpoint's retry overrides when it was sent.
+    retry: RetryOverride,
     started_at: Timestamp,
     finished_at: Timestamp,
     result: EgressResult,
@@ -186,6 +188,7 @@ struct InFlight {
     number: u32,
     config_version: i32,
     secrets: Arc<[VersionedSecret]>,
+    retry: RetryOverride,
     started_at: Timestamp,
 }
 
@@ -599,6 +602,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             let url = endpoint.url.clone();
             let secrets = endpoint.secrets.clone();
             let config_version = endpoint.config_version;
+            let retry = endpoint.retry;
             let egress = self.egress.clone();
             let clock = self.settings.clock.clone();
             let started_at = clock.now();
@@ -608,6 +612,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 number,
                 config_version,
                 secrets: secrets.clone(),
+                retry,
                 started_at,
             };
             let handle = attempts.spawn(async move {
@@ -623,6 +628,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     number,
                     config_version,
                     secrets,
+                    retry,
                     started_at,
                     finished_at: clock.now(),
                     result,
@@ -647,6 +653,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             number: out.number,
             config_version: out.config_version,
             secrets: out.secrets,
+            retry: out.retry,
             started_at: out.started_at,
             finished_at: now,
             result: EgressResult::bare(AttemptOutcome::Retryable {
@@ -672,6 +679,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             && let Some(newer) = state.sched.lease(&f.job.delivery_id)
         {
             f.job.lease_version = f.job.lease_version.max(newer);
+        }
+        // The endpoint's (or its tenant's) schedule; a deadline of its own
+        // moves the delivery's expiry (written with its first attempt).
+        let policy = self.settings.retry.with(&f.retry);
+        if f.retry.deadline_seconds.is_some() {
+            f.job.expires_at = f.job.created_at.plus(policy.deadline);
         }
         let job = &f.job;
         let outcome = f.result.outcome;
@@ -732,7 +745,6 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         if f.number > 1 {
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
         }
-        let policy = &self.settings.retry;
         let before = DeliveryState {
             status: DeliveryStatus::Pending,
             attempts: job.attempt_count,
@@ -740,7 +752,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             expires_at: job.expires_at,
             next_attempt_at: job.next_attempt_at,
         };
-        let next = before.next(&outcome, policy, f.finished_at, rand::random::<f64>());
+        let next = before.next(&outcome, &policy, f.finished_at, rand::random::<f64>());
         match next.status {
             DeliveryStatus::Succeeded => {
                 self.counters.succeeded.fetch_add(1, Ordering::Relaxed);

@@ -41,6 +41,7 @@ fn policy() -> RetryPolicy {
         deadline: Duration::from_secs(3600),
         retry_after_cap: Duration::from_secs(120),
         slow_down_floor: Duration::from_secs(5),
+        ..RetryPolicy::default()
     }
 }
 

@@ -6,6 +6,11 @@
 //! when the receiver sent one. No attempt is scheduled past the deadline
 //! (24 h from the delivery's creation by default) or beyond the maximum
 //! attempt count: the delivery is then `exhausted`.
+//!
+//! Tenants and endpoints may override the schedule's shape
+//! ([`RetryOverride`]: attempts, first and largest delay, deadline) within
+//! the operator's bounds ([`RetryLimits`]); an endpoint's field wins over its
+//! tenant's, which wins over `[retry]`.
 
 use std::time::Duration;
 
@@ -34,6 +39,8 @@ pub struct RetryPolicy {
     /// The least delay after a 429 or a timeout.
     #[serde(with = "crate::duration")]
     pub slow_down_floor: Duration,
+    /// What tenants and endpoints may ask for in their overrides.
+    pub limits: RetryLimits,
 }
 
 impl Default for RetryPolicy {
@@ -45,13 +52,179 @@ impl Default for RetryPolicy {
             deadline: Duration::from_secs(24 * 3600),
             retry_after_cap: Duration::from_secs(3600),
             slow_down_floor: Duration::from_secs(30),
+            limits: RetryLimits::default(),
         }
     }
 }
 
+/// The operator's bounds on tenants' and endpoints' retry overrides
+/// (`[retry.limits]`). The API refuses an override outside them; dispatch
+/// clamps a stored one into them (bounds tightened after it was set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryLimits {
+    /// The most automatic attempts an override may ask for.
+    pub max_attempts: u32,
+    /// The shortest first delay (and largest delay) an override may set.
+    #[serde(with = "crate::duration")]
+    pub min_delay: Duration,
+    /// The longest largest delay an override may set.
+    #[serde(with = "crate::duration")]
+    pub max_delay: Duration,
+    /// The longest deadline an override may set.
+    #[serde(with = "crate::duration")]
+    pub max_deadline: Duration,
+}
+
+impl Default for RetryLimits {
+    fn default() -> Self {
+        RetryLimits {
+            max_attempts: 50,
+            min_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(24 * 3600),
+            max_deadline: Duration::from_secs(72 * 3600),
+        }
+    }
+}
+
+impl RetryLimits {
+    fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("retry.limits.max_attempts must be at least 1".into());
+        }
+        if self.max_delay < self.min_delay {
+            return Err(format!(
+                "retry.limits.max_delay ({:?}) must be at least retry.limits.min_delay ({:?})",
+                self.max_delay, self.min_delay
+            ));
+        }
+        if self.max_deadline.is_zero() {
+            return Err("retry.limits.max_deadline must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// A tenant's or an endpoint's changes to the retry schedule; absent
+/// fields inherit. Stored as JSON (`retry_policy`), whole seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryOverride {
+    /// Automatic attempts at most (the first included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// The first backoff ceiling, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_delay_seconds: Option<u64>,
+    /// The largest backoff ceiling, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_seconds: Option<u64>,
+    /// No automatic attempt after this long from the delivery's creation,
+    /// seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+}
+
+impl RetryOverride {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == RetryOverride::default()
+    }
+
+    /// `self`'s fields, and `fallback`'s where `self` has none (an
+    /// endpoint's override over its tenant's).
+    pub fn or(self, fallback: RetryOverride) -> RetryOverride {
+        RetryOverride {
+            max_attempts: self.max_attempts.or(fallback.max_attempts),
+            base_delay_seconds: self.base_delay_seconds.or(fallback.base_delay_seconds),
+            max_delay_seconds: self.max_delay_seconds.or(fallback.max_delay_seconds),
+            deadline_seconds: self.deadline_seconds.or(fallback.deadline_seconds),
+        }
+    }
+
+    /// Every field outside `limits`, as (field, problem and fix).
+    pub fn problems(&self, limits: &RetryLimits) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let secs = |d: Duration| d.as_secs().max(1);
+        if let Some(n) = self.max_attempts
+            && !(1..=limits.max_attempts).contains(&n)
+        {
+            out.push((
+                "max_attempts",
+                format!(
+                    "is {n}; give 1 to {} (the operator's limit)",
+                    limits.max_attempts
+                ),
+            ));
+        }
+        let (lo, hi) = (secs(limits.min_delay), limits.max_delay.as_secs());
+        for (field, value) in [
+            ("base_delay_seconds", self.base_delay_seconds),
+            ("max_delay_seconds", self.max_delay_seconds),
+        ] {
+            if let Some(v) = value
+                && !(lo..=hi).contains(&v)
+            {
+                out.push((
+                    field,
+                    format!("is {v}; give {lo} to {hi} seconds (the operator's limits)"),
+                ));
+            }
+        }
+        if let (Some(base), Some(max)) = (self.base_delay_seconds, self.max_delay_seconds)
+            && max < base
+        {
+            out.push((
+                "max_delay_seconds",
+                format!("is {max}, below base_delay_seconds {base}; give at least {base}"),
+            ));
+        }
+        if let Some(d) = self.deadline_seconds
+            && !(1..=limits.max_deadline.as_secs()).contains(&d)
+        {
+            out.push((
+                "deadline_seconds",
+                format!(
+                    "is {d}; give 1 to {} seconds (the operator's limit)",
+                    limits.max_deadline.as_secs()
+                ),
+            ));
+        }
+        out
+    }
+}
+
 impl RetryPolicy {
+    /// The policy with `o`'s fields in place of its own, each clamped into
+    /// [`RetryLimits`] (a stored override survives bounds tightened later
+    /// without escaping them).
+    pub fn with(&self, o: &RetryOverride) -> RetryPolicy {
+        if o.is_empty() {
+            return self.clone();
+        }
+        let l = &self.limits;
+        let delay = |secs: u64| Duration::from_secs(secs).clamp(l.min_delay, l.max_delay);
+        let base_delay = o.base_delay_seconds.map_or(self.base_delay, delay);
+        let max_delay = o
+            .max_delay_seconds
+            .map_or(self.max_delay, delay)
+            .max(base_delay);
+        RetryPolicy {
+            base_delay,
+            max_delay,
+            max_attempts: o
+                .max_attempts
+                .map_or(self.max_attempts, |n| n.clamp(1, l.max_attempts)),
+            deadline: o.deadline_seconds.map_or(self.deadline, |s| {
+                Duration::from_secs(s).clamp(Duration::from_secs(1), l.max_deadline)
+            }),
+            ..self.clone()
+        }
+    }
+
     /// Checks the fields, naming the one at fault.
     pub fn validate(&self) -> Result<(), String> {
+        self.limits.validate()?;
         if self.max_attempts == 0 {
             return Err("retry.max_attempts must be at least 1".into());
         }
@@ -184,6 +357,7 @@ mod tests {
             deadline: Duration::from_secs(24 * 3600),
             retry_after_cap: Duration::from_secs(300),
             slow_down_floor: Duration::from_secs(5),
+            ..RetryPolicy::default()
         }
     }
 
@@ -193,6 +367,66 @@ mod tests {
             class,
             retry_after,
         }
+    }
+
+    #[test]
+    fn overrides_replace_fields_within_the_limits() {
+        let p = policy();
+        let endpoint = RetryOverride {
+            max_attempts: Some(3),
+            ..RetryOverride::default()
+        };
+        let tenant = RetryOverride {
+            max_attempts: Some(9),
+            deadline_seconds: Some(3600),
+            ..RetryOverride::default()
+        };
+        let merged = endpoint.or(tenant);
+        assert_eq!(merged.max_attempts, Some(3), "the endpoint's field wins");
+        assert_eq!(merged.deadline_seconds, Some(3600), "the tenant's fills in");
+        let e = p.with(&merged);
+        assert_eq!((e.max_attempts, e.deadline), (3, Duration::from_secs(3600)));
+        assert_eq!((e.base_delay, e.max_delay), (p.base_delay, p.max_delay));
+        assert_eq!(p.with(&RetryOverride::default()), p);
+
+        // Stored values outside bounds tightened later are clamped.
+        let wild = RetryOverride {
+            max_attempts: Some(1_000),
+            base_delay_seconds: Some(0),
+            max_delay_seconds: Some(10 * 24 * 3600),
+            deadline_seconds: Some(365 * 24 * 3600),
+        };
+        let e = p.with(&wild);
+        let l = p.limits;
+        assert_eq!(e.max_attempts, l.max_attempts);
+        assert_eq!(e.base_delay, l.min_delay);
+        assert_eq!(e.max_delay, l.max_delay);
+        assert_eq!(e.deadline, l.max_deadline);
+        // A first delay above the stored largest one raises the largest.
+        let e = p.with(&RetryOverride {
+            base_delay_seconds: Some(120),
+            ..RetryOverride::default()
+        });
+        assert_eq!(e.max_delay, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn problems_name_each_field_and_its_bounds() {
+        let l = RetryLimits::default();
+        assert!(RetryOverride::default().problems(&l).is_empty());
+        let bad = RetryOverride {
+            max_attempts: Some(0),
+            base_delay_seconds: Some(600),
+            max_delay_seconds: Some(60),
+            deadline_seconds: Some(0),
+        };
+        let fields: Vec<&str> = bad.problems(&l).iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            vec!["max_attempts", "max_delay_seconds", "deadline_seconds"]
+        );
+        let (_, why) = &bad.problems(&l)[0];
+        assert!(why.contains("is 0; give 1 to 50"), "{why}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::dispatch::policy::RetryOverride;
 use crate::event::EventType;
 use crate::ids::{EndpointId, TenantId};
 use crate::signing::VersionedSecret;
@@ -50,6 +51,9 @@ pub struct EndpointConfig {
     /// Why its row or secrets could not be loaded, when they could not: its
     /// deliveries are made and wait, none is sent.
     pub quarantine: Option<String>,
+    /// Its retry schedule's changes (the endpoint's fields over its
+    /// tenant's); empty: `[retry]` as configured.
+    pub retry: RetryOverride,
     /// Its recent subscription versions, oldest first: every version in
     /// force within [`VERSION_HORIZON`] (the current one included). Empty
     /// means the current configuration has always applied.
@@ -315,6 +319,7 @@ mod tests {
             rate_limit_per_sec: None,
             max_in_flight: None,
             secrets: Arc::from([]),
+            retry: RetryOverride::default(),
             created_at: crate::time::Timestamp(id as i64),
             quarantine: None,
             history: vec![],

@@ -111,6 +111,7 @@ impl World {
                         rate_limit_per_sec: None,
                         max_in_flight: Some(max_in_flight),
                         enabled: true,
+                        retry: Default::default(),
                     },
                     "bench",
                 )
