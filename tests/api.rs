@@ -423,6 +423,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
             "endpoint.disabled",
             "endpoint.secret_rotated",
             "endpoint.test_sent",
+            "endpoint.verified",
             "endpoint.created"
         ]
     );
@@ -876,6 +877,147 @@ async fn tenants_and_endpoints_set_their_own_retry_schedules() {
             .as_array()
             .is_some_and(|a| a.iter().any(|r| r["action"] == "tenant.updated")),
         "{audit}"
+    );
+    assert!(child.terminate().success());
+}
+
+/// Endpoint ownership: an endpoint that does not echo the signed challenge
+/// stays unverified and receives nothing (its delivery waits, visible);
+/// once it echoes, the delivery goes out; a URL moving to another host must
+/// pass again, a new path on the same host need not.
+#[tokio::test]
+async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&api_section(port)));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    w.receiver.ignore_verification("shy", true);
+    let (s, created) = api
+        .post(
+            &key,
+            "/v1/webhook-endpoints",
+            json!({"url": w.receiver.url("shy"), "event_types": ["order.created"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{created}");
+    assert_eq!(created["endpoint"]["verification"]["state"], "pending");
+    let ep = created["endpoint"]["id"].as_str().unwrap().to_owned();
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    w.receiver.set_secrets("shy", vec![secret]);
+    insert_order(&w, 1, "acme").await;
+
+    // The check arrives and fails; the delivery is made and waits.
+    let detail = api
+        .wait_for(
+            &key,
+            &format!("/v1/webhook-endpoints/{ep}"),
+            "a failed ownership check on record",
+            |b| b["verification"]["last_error"].is_string(),
+        )
+        .await;
+    assert_eq!(detail["verification"]["state"], "pending", "{detail}");
+    assert!(
+        detail["verification"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("without the challenge"),
+        "{detail}"
+    );
+    let pending = api
+        .wait_for(
+            &key,
+            &format!("/v1/webhook-deliveries?endpoint_id={ep}&status=pending"),
+            "the waiting delivery",
+            |b| b["data"].as_array().is_some_and(|d| d.len() == 1),
+        )
+        .await;
+    assert_eq!(pending["data"][0]["attempt_count"], 0, "{pending}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(w.receiver.verifications("shy") >= 1);
+    assert_eq!(
+        w.receiver.arrivals("shy"),
+        0,
+        "an unverified endpoint received a delivery"
+    );
+
+    // It learns to echo; a re-send passes, and the waiting delivery goes out.
+    w.receiver.ignore_verification("shy", false);
+    let (s, body) = api
+        .post(
+            &key,
+            &format!("/v1/webhook-endpoints/{ep}/verify"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (s, &body["verification"]["state"]),
+        (202, &json!("pending")),
+        "{body}"
+    );
+    api.wait_for(
+        &key,
+        &format!("/v1/webhook-endpoints/{ep}"),
+        "the endpoint verified",
+        |b| {
+            b["verification"]["state"] == "verified" && b["verification"]["verified_at"].is_string()
+        },
+    )
+    .await;
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(30), |rs| rs
+                .iter()
+                .any(|r| r.path == "shy"))
+            .await,
+        "the waiting delivery did not go out after the endpoint passed"
+    );
+    assert_eq!(
+        w.receiver.verification_signed("shy"),
+        Some(true),
+        "the ownership check was not signed with the endpoint's secret"
+    );
+    let got = at(&w.receiver.received(), "shy");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].verified, Some(true));
+
+    // A new path on the same host keeps it verified; another host does not.
+    let path = format!("/v1/webhook-endpoints/{ep}");
+    let (s, body) = api
+        .call(
+            &key,
+            Method::PATCH,
+            &path,
+            Some(json!({"url": w.receiver.url("shy-v2")})),
+        )
+        .await;
+    assert_eq!(
+        (s, &body["verification"]["state"]),
+        (200, &json!("verified")),
+        "{body}"
+    );
+    let moved = w.receiver.url("shy").replace("127.0.0.1", "127.0.0.2");
+    let (s, body) = api
+        .call(&key, Method::PATCH, &path, Some(json!({"url": moved})))
+        .await;
+    assert_eq!(
+        (s, &body["verification"]["state"]),
+        (200, &json!("pending")),
+        "{body}"
+    );
+    let (_, audit) = api.get(&key, &format!("/v1/audit-log?target={ep}")).await;
+    let actions: Vec<&str> = audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        actions.contains(&"endpoint.verified")
+            && actions.contains(&"endpoint.verification_requested"),
+        "{actions:?}"
     );
     assert!(child.terminate().success());
 }

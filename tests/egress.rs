@@ -191,6 +191,7 @@ async fn endpoint_with_secret(w: &World, path: &str, types: &[&str]) -> (Endpoin
                 max_in_flight: None,
                 enabled: true,
                 retry: Default::default(),
+                verify: false,
             },
             "test",
         )

@@ -26,7 +26,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
         tenants::create_api_key, tenants::list_api_keys, tenants::revoke_api_key,
         endpoints::create_endpoint, endpoints::list_endpoints, endpoints::get_endpoint,
         endpoints::patch_endpoint, endpoints::delete_endpoint, endpoints::endpoint_versions,
-        endpoints::rotate_secret, endpoints::recover_endpoint, endpoints::test_endpoint,
+        endpoints::rotate_secret, endpoints::verify_endpoint, endpoints::recover_endpoint, endpoints::test_endpoint,
         deliveries::list_deliveries, deliveries::get_delivery, deliveries::replay_delivery,
         deliveries::cancel_delivery,
         catalog::list_event_types, catalog::list_audit,

@@ -190,6 +190,10 @@ pub struct ApiSettings {
     /// The bounds of tenants' and endpoints' retry schedules
     /// (`[retry.limits]`).
     pub retry_limits: walhook_pipeline::dispatch::policy::RetryLimits,
+    /// Whether endpoints must pass an ownership check (echo a challenge)
+    /// before anything is sent to them, at creation and whenever their URL's
+    /// host changes (`[api] require_verification`, default on).
+    pub require_verification: bool,
 }
 
 impl ApiSettings {
@@ -203,6 +207,7 @@ impl ApiSettings {
             limits: ApiLimits::default(),
             replay_window: Duration::from_secs(30 * 86_400),
             retry_limits: Default::default(),
+            require_verification: true,
         }
     }
 }

@@ -30,6 +30,7 @@ struct Memory {
     attempts: Mutex<Vec<AttemptRecord>>,
     states: Mutex<HashMap<DeliveryId, (DeliveryStatus, u32, Timestamp)>>,
     disabled: Mutex<Vec<(EndpointId, String)>>,
+    verifications: Mutex<Vec<(EndpointId, Result<(), String>)>>,
 }
 
 impl IncidentStore for Memory {
@@ -112,6 +113,15 @@ impl DispatchStore for Memory {
     async fn reject_replay(&self, _: i64, _: &str) -> Result<(), StoreError> {
         Ok(())
     }
+    async fn record_verification(
+        &self,
+        endpoint: EndpointId,
+        _: &str,
+        result: Result<(), String>,
+    ) -> Result<(), StoreError> {
+        self.verifications.lock().push((endpoint, result));
+        Ok(())
+    }
     async fn disable_endpoint(&self, endpoint: EndpointId, reason: &str) -> Result<(), StoreError> {
         self.disabled.lock().push((endpoint, reason.to_owned()));
         Ok(())
@@ -165,6 +175,7 @@ impl Harness {
                     secret,
                 }]),
                 retry: Default::default(),
+                verification: None,
                 created_at: Timestamp(0),
                 quarantine: None,
                 history: vec![],

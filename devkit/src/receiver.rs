@@ -104,6 +104,13 @@ struct EndpointState {
     behaviour: Option<Behaviour>,
     secrets: Vec<String>,
     hits: u32,
+    /// Ownership checks are not echoed (answered 200 without the
+    /// challenge) when set.
+    ignore_verification: bool,
+    /// Ownership checks that arrived, echoed or not.
+    verifications: u32,
+    /// Whether the latest one's signature verified (with secrets set).
+    verification_signed: Option<bool>,
 }
 
 #[derive(Default)]
@@ -186,6 +193,31 @@ async fn handle(
     let id = header(&headers, "webhook-id");
     let ts = header(&headers, "webhook-timestamp");
     let sig = header(&headers, "webhook-signature");
+    if header(&headers, "walhook-event-type") == "webhook.verification" {
+        // An ownership check: echoed whatever the path's behaviour, like a
+        // receiver that handles it before its own logic; not a delivery,
+        // so not among `received`.
+        let echo = {
+            let mut endpoints = shared.endpoints.lock();
+            let ep = endpoints.entry(path.clone()).or_default();
+            ep.verifications += 1;
+            if !ep.secrets.is_empty() {
+                ep.verification_signed = Some(
+                    ep.secrets
+                        .iter()
+                        .any(|s| verify_signature(s, &id, &ts, &body, &sig)),
+                );
+            }
+            !ep.ignore_verification
+        };
+        let challenge = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["challenge"].as_str().map(str::to_owned));
+        return match (echo, challenge) {
+            (true, Some(c)) => axum::Json(serde_json::json!({ "challenge": c })).into_response(),
+            _ => (StatusCode::OK, "ok").into_response(),
+        };
+    }
     let (behaviour, hit, verified) = {
         let mut endpoints = shared.endpoints.lock();
         let ep = endpoints.entry(path.clone()).or_default();
@@ -334,6 +366,36 @@ impl Receiver {
             .entry(path.to_owned())
             .or_default()
             .behaviour = Some(behaviour);
+    }
+
+    /// Whether `path` leaves ownership checks unanswered (`true`: it answers
+    /// 200 without echoing the challenge, so the endpoint stays unverified).
+    pub fn ignore_verification(&self, path: &str, ignore: bool) {
+        self.shared
+            .endpoints
+            .lock()
+            .entry(path.to_owned())
+            .or_default()
+            .ignore_verification = ignore;
+    }
+
+    /// Whether the latest ownership check `path` received was signed by
+    /// one of its secrets (`None` before one arrived with secrets set).
+    pub fn verification_signed(&self, path: &str) -> Option<bool> {
+        self.shared
+            .endpoints
+            .lock()
+            .get(path)
+            .and_then(|e| e.verification_signed)
+    }
+
+    /// Ownership checks `path` received.
+    pub fn verifications(&self, path: &str) -> u32 {
+        self.shared
+            .endpoints
+            .lock()
+            .get(path)
+            .map_or(0, |e| e.verifications)
     }
 
     /// Sets the secrets `path` verifies signatures with.

@@ -233,6 +233,16 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
         async { Ok((Vec::new(), 0)) }
     }
 
+    /// Records the outcome of an ownership check of `endpoint` for
+    /// `challenge`: `Ok` verifies it (unless a newer challenge replaced
+    /// this one meanwhile), `Err` keeps it waiting and stores why.
+    fn record_verification(
+        &self,
+        endpoint: crate::ids::EndpointId,
+        challenge: &str,
+        result: Result<(), String>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Hands held deliveries back (no attempt): they stay pending, become
     /// due no earlier than the given time, and any node may claim them then.
     fn release(&self, releases: &[Release]) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -147,6 +147,7 @@ impl History {
                 max_in_flight: None,
                 secrets: std::sync::Arc::from([]),
                 retry: Default::default(),
+                verification: None,
                 created_at: Timestamp::from_system_time(r.get(5)),
                 quarantine: None,
                 history: history.remove(&uid).unwrap_or_default(),
@@ -252,6 +253,7 @@ mod tests {
             max_in_flight: None,
             secrets: std::sync::Arc::from([]),
             retry: Default::default(),
+            verification: None,
             created_at: at(100),
             quarantine: None,
             history: vec![

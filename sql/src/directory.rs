@@ -71,7 +71,8 @@ impl EndpointSource for Platform {
                 "SELECT e.id, e.tenant_id, e.url, e.event_types, e.enabled, e.config_version, \
                         e.rate_limit_per_sec, e.max_in_flight, \
                         s.versions, s.key_ids, s.secrets, e.created_at, \
-                        e.retry_policy::text, t.retry_policy::text \
+                        e.retry_policy::text, t.retry_policy::text, \
+                        e.verification_challenge, e.verification_requested_at \
                  FROM walhook.endpoints e JOIN walhook.tenants t ON t.id = e.tenant_id \
                  CROSS JOIN LATERAL ( \
                      SELECT coalesce(array_agg(version ORDER BY version DESC), '{}') AS versions, \
@@ -216,6 +217,16 @@ impl EndpointSource for Platform {
                 max_in_flight: cap.map(|n| n.max(1) as u32),
                 secrets: secrets.into(),
                 retry,
+                verification: r.get::<_, Option<String>>(14).map(|challenge| {
+                    walhook_pipeline::endpoint::PendingVerification {
+                        challenge,
+                        requested_at: r
+                            .get::<_, Option<std::time::SystemTime>>(15)
+                            .map_or(walhook_pipeline::time::Timestamp(0), |t| {
+                                walhook_pipeline::time::Timestamp::from_system_time(t)
+                            }),
+                    }
+                }),
                 created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(11)),
                 quarantine,
                 history: versions,

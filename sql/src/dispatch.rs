@@ -866,6 +866,17 @@ impl DispatchStore for Platform {
         Ok(())
     }
 
+    async fn record_verification(
+        &self,
+        endpoint: EndpointId,
+        challenge: &str,
+        result: Result<(), String>,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        Ok(self
+            .record_verification_result(endpoint, challenge, result)
+            .await?)
+    }
+
     async fn disable_endpoint(
         &self,
         endpoint: EndpointId,

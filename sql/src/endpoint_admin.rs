@@ -42,6 +42,23 @@ pub struct EndpointRecord {
     pub updated_at: SystemTime,
     /// Its retry schedule's changes, when it has any.
     pub retry: Option<RetryOverride>,
+    /// Its ownership check.
+    pub verification: VerificationRecord,
+}
+
+/// An endpoint's ownership check as stored.
+#[derive(Debug, Clone)]
+pub struct VerificationRecord {
+    /// Whether it waits for one (nothing is sent until it passes).
+    pub pending: bool,
+    /// When the current check was asked for.
+    pub requested_at: Option<SystemTime>,
+    /// When it passed.
+    pub verified_at: Option<SystemTime>,
+    /// Why the latest try of the current check failed.
+    pub last_error: Option<String>,
+    /// When that try was made.
+    pub last_checked_at: Option<SystemTime>,
 }
 
 /// One config version of an endpoint.
@@ -75,7 +92,12 @@ pub struct EndpointVersionRecord {
 const COLUMNS: &str = "e.id, e.url, e.description, e.event_types, e.enabled, e.disabled_reason, \
     e.rate_limit_per_sec, e.max_in_flight, e.config_version, \
     coalesce((SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id), 0), \
-    e.created_at, e.updated_at, e.retry_policy::text";
+    e.created_at, e.updated_at, e.retry_policy::text, \
+    e.verification_challenge IS NOT NULL, e.verification_requested_at, e.verified_at, \
+    (SELECT f.error FROM walhook.endpoint_verification_failures f \
+      WHERE f.endpoint_id = e.id AND f.challenge = e.verification_challenge), \
+    (SELECT f.checked_at FROM walhook.endpoint_verification_failures f \
+      WHERE f.endpoint_id = e.id AND f.challenge = e.verification_challenge)";
 
 /// A stored override (written by walhook, so it parses; one that does not is
 /// shown as none here and quarantines the endpoint in dispatch).
@@ -98,6 +120,13 @@ fn record(r: &tokio_postgres::Row) -> EndpointRecord {
         created_at: r.get(10),
         updated_at: r.get(11),
         retry: parse_retry(r.get(12)),
+        verification: VerificationRecord {
+            pending: r.get(13),
+            requested_at: r.get(14),
+            verified_at: r.get(15),
+            last_error: r.get(16),
+            last_checked_at: r.get(17),
+        },
     }
 }
 

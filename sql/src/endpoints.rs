@@ -34,6 +34,9 @@ pub struct NewEndpoint {
     pub enabled: bool,
     /// Changes to the retry schedule (empty: the tenant's, then `[retry]`).
     pub retry: RetryOverride,
+    /// Whether it must pass an ownership check before anything is sent
+    /// (the API's `[api] require_verification`).
+    pub verify: bool,
 }
 
 /// What [`Platform::create_endpoint_within`] did.
@@ -68,6 +71,9 @@ pub struct EndpointChange {
     pub max_in_flight: Option<Option<u32>>,
     /// New retry schedule changes (`Some(None)` removes them).
     pub retry: Option<Option<RetryOverride>>,
+    /// Whether the change needs a new ownership check (the URL's host
+    /// changed while checks are required).
+    pub reverify: bool,
 }
 
 impl EndpointChange {
@@ -198,8 +204,8 @@ impl Platform {
         }
         let inserted = tx.execute(
             "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
-             rate_limit_per_sec, max_in_flight, retry_policy) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb) \
+             rate_limit_per_sec, max_in_flight, retry_policy, verification_challenge, verification_requested_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb, $10, CASE WHEN $10::text IS NULL THEN NULL ELSE now() END) \
              ON CONFLICT (id) DO NOTHING",
             &[
                 &uid,
@@ -211,6 +217,7 @@ impl Platform {
                 &opt_i32(ep.rate_limit_per_sec),
                 &opt_i32(ep.max_in_flight),
                 &retry_json(Some(&ep.retry)),
+                &ep.verify.then(crate::verification::new_challenge),
             ],
         )
         .await
@@ -263,6 +270,9 @@ impl Platform {
                    max_in_flight = CASE WHEN $8 THEN $9 ELSE max_in_flight END, \
                    disabled_reason = CASE WHEN $5 = false THEN 'disabled by ' || $10 WHEN $5 THEN NULL ELSE disabled_reason END, \
                    retry_policy = CASE WHEN $11 THEN $12::text::jsonb ELSE retry_policy END, \
+                   verification_challenge = coalesce($13, verification_challenge), \
+                   verification_requested_at = CASE WHEN $13::text IS NULL THEN verification_requested_at ELSE now() END, \
+                   verified_at = CASE WHEN $13::text IS NULL THEN verified_at END, \
                    config_version = config_version + 1, updated_at = now() \
                  WHERE id = $1 AND deleted_at IS NULL RETURNING config_version, tenant_id",
                 &[
@@ -278,6 +288,7 @@ impl Platform {
                     &actor,
                     &change.retry.is_some(),
                     &retry_json(change.retry.flatten().as_ref()),
+                    &change.reverify.then(crate::verification::new_challenge),
                 ],
             )
             .await

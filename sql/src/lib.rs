@@ -35,6 +35,7 @@ pub mod replay;
 pub mod rotation;
 pub mod secrets;
 pub mod tenants;
+pub mod verification;
 
 pub use secrets::Keyring;
 

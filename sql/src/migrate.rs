@@ -104,6 +104,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "retry_overrides",
         sql: include_str!("../migrations/0016_retry_overrides.sql"),
     },
+    Migration {
+        version: 17,
+        name: "endpoint_verification",
+        sql: include_str!("../migrations/0017_endpoint_verification.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -158,10 +158,16 @@ pub async fn endpoint(
     assert_eq!(s, 201, "{created}");
     let secret = created["secret"].as_str().unwrap().to_owned();
     w.receiver.set_secrets(path, vec![secret.clone()]);
-    (
-        created["endpoint"]["id"].as_str().unwrap().to_owned(),
-        secret,
+    let id = created["endpoint"]["id"].as_str().unwrap().to_owned();
+    // The receiver echoes the ownership check; nothing is sent before.
+    api.wait_for(
+        key,
+        &format!("/v1/webhook-endpoints/{id}"),
+        "the endpoint's ownership check",
+        |b| b["verification"]["state"] == "verified",
     )
+    .await;
+    (id, secret)
 }
 
 pub fn at(received: &[Received], path: &str) -> Vec<Received> {

@@ -169,6 +169,7 @@ impl World {
                     max_in_flight: None,
                     enabled: true,
                     retry: Default::default(),
+                    verify: false,
                 },
                 "test",
             )
@@ -197,6 +198,7 @@ impl World {
                     max_in_flight: None,
                     enabled: true,
                     retry: Default::default(),
+                    verify: false,
                 },
                 "test",
             )

@@ -120,6 +120,37 @@ pub struct Endpoint {
     /// Its own retry schedule, if it has one (absent fields inherit the
     /// tenant's, then the platform's).
     pub retry: Option<RetrySchedule>,
+    /// Its ownership check.
+    pub verification: Verification,
+}
+
+/// Whether an endpoint proved that its URL wants these webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerificationState {
+    /// It echoed the challenge (or was created without the requirement).
+    Verified,
+    /// It has not echoed the current challenge: its deliveries are made
+    /// and wait; nothing is sent to it.
+    Pending,
+}
+
+/// An endpoint's ownership check: walhook sends a signed
+/// `webhook.verification` request with a `challenge`; the endpoint passes by
+/// answering 2xx with the challenge in its body (`{"challenge": "…"}`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Verification {
+    /// Verified or pending.
+    pub state: VerificationState,
+    /// When the current check was asked for.
+    pub requested_at: Option<DateTime<Utc>>,
+    /// When it passed.
+    pub verified_at: Option<DateTime<Utc>>,
+    /// Why the latest try of the current check failed (retried every
+    /// minute; `POST …/verify` sends a new one at once).
+    pub last_error: Option<String>,
+    /// When that try was made.
+    pub last_checked_at: Option<DateTime<Utc>>,
 }
 
 impl From<EndpointRecord> for Endpoint {
@@ -138,6 +169,17 @@ impl From<EndpointRecord> for Endpoint {
             created_at: ts(r.created_at),
             updated_at: ts(r.updated_at),
             retry: r.retry.map(RetrySchedule::from),
+            verification: Verification {
+                state: if r.verification.pending {
+                    VerificationState::Pending
+                } else {
+                    VerificationState::Verified
+                },
+                requested_at: r.verification.requested_at.map(ts),
+                verified_at: r.verification.verified_at.map(ts),
+                last_error: r.verification.last_error,
+                last_checked_at: r.verification.last_checked_at.map(ts),
+            },
         }
     }
 }

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::ToSchema;
+use walhook_connectors::http::policy::{UrlPolicy, VettedHost, check_url};
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::StoreError;
@@ -105,6 +106,7 @@ pub async fn create_endpoint(
         max_in_flight: b.max_in_flight,
         enabled: b.enabled,
         retry: b.retry.map(Into::into).unwrap_or_default(),
+        verify: state.settings.require_verification,
     };
     // With an Idempotency-Key the id comes from the key, so that a retry
     // after a crash between the work and storing its response cannot make
@@ -241,6 +243,11 @@ pub async fn patch_endpoint(
     );
     checks.range("max_in_flight", b.max_in_flight.flatten(), 1, MAX_IN_FLIGHT);
     checks.retry(b.retry.flatten().as_ref(), &state.settings.retry_limits);
+    let policy = &state.settings.url_policy;
+    let reverify = state.settings.require_verification
+        && url
+            .as_deref()
+            .is_some_and(|new| host_of(new, policy) != host_of(&record.url, policy));
     let change = EndpointChange {
         url,
         event_types: types,
@@ -249,6 +256,7 @@ pub async fn patch_endpoint(
         rate_limit_per_sec: b.rate_limit_per_sec,
         max_in_flight: b.max_in_flight,
         retry: b.retry.map(|r| r.map(Into::into)),
+        reverify,
     };
     if change.changed_fields().is_empty() {
         checks.fail(
@@ -443,6 +451,37 @@ pub async fn recover_endpoint(
         },
     )
     .await
+}
+
+/// The host of a URL as the egress policy compares hosts (`None` when the
+/// URL does not pass the policy).
+fn host_of(url: &str, policy: &UrlPolicy) -> Option<VettedHost> {
+    check_url(url, policy).ok().map(|v| v.host)
+}
+
+/// Sends the endpoint a new ownership check (a signed
+/// `webhook.verification` request with a fresh challenge that it must echo).
+/// Until it passes, its deliveries wait; the previous challenge no longer
+/// counts.
+#[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/verify", tag = "endpoints",
+    params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)")),
+    request_body(content = Empty, description = "Optional; `{}` or nothing"),
+    responses((status = 202, description = "The check is queued; the endpoint waits for it", body = Endpoint), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn verify_endpoint(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+    _body: JsonBody<Empty>,
+) -> Result<Response, ApiError> {
+    let record = owned(&state, &caller.tenant, &id).await?;
+    state
+        .platform
+        .request_verification(&caller.tenant, record.id, &caller.principal.actor())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no endpoint {}", record.id)))?;
+    let record = owned(&state, &caller.tenant, &id).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(Endpoint::from(record))).into_response())
 }
 
 /// Sends a `webhook.test` event to the endpoint through the normal

@@ -82,6 +82,10 @@ pub fn router(state: ApiState) -> Router {
             "/v1/webhook-endpoints/{endpoint_id}/test",
             post(test_endpoint),
         )
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}/verify",
+            post(verify_endpoint),
+        )
         .route("/v1/webhook-deliveries", get(list_deliveries))
         .route("/v1/webhook-deliveries/{delivery_id}", get(get_delivery))
         .route(

@@ -56,6 +56,14 @@ pub struct ApiConfig {
     /// Test events per tenant and minute.
     #[serde(default = "default_test_events_per_minute")]
     pub test_events_per_minute: u32,
+    /// Endpoints created through the API (and those whose URL's host
+    /// changes) receive nothing until they echo a signed challenge.
+    #[serde(default = "yes")]
+    pub require_verification: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_api_connections() -> usize {
@@ -160,6 +168,7 @@ impl ApiConfig {
         settings.limits = self.limits();
         settings.replay_window = cfg.archive.replay_window;
         settings.retry_limits = cfg.retry.limits;
+        settings.require_verification = self.require_verification;
         settings
     }
 }

@@ -38,6 +38,7 @@ pub mod policy;
 pub mod recorder;
 pub mod scheduler;
 pub mod sweeper;
+pub mod verify;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -101,8 +102,11 @@ pub struct DispatchSettings {
     pub max_held: usize,
     /// How long to wait for attempts in flight at shutdown.
     pub drain_timeout: Duration,
-    /// How often a paused delivery (endpoint disabled) is looked at again.
+    /// How often a paused delivery (endpoint disabled or not verified) is
+    /// looked at again.
     pub pause_recheck: Duration,
+    /// How long after a failed ownership check it is sent again.
+    pub verification_retry: Duration,
     /// Where time comes from.
     pub clock: Clock,
 }
@@ -125,6 +129,7 @@ impl Default for DispatchSettings {
             max_held: 200_000,
             drain_timeout: Duration::from_secs(10),
             pause_recheck: Duration::from_secs(5),
+            verification_retry: Duration::from_secs(60),
             clock: Clock::System,
         }
     }
@@ -339,6 +344,19 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             sweep_stop.clone(),
         ));
 
+        let verify_stop = CancellationToken::new();
+        let verifier = tokio::spawn(verify::run(
+            self.egress.clone(),
+            self.store.clone(),
+            self.directory.clone(),
+            verify::VerifySettings {
+                interval: self.settings.sweep_interval,
+                retry_every: self.settings.verification_retry,
+            },
+            verify_stop.clone(),
+        ));
+        let _stop_verifier = verify_stop.drop_guard();
+
         let mut attempts: JoinSet<Finished> = JoinSet::new();
         let mut draining: Option<Instant> = None;
         let idle = Duration::from_secs(3600);
@@ -437,6 +455,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             }
         }
         sweep_stop.cancel();
+        verifier.abort();
         if let Err(e) = (&mut sweeper).await {
             tracing::error!(error = %e, "the sweeper panicked");
         }
@@ -548,9 +567,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 job.lease_version = lease;
             }
             let endpoint = directory.endpoint(&job.endpoint_id).cloned();
-            let usable = endpoint
-                .as_ref()
-                .filter(|e| e.enabled && e.quarantine.is_none() && !e.secrets.is_empty());
+            let usable = endpoint.as_ref().filter(|e| {
+                e.enabled
+                    && e.quarantine.is_none()
+                    && e.verification.is_none()
+                    && !e.secrets.is_empty()
+            });
             let Some(endpoint) = usable else {
                 let held = manual.is_none().then_some(job.delivery_id);
                 state
@@ -561,6 +583,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     Some(e) if !e.enabled => "the endpoint is disabled",
                     Some(e) if e.quarantine.is_some() => {
                         "the endpoint is quarantined (its configuration cannot be loaded)"
+                    }
+                    Some(e) if e.verification.is_some() => {
+                        "the endpoint has not passed its ownership check (verification pending)"
                     }
                     Some(_) => "the endpoint has no active secret",
                 };
@@ -590,8 +615,8 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     )
                     .await;
                 } else {
-                    // Disabled or quarantined: the delivery stays pending
-                    // and visible.
+                    // Disabled, quarantined or not verified: the delivery
+                    // stays pending and visible.
                     state
                         .sched
                         .reschedule(job, now.plus(self.settings.pause_recheck));

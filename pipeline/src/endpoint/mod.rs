@@ -54,10 +54,23 @@ pub struct EndpointConfig {
     /// Its retry schedule's changes (the endpoint's fields over its
     /// tenant's); empty: `[retry]` as configured.
     pub retry: RetryOverride,
+    /// The ownership check it waits for, when it does: its deliveries are
+    /// made and wait (visible), none is sent until the URL echoed the
+    /// challenge. `None`: verified, or never required.
+    pub verification: Option<PendingVerification>,
     /// Its recent subscription versions, oldest first: every version in
     /// force within [`VERSION_HORIZON`] (the current one included). Empty
     /// means the current configuration has always applied.
     pub history: Vec<SubscriptionVersion>,
+}
+
+/// An ownership check an endpoint waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingVerification {
+    /// What the URL must echo.
+    pub challenge: String,
+    /// When it was asked for (a re-send asks again with a new challenge).
+    pub requested_at: crate::time::Timestamp,
 }
 
 /// How far back fan-out can tell which subscription was in force: events
@@ -268,6 +281,11 @@ impl Directory {
         &self.missing_keys
     }
 
+    /// The endpoints waiting for an ownership check.
+    pub fn unverified(&self) -> impl Iterator<Item = &Arc<EndpointConfig>> {
+        self.by_id.values().filter(|e| e.verification.is_some())
+    }
+
     /// The quarantined endpoints.
     pub fn quarantined(&self) -> impl Iterator<Item = &Arc<EndpointConfig>> {
         self.by_id.values().filter(|e| e.quarantine.is_some())
@@ -320,6 +338,7 @@ mod tests {
             max_in_flight: None,
             secrets: Arc::from([]),
             retry: RetryOverride::default(),
+            verification: None,
             created_at: crate::time::Timestamp(id as i64),
             quarantine: None,
             history: vec![],
