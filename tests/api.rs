@@ -1021,3 +1021,191 @@ async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
     );
     assert!(child.terminate().success());
 }
+
+/// The value of the first sample of `/metrics` text whose line starts with
+/// `prefix` (a name, with labels if given), if any.
+fn sample(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The metrics the seeds name, during an end-to-end run: each appears in
+/// `/metrics`, with a value where the run produced one; the Grafana
+/// dashboard in `docs/` parses and uses only metrics that exist.
+#[tokio::test]
+async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&api_section(port)));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    let key = onboard(&w, &api, "acme").await;
+    let (_, _) = endpoint(&w, &api, &key, "flaky", &["order.created"]).await;
+    w.receiver
+        .set_behaviour("flaky", Behaviour::FailFirst { n: 2, status: 503 });
+    let (s, slow) = api
+        .post(
+            &key,
+            "/v1/webhook-endpoints",
+            json!({"url": w.receiver.url("slow"), "event_types": ["order.created"],
+                   "rate_limit_per_sec": 1, "max_in_flight": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "{slow}");
+    let slow_id = slow["endpoint"]["id"].as_str().unwrap().to_owned();
+    api.wait_for(
+        &key,
+        &format!("/v1/webhook-endpoints/{slow_id}"),
+        "the rate-limited endpoint verified",
+        |b| b["verification"]["state"] == "verified",
+    )
+    .await;
+    // Slow answers: deliveries queue behind the endpoint's limits.
+    w.receiver.set_behaviour(
+        "slow",
+        Behaviour::Delay {
+            wait: Duration::from_millis(300),
+            status: 200,
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in 1..=4 {
+        insert_order(&w, id, "acme").await;
+    }
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(60), |rs| {
+                rs.iter().filter(|r| r.path == "slow").count() >= 4
+                    && rs
+                        .iter()
+                        .filter(|r| r.path == "flaky" && r.status == 200)
+                        .count()
+                        >= 4
+            })
+            .await,
+        "the deliveries did not all arrive"
+    );
+    // A replay of a delivery that succeeded.
+    let listed = api
+        .wait_for(
+            &key,
+            &format!("/v1/webhook-deliveries?endpoint_id={slow_id}&status=succeeded"),
+            "a succeeded delivery",
+            |b| b["data"].as_array().is_some_and(|d| !d.is_empty()),
+        )
+        .await;
+    let dlv = listed["data"][0]["id"].as_str().unwrap().to_owned();
+    let (s, body) = api
+        .post(
+            &key,
+            &format!("/v1/webhook-deliveries/{dlv}/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+
+    let mut metrics = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        metrics = api.text("/metrics").await;
+        // Counters appear with their first value; the checkpoint's slot
+        // lag with the first checkpoint after a heartbeat.
+        let ready = [
+            "walhook_dispatch_replays_total{outcome=\"succeeded\"}",
+            "walhook_dispatch_throttled_total",
+            "walhook_capture_checkpoint_slot_lag_bytes{",
+        ]
+        .iter()
+        .all(|name| sample(&metrics, name).is_some());
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let arrivals: Vec<_> = w
+        .receiver
+        .received()
+        .iter()
+        .filter(|r| r.path == "slow")
+        .map(|r| r.at)
+        .collect();
+    let positive = |prefix: &str| {
+        let v = sample(&metrics, prefix)
+            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}\n slow arrivals {arrivals:?}"));
+        assert!(v > 0.0, "{prefix} is {v}");
+    };
+    positive("walhook_fanout_latency_seconds_count");
+    positive("walhook_dispatch_attempts_by_status_class_total{status_class=\"2xx\"}");
+    positive("walhook_dispatch_attempts_by_status_class_total{status_class=\"5xx\"}");
+    positive(&format!(
+        "walhook_endpoint_attempts_total{{endpoint_id=\"{slow_id}\",status_class=\"2xx\"}}"
+    ));
+    positive("walhook_tenant_attempts_total{tenant_id=\"acme\",kind=\"auto\"}");
+    positive("walhook_tenant_deliveries_ended_total{tenant_id=\"acme\",kind=\"succeeded\"}");
+    positive("walhook_tenant_attempts_per_delivery_count{tenant_id=\"acme\"}");
+    // Which limit held them depends on timing; one of the two did.
+    positive("walhook_dispatch_throttled_total{tenant_id=\"acme\"");
+    positive("walhook_dispatch_replays_total{outcome=\"succeeded\"}");
+    // Retry amplification: the flaky endpoint failed its first two
+    // requests, so eight deliveries took ten automatic attempts.
+    let sum = sample(
+        &metrics,
+        "walhook_tenant_attempts_per_delivery_sum{tenant_id=\"acme\"}",
+    )
+    .unwrap();
+    let count = sample(
+        &metrics,
+        "walhook_tenant_attempts_per_delivery_count{tenant_id=\"acme\"}",
+    )
+    .unwrap();
+    assert_eq!((sum, count), (10.0, 8.0), "attempts per delivery");
+    for name in [
+        "walhook_dispatch_unknown_outcomes_total",
+        "walhook_dispatch_attempts_after_unknown_total",
+        "walhook_deliveries_oldest_due_age_seconds{kind=\"new\"}",
+        "walhook_deliveries_oldest_due_age_seconds{kind=\"retry\"}",
+        "walhook_capture_checkpoint_slot_lag_bytes{",
+        "walhook_capture_slot_lag_bytes",
+    ] {
+        assert!(sample(&metrics, name).is_some(), "no {name} in\n{metrics}");
+    }
+
+    // The dashboard: valid JSON whose queries name only served metrics.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/grafana-dashboard.json"
+    ))
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard parses");
+    let mut used = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("walhook_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                used.insert(name);
+            }
+        }
+    }
+    assert!(used.len() >= 12, "{used:?}");
+    for name in &used {
+        let base = ["_bucket", "_sum", "_count", "_total"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        assert!(
+            metrics.contains(&format!("# TYPE {base} ")),
+            "the dashboard uses {name}, which /metrics does not serve"
+        );
+    }
+    assert!(child.terminate().success());
+}

@@ -93,6 +93,41 @@ pub mod names {
     pub const DISPATCH_CIRCUITS_OPENED: &str = "walhook_dispatch_circuits_opened";
     /// Endpoints disabled by dispatch, for 410 or failing too long (counter).
     pub const DISPATCH_ENDPOINTS_DISABLED: &str = "walhook_dispatch_endpoints_disabled";
+    /// Seconds from an event's commit to its deliveries being durable
+    /// (fan-out committed past it) (histogram).
+    pub const FANOUT_LATENCY: &str = "walhook_fanout_latency_seconds";
+    /// Attempts by HTTP status class: `2xx` … `5xx`, `none` without a
+    /// response (counter).
+    pub const DISPATCH_ATTEMPTS_BY_STATUS_CLASS: &str = "walhook_dispatch_attempts_by_status_class";
+    /// Attempts by endpoint and status class, for the first
+    /// [`super::MAX_LABELLED`] endpoints seen, the rest as `other`
+    /// (counter).
+    pub const ENDPOINT_ATTEMPTS: &str = "walhook_endpoint_attempts";
+    /// Attempts by tenant and trigger (bounded like endpoints); with
+    /// [`TENANT_DELIVERIES_ENDED`] it gives retry amplification, attempts
+    /// per delivery (counter).
+    pub const TENANT_ATTEMPTS: &str = "walhook_tenant_attempts";
+    /// Deliveries that reached a final state, by tenant and state (counter).
+    pub const TENANT_DELIVERIES_ENDED: &str = "walhook_tenant_deliveries_ended";
+    /// Automatic attempts per delivery that ended, by tenant (histogram).
+    pub const TENANT_ATTEMPTS_PER_DELIVERY: &str = "walhook_tenant_attempts_per_delivery";
+    /// Times a ready delivery waited for a limit, by tenant and limit
+    /// (`rate_limit`, `endpoint_max_in_flight`, `tenant_budget`) (counter).
+    pub const DISPATCH_THROTTLED: &str = "walhook_dispatch_throttled";
+    /// Replays by outcome: `succeeded`, `failed`, `refused` (counter).
+    pub const DISPATCH_REPLAYS: &str = "walhook_dispatch_replays";
+    /// Attempts whose outcome nobody knows (out at a shutdown's end, or
+    /// their task failed): the receiver may have had them (counter).
+    pub const DISPATCH_UNKNOWN_OUTCOMES: &str = "walhook_dispatch_unknown_outcomes";
+    /// Attempts sent after an attempt of unknown outcome: each may be a
+    /// duplicate send the receiver deduplicates by `webhook-id` (counter).
+    pub const DISPATCH_ATTEMPTS_AFTER_UNKNOWN: &str = "walhook_dispatch_attempts_after_unknown";
+    /// Age of the oldest due delivery by kind, `new` (first attempt) or
+    /// `retry`, seconds (gauge, SQL).
+    pub const DELIVERIES_OLDEST_DUE_AGE: &str = "walhook_deliveries_oldest_due_age_seconds";
+    /// WAL a capture source's slot retained at its last checkpoint, bytes,
+    /// by source: the slot lag as `walhook api` sees it (gauge, SQL).
+    pub const CAPTURE_CHECKPOINT_SLOT_LAG: &str = "walhook_capture_checkpoint_slot_lag_bytes";
     /// Pending deliveries (gauge, SQL).
     pub const DELIVERIES_PENDING: &str = "walhook_deliveries_pending";
     /// Age of the oldest pending delivery, seconds (gauge, SQL).
@@ -165,6 +200,82 @@ pub struct NameLabel {
     pub name: String,
 }
 
+/// How many endpoints (and tenants) get series of their own; later ones
+/// are counted as `other`, so a platform with many endpoints keeps a
+/// bounded label set.
+pub const MAX_LABELLED: usize = 100;
+
+/// The label value for what is past [`MAX_LABELLED`].
+pub const OTHER: &str = "other";
+
+/// A status class label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusClassLabel {
+    /// `2xx`, `3xx`, `4xx`, `5xx` or `none`.
+    pub status_class: String,
+}
+
+/// Labels of per-endpoint attempts.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// The endpoint (`ep_…`) or `other`.
+    pub endpoint_id: String,
+    /// `2xx` … `5xx`, `none`.
+    pub status_class: String,
+}
+
+/// Labels of per-tenant series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    /// The tenant or `other`.
+    pub tenant_id: String,
+    /// What is counted: a trigger, a final state or a limit.
+    pub kind: String,
+}
+
+/// A tenant label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// The tenant or `other`.
+    pub tenant_id: String,
+}
+
+/// An outcome label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome.
+    pub outcome: String,
+}
+
+/// A kind label (`new`, `retry`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: String,
+}
+
+/// The first [`MAX_LABELLED`] values seen keep their own label; the rest are
+/// [`OTHER`].
+#[derive(Debug, Default)]
+pub struct Bounded(Mutex<std::collections::HashSet<String>>);
+
+impl Bounded {
+    /// The label for `value`.
+    pub fn label(&self, value: &str) -> String {
+        let mut seen = self.0.lock();
+        if seen.contains(value) || seen.len() < MAX_LABELLED {
+            seen.insert(value.to_owned());
+            value.to_owned()
+        } else {
+            OTHER.to_owned()
+        }
+    }
+}
+
+fn attempts_histogram() -> Histogram {
+    Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 50.0])
+}
+
 /// A gap class label (`class="missing_delivery"`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassLabel {
@@ -187,6 +298,30 @@ pub struct PipelineMetrics {
     pub capture_lag: Gauge<f64, AtomicU64>,
     /// WAL the slot retains, bytes.
     pub slot_lag_bytes: Gauge,
+    /// Commit to fan-out durable, seconds.
+    pub fanout_latency: Histogram,
+    /// Attempts by status class.
+    pub attempts_by_status_class: Family<StatusClassLabel, Counter>,
+    /// Attempts by endpoint (bounded) and status class.
+    pub endpoint_attempts: Family<EndpointLabels, Counter>,
+    /// Attempts by tenant (bounded) and trigger.
+    pub tenant_attempts: Family<TenantLabels, Counter>,
+    /// Deliveries ended by tenant and final state.
+    pub tenant_ended: Family<TenantLabels, Counter>,
+    /// Automatic attempts per ended delivery, by tenant.
+    pub tenant_attempts_per_delivery: HistogramFamily<TenantLabel>,
+    /// Waits for limits by tenant and limit.
+    pub throttled: Family<TenantLabels, Counter>,
+    /// Replays by outcome.
+    pub replays: Family<OutcomeLabel, Counter>,
+    /// Attempts of unknown outcome.
+    pub unknown_outcomes: Counter,
+    /// Attempts after one of unknown outcome.
+    pub attempts_after_unknown: Counter,
+    /// Which endpoints have labels of their own.
+    pub endpoints_labelled: Bounded,
+    /// Which tenants have labels of their own.
+    pub tenants_labelled: Bounded,
 }
 
 impl Default for PipelineMetrics {
@@ -202,6 +337,19 @@ impl Default for PipelineMetrics {
             ]),
             capture_lag: Gauge::default(),
             slot_lag_bytes: Gauge::default(),
+            // 1 ms to about 33 s.
+            fanout_latency: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            attempts_by_status_class: Family::default(),
+            endpoint_attempts: Family::default(),
+            tenant_attempts: Family::default(),
+            tenant_ended: Family::default(),
+            tenant_attempts_per_delivery: Family::new_with_constructor(attempts_histogram),
+            throttled: Family::default(),
+            replays: Family::default(),
+            unknown_outcomes: Counter::default(),
+            attempts_after_unknown: Counter::default(),
+            endpoints_labelled: Bounded::default(),
+            tenants_labelled: Bounded::default(),
         }
     }
 }
@@ -222,6 +370,8 @@ impl PipelineMetrics {
 #[derive(Debug, Default)]
 struct SqlGauges {
     pending: Gauge,
+    oldest_due_age: Family<KindLabel, Gauge<f64, AtomicU64>>,
+    checkpoint_slot_lag: Family<NameLabel, Gauge>,
     oldest_pending_age: Gauge<f64, AtomicU64>,
     overdue_unleased: Gauge,
     circuits: Family<NameLabel, Gauge>,
@@ -323,6 +473,56 @@ impl Metrics {
             "WAL the replication slot retains, in bytes",
             pipeline.slot_lag_bytes.clone(),
         );
+        registry.register(
+            FANOUT_LATENCY,
+            "Seconds from an event's commit to its deliveries being durable",
+            pipeline.fanout_latency.clone(),
+        );
+        registry.register(
+            DISPATCH_ATTEMPTS_BY_STATUS_CLASS,
+            "Attempts by HTTP status class (none: no response)",
+            pipeline.attempts_by_status_class.clone(),
+        );
+        registry.register(
+            ENDPOINT_ATTEMPTS,
+            "Attempts by endpoint (the first 100 seen; later ones as other) and status class",
+            pipeline.endpoint_attempts.clone(),
+        );
+        registry.register(
+            TENANT_ATTEMPTS,
+            "Attempts by tenant (the first 100 seen; later ones as other) and trigger (kind)",
+            pipeline.tenant_attempts.clone(),
+        );
+        registry.register(
+            TENANT_DELIVERIES_ENDED,
+            "Deliveries that reached a final state, by tenant and state (kind)",
+            pipeline.tenant_ended.clone(),
+        );
+        registry.register(
+            TENANT_ATTEMPTS_PER_DELIVERY,
+            "Automatic attempts per delivery that ended (retry amplification), by tenant",
+            pipeline.tenant_attempts_per_delivery.clone(),
+        );
+        registry.register(
+            DISPATCH_THROTTLED,
+            "Times a ready delivery waited for a limit, by tenant and limit (kind)",
+            pipeline.throttled.clone(),
+        );
+        registry.register(
+            DISPATCH_REPLAYS,
+            "Replays by outcome (succeeded, failed, refused)",
+            pipeline.replays.clone(),
+        );
+        registry.register(
+            DISPATCH_UNKNOWN_OUTCOMES,
+            "Attempts whose outcome nobody knows (the receiver may have had them)",
+            pipeline.unknown_outcomes.clone(),
+        );
+        registry.register(
+            DISPATCH_ATTEMPTS_AFTER_UNKNOWN,
+            "Attempts sent after one of unknown outcome: possible duplicates, same webhook-id",
+            pipeline.attempts_after_unknown.clone(),
+        );
         let sql = Arc::new(SqlGauges::default());
         registry.register(
             DELIVERIES_PENDING,
@@ -343,6 +543,16 @@ impl Metrics {
             ENDPOINT_CIRCUITS,
             "Endpoints per circuit state",
             sql.circuits.clone(),
+        );
+        registry.register(
+            DELIVERIES_OLDEST_DUE_AGE,
+            "Age of the oldest due delivery by kind (new: first attempt; retry), seconds",
+            sql.oldest_due_age.clone(),
+        );
+        registry.register(
+            CAPTURE_CHECKPOINT_SLOT_LAG,
+            "WAL a capture source's slot retained at its last checkpoint, bytes",
+            sql.checkpoint_slot_lag.clone(),
         );
         registry.register(
             CAPTURE_CHECKPOINT_AGE,
@@ -444,8 +654,26 @@ impl Metrics {
                         .get_or_create(&NameLabel { name: state })
                         .set(n);
                 }
+                for (kind, age) in [
+                    ("new", g.oldest_due_new_secs),
+                    ("retry", g.oldest_due_retry_secs),
+                ] {
+                    self.sql
+                        .oldest_due_age
+                        .get_or_create(&KindLabel { kind: kind.into() })
+                        .set(age);
+                }
                 self.sql.checkpoint_age.clear();
-                for (source, _, age) in g.capture {
+                self.sql.checkpoint_slot_lag.clear();
+                for (source, lag, age) in g.capture {
+                    if let Some(lag) = lag {
+                        self.sql
+                            .checkpoint_slot_lag
+                            .get_or_create(&NameLabel {
+                                name: source.clone(),
+                            })
+                            .set(lag);
+                    }
                     self.sql
                         .checkpoint_age
                         .get_or_create(&NameLabel { name: source })

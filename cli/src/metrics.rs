@@ -18,11 +18,15 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use walhook_api::metrics::{PipelineMetrics, names};
-use walhook_pipeline::delivery::Trigger;
-use walhook_pipeline::dispatch::observe::{AttemptObserver, AttemptSeen};
+use walhook_api::metrics::{
+    EndpointLabels, OutcomeLabel, PipelineMetrics, StatusClassLabel, TenantLabel, TenantLabels,
+    names,
+};
+use walhook_pipeline::delivery::{DeliveryJob, DeliveryStatus, Trigger};
+use walhook_pipeline::dispatch::observe::{AttemptObserver, AttemptSeen, Throttle};
 use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
 use walhook_pipeline::endpoint::SubscriptionCache;
+use walhook_pipeline::ids::TenantId;
 use walhook_pipeline::time::Timestamp;
 
 use crate::pipeline::Counters;
@@ -40,8 +44,62 @@ impl MetricsObserver {
     }
 }
 
+/// `2xx` … `5xx`, or `none` without a response.
+fn status_class(status: Option<u16>) -> &'static str {
+    match status {
+        Some(200..=299) => "2xx",
+        Some(300..=399) => "3xx",
+        Some(400..=499) => "4xx",
+        Some(500..=599) => "5xx",
+        Some(_) => "other",
+        None => "none",
+    }
+}
+
 impl AttemptObserver for MetricsObserver {
+    fn fanned_out(&self, occurred_at: Timestamp, at: Timestamp) {
+        self.metrics
+            .fanout_latency
+            .observe(at.since(occurred_at).as_secs_f64());
+    }
+
+    fn ended(&self, job: &DeliveryJob, status: DeliveryStatus, attempts: u32) {
+        let m = &self.metrics;
+        let tenant = m.tenants_labelled.label(job.tenant_id.as_str());
+        m.tenant_ended
+            .get_or_create(&TenantLabels {
+                tenant_id: tenant.clone(),
+                kind: status.as_str().to_owned(),
+            })
+            .inc();
+        m.tenant_attempts_per_delivery
+            .get_or_create(&TenantLabel { tenant_id: tenant })
+            .observe(f64::from(attempts));
+    }
+
+    fn throttled(&self, tenant: &TenantId, limit: Throttle, times: u64) {
+        let m = &self.metrics;
+        m.throttled
+            .get_or_create(&TenantLabels {
+                tenant_id: m.tenants_labelled.label(tenant.as_str()),
+                kind: limit.as_str().to_owned(),
+            })
+            .inc_by(times);
+    }
+
+    fn replay_refused(&self, _job: &DeliveryJob) {
+        self.metrics
+            .replays
+            .get_or_create(&OutcomeLabel {
+                outcome: "refused".into(),
+            })
+            .inc();
+    }
+
     fn started(&self, a: &AttemptSeen<'_>) {
+        if a.job.after_unknown {
+            self.metrics.attempts_after_unknown.inc();
+        }
         if a.first {
             let latency = a.started_at.since(a.job.event_occurred_at);
             self.metrics
@@ -51,11 +109,45 @@ impl AttemptObserver for MetricsObserver {
     }
 
     fn finished(&self, a: &AttemptSeen<'_>, outcome: &AttemptOutcome, finished_at: Timestamp) {
-        self.metrics.attempt(
+        let m = &self.metrics;
+        m.attempt(
             a.trigger.as_str(),
             outcome.name(),
             outcome.error_class().map(ErrorClass::as_str),
         );
+        let class = status_class(outcome.status());
+        m.attempts_by_status_class
+            .get_or_create(&StatusClassLabel {
+                status_class: class.into(),
+            })
+            .inc();
+        m.endpoint_attempts
+            .get_or_create(&EndpointLabels {
+                endpoint_id: m.endpoints_labelled.label(&a.job.endpoint_id.to_string()),
+                status_class: class.into(),
+            })
+            .inc();
+        m.tenant_attempts
+            .get_or_create(&TenantLabels {
+                tenant_id: m.tenants_labelled.label(a.job.tenant_id.as_str()),
+                kind: a.trigger.as_str().into(),
+            })
+            .inc();
+        if outcome.error_class() == Some(ErrorClass::Shutdown) {
+            m.unknown_outcomes.inc();
+        }
+        if a.trigger == Trigger::Manual {
+            m.replays
+                .get_or_create(&OutcomeLabel {
+                    outcome: if outcome.is_success() {
+                        "succeeded"
+                    } else {
+                        "failed"
+                    }
+                    .into(),
+                })
+                .inc();
+        }
         if outcome.is_success() && a.trigger == Trigger::Auto {
             self.metrics
                 .attempts_to_success

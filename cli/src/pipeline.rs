@@ -103,6 +103,9 @@ impl Running {
 /// here.
 struct PlatformObserver {
     confirmed: tokio::sync::watch::Sender<Lsn>,
+    /// The slot's latest lag, bytes (-1 until known), saved with the next
+    /// checkpoint so that `walhook api` can show it.
+    slot_lag: Arc<std::sync::atomic::AtomicI64>,
     counters: Arc<CaptureCounters>,
     metrics: Option<Arc<PipelineMetrics>>,
 }
@@ -126,6 +129,8 @@ impl CaptureObserver for PlatformObserver {
         }
     }
     fn slot_lag(&self, lag_bytes: i64) {
+        self.slot_lag
+            .store(lag_bytes, std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = &self.metrics {
             m.slot_lag_bytes.set(lag_bytes);
         }
@@ -145,6 +150,7 @@ async fn save_checkpoints(
     source: String,
     slot: String,
     mut confirmed: tokio::sync::watch::Receiver<Lsn>,
+    slot_lag: Arc<std::sync::atomic::AtomicI64>,
     stop: CancellationToken,
 ) -> Result<(), Stopped> {
     loop {
@@ -163,7 +169,9 @@ async fn save_checkpoints(
         let lsn = *confirmed.borrow_and_update();
         // A checkpoint is informational (the slot is the truth): a failed
         // write is retried with the next position.
-        if let Err(e) = platform.save_checkpoint(&source, &slot, lsn, None).await {
+        let lag = slot_lag.load(std::sync::atomic::Ordering::Relaxed);
+        let lag = (lag >= 0).then_some(lag);
+        if let Err(e) = platform.save_checkpoint(&source, &slot, lsn, lag).await {
             tracing::warn!(error = %e, "could not save the capture checkpoint");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -357,8 +365,10 @@ async fn start_on<L: Log + Closable>(
     let capture_task = match source {
         Some(source) => {
             let (confirmed, confirmed_rx) = tokio::sync::watch::channel(Lsn::ZERO);
+            let slot_lag = Arc::new(std::sync::atomic::AtomicI64::new(-1));
             let observer = Arc::new(PlatformObserver {
                 confirmed,
+                slot_lag: slot_lag.clone(),
                 counters: counters.capture.clone(),
                 metrics,
             });
@@ -370,6 +380,7 @@ async fn start_on<L: Log + Closable>(
                     cfg.source.name.clone(),
                     cfg.source.slot.clone(),
                     confirmed_rx,
+                    slot_lag,
                     stop.clone(),
                 ),
             );

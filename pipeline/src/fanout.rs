@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{DeliveryJob, NewDelivery};
+use crate::dispatch::observe::{AttemptObserver, NoObserver};
 use crate::endpoint::{SubscriptionCache, TenantStatus};
 use crate::event::Event;
 use crate::failpoint;
@@ -78,6 +79,7 @@ pub struct FanoutOperator<C, P, S> {
     store: Arc<S>,
     directory: Arc<SubscriptionCache>,
     settings: FanoutSettings,
+    observer: Arc<dyn AttemptObserver>,
 }
 
 /// Counters for metrics.
@@ -111,7 +113,14 @@ where
             store,
             directory,
             settings,
+            observer: Arc::new(NoObserver),
         }
+    }
+
+    /// Tells `observer` when each event's deliveries are durable.
+    pub fn with_observer(mut self, observer: Arc<dyn AttemptObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Runs until `shutdown` (after finishing the batch in hand) or a
@@ -206,6 +215,10 @@ where
         }
         failpoint::hit("fanout.after_materialize");
         self.consumer.commit(Offset(last.0 + 1)).await?;
+        let now = Timestamp::now();
+        for e in &events {
+            self.observer.fanned_out(e.occurred_at, now);
+        }
         counters
             .events
             .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -147,7 +147,7 @@ impl Workers {
             settings.dispatch,
             counters.dispatch.clone(),
         );
-        if let Some(observer) = settings.observer {
+        if let Some(observer) = settings.observer.clone() {
             dispatcher = dispatcher.with_observer(observer);
         }
         let dispatch_task =
@@ -176,13 +176,16 @@ impl Workers {
             let consumer = events
                 .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
                 .await?;
-            let op = FanoutOperator::new(
+            let mut op = FanoutOperator::new(
                 consumer,
                 deliveries.producer::<DeliveryJob>(DELIVERIES)?,
                 store.clone(),
                 directory.clone(),
                 fanout_settings.clone(),
             );
+            if let Some(observer) = settings.observer.clone() {
+                op = op.with_observer(observer);
+            }
             let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
             fanout_tasks.push(
                 supervisor.spawn(format!("fan-out of events partition {p}"), async move {

@@ -13,6 +13,11 @@ pub struct PipelineGauges {
     pub oldest_pending_age_secs: f64,
     /// Pending deliveries due now or earlier that no dispatcher holds.
     pub overdue_unleased: i64,
+    /// Seconds the oldest due delivery awaiting its first attempt has been
+    /// due (0 when none).
+    pub oldest_due_new_secs: f64,
+    /// Seconds the oldest due retry has been due (0 when none).
+    pub oldest_due_retry_secs: f64,
     /// Endpoints per circuit state (`closed`, `open`, `half_open`, …).
     pub circuits: Vec<(String, i64)>,
     /// Per capture source: WAL the slot retains (bytes) and seconds since
@@ -66,10 +71,13 @@ impl Platform {
                     CROSS JOIN LATERAL unnest(f.delivery_ids) AS x(id) \
                     WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = x.id) IS NULL), \
                  waiting AS ( \
-                    SELECT created_at, next_attempt_at <= now() AND lease_owner IS NULL AS unheld FROM walhook.pending \
-                    UNION ALL SELECT created_at, lease_owner IS NULL FROM planned) \
+                    SELECT created_at, next_attempt_at <= now() AND lease_owner IS NULL AS unheld, \
+                           next_attempt_at AS due_at, next_attempt_at > created_at AS retry FROM walhook.pending \
+                    UNION ALL SELECT created_at, lease_owner IS NULL, created_at, false FROM planned) \
                  SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0), \
-                        count(*) FILTER (WHERE unheld) \
+                        count(*) FILTER (WHERE unheld), \
+                        coalesce(extract(epoch FROM now() - min(due_at) FILTER (WHERE NOT retry AND due_at <= now()))::float8, 0), \
+                        coalesce(extract(epoch FROM now() - min(due_at) FILTER (WHERE retry AND due_at <= now()))::float8, 0) \
                  FROM waiting",
                 &[],
             )
@@ -153,6 +161,8 @@ impl Platform {
             pending: row.get(0),
             oldest_pending_age_secs: row.get(1),
             overdue_unleased: row.get(2),
+            oldest_due_new_secs: row.get(3),
+            oldest_due_retry_secs: row.get(4),
             circuits: circuits.iter().map(|r| (r.get(0), r.get(1))).collect(),
             capture: capture
                 .iter()

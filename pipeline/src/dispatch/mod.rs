@@ -558,6 +558,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 }
             });
             let Some(mut job) = job else {
+                for (tenant, limit, times) in state.sched.take_throttles() {
+                    self.observer.throttled(&tenant, limit, times);
+                }
                 return;
             };
             let manual = job.replay;
@@ -590,6 +593,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     Some(_) => "the endpoint has no active secret",
                 };
                 if let Some(replay) = manual {
+                    self.observer.replay_refused(&job);
                     send(
                         record_tx,
                         Record::RejectReplay(replay.request_id, why.into()),
@@ -778,6 +782,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             next_attempt_at: job.next_attempt_at,
         };
         let next = before.next(&outcome, &policy, f.finished_at, rand::random::<f64>());
+        if next.status.is_terminal() {
+            self.observer.ended(&f.job, next.status, next.attempts);
+        }
         match next.status {
             DeliveryStatus::Succeeded => {
                 self.counters.succeeded.fetch_add(1, Ordering::Relaxed);

@@ -1,9 +1,10 @@
-//! What metrics learn about attempts: an observer the dispatcher calls,
-//! with no-op defaults, so nothing re-parses headers or bodies to find out
-//! which attempt it was.
+//! What metrics learn from the pipeline's stages: an observer that fan-out
+//! and the dispatcher call, with no-op defaults, so nothing re-parses
+//! headers or bodies to find out which attempt it was.
 
 use super::outcome::AttemptOutcome;
-use crate::delivery::{DeliveryJob, Trigger};
+use crate::delivery::{DeliveryJob, DeliveryStatus, Trigger};
+use crate::ids::TenantId;
 use crate::time::Timestamp;
 
 /// One attempt, as the dispatcher saw it.
@@ -22,9 +23,35 @@ pub struct AttemptSeen<'a> {
     pub started_at: Timestamp,
 }
 
-/// Sees attempts start and finish. Called on the dispatcher's task:
-/// implementations must not block.
+/// The limit that held a ready delivery back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Throttle {
+    /// The endpoint's token bucket (`rate_limit_per_sec`).
+    RateLimit,
+    /// The endpoint's in-flight cap.
+    EndpointCap,
+    /// The tenant's in-flight budget.
+    TenantBudget,
+}
+
+impl Throttle {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Throttle::RateLimit => "rate_limit",
+            Throttle::EndpointCap => "endpoint_max_in_flight",
+            Throttle::TenantBudget => "tenant_budget",
+        }
+    }
+}
+
+/// Sees events leave fan-out and attempts start and finish. Called on the
+/// stages' tasks: implementations must not block.
 pub trait AttemptObserver: Send + Sync + 'static {
+    /// An event's deliveries are durable (fan-out committed past it) at
+    /// `at`; it occurred (was committed in the business database) at
+    /// `occurred_at`.
+    fn fanned_out(&self, _occurred_at: Timestamp, _at: Timestamp) {}
     /// An attempt is about to be sent.
     fn started(&self, _attempt: &AttemptSeen<'_>) {}
     /// An attempt's outcome is known (`finished_at` is when).
@@ -35,6 +62,13 @@ pub trait AttemptObserver: Send + Sync + 'static {
         _finished_at: Timestamp,
     ) {
     }
+    /// A delivery reached a final state after `attempts` automatic attempts.
+    fn ended(&self, _job: &DeliveryJob, _status: DeliveryStatus, _attempts: u32) {}
+    /// A ready delivery of `tenant` waited `times` times for `limit` since
+    /// the last call.
+    fn throttled(&self, _tenant: &TenantId, _limit: Throttle, _times: u64) {}
+    /// A replay request was refused (the endpoint cannot be sent to).
+    fn replay_refused(&self, _job: &DeliveryJob) {}
 }
 
 /// An observer that sees nothing.

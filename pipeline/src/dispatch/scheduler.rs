@@ -36,6 +36,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use super::breaker::{BreakerConfig, Circuit, Health, Transition};
 use super::bucket::TokenBucket;
+use super::observe::Throttle;
 use crate::delivery::DeliveryJob;
 use crate::ids::{DeliveryId, EndpointId, TenantId};
 use crate::time::Timestamp;
@@ -147,6 +148,9 @@ pub struct Scheduler {
     weights: HashMap<TenantId, u32>,
     /// Tenants' own in-flight budgets, where set.
     budgets: HashMap<TenantId, u32>,
+    /// Waits for a limit since [`Scheduler::take_throttles`] was last
+    /// called, by tenant and limit (metrics).
+    throttles: HashMap<(TenantId, Throttle), u64>,
     timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
     /// Automatic deliveries held (waiting, queued or in flight) and their
@@ -163,6 +167,17 @@ impl Scheduler {
             cfg,
             ..Scheduler::default()
         }
+    }
+
+    /// The waits for limits since the last call, by tenant and limit.
+    pub fn take_throttles(&mut self) -> Vec<(TenantId, Throttle, u64)> {
+        if self.throttles.is_empty() {
+            return Vec::new();
+        }
+        self.throttles
+            .drain()
+            .map(|((tenant, limit), n)| (tenant, limit, n))
+            .collect()
     }
 
     /// Automatic deliveries held.
@@ -312,6 +327,12 @@ impl Scheduler {
             return;
         };
         let want = !t.ready.is_empty() && t.in_flight < budget;
+        if !t.ready.is_empty() && t.in_flight >= budget {
+            *self
+                .throttles
+                .entry((id.clone(), Throttle::TenantBudget))
+                .or_default() += 1;
+        }
         let share = share_key(t.in_flight, weight);
         match (t.queued_as, want) {
             (Some((n, _)), true) if n == share => {}
@@ -435,7 +456,14 @@ impl Scheduler {
                 continue;
             };
             ep.place = Place::Idle;
-            if ep.queued() == 0 || ep.in_flight >= lim.max_in_flight.max(1) {
+            if ep.queued() == 0 {
+                continue;
+            }
+            if ep.in_flight >= lim.max_in_flight.max(1) {
+                *self
+                    .throttles
+                    .entry((tenant_id.clone(), Throttle::EndpointCap))
+                    .or_default() += 1;
                 continue;
             }
             if let Err(until) = ep.circuit.admits(now) {
@@ -455,6 +483,10 @@ impl Scheduler {
             {
                 ep.place = Place::Parked;
                 self.timer(at, Timer::Wake(id));
+                *self
+                    .throttles
+                    .entry((tenant_id.clone(), Throttle::RateLimit))
+                    .or_default() += 1;
                 continue;
             }
             ep.picks = ep.picks.wrapping_add(1);
@@ -466,9 +498,17 @@ impl Scheduler {
             }?;
             ep.in_flight += 1;
             ep.circuit.started();
+            let capped = ep.in_flight >= lim.max_in_flight.max(1);
             let more = ep.queued() > 0
-                && ep.in_flight < lim.max_in_flight.max(1)
+                && !capped
                 && !matches!(ep.circuit, Circuit::HalfOpen { probing: true, .. });
+            if capped && ep.queued() > 0 {
+                // The rest wait for an attempt of this endpoint to finish.
+                *self
+                    .throttles
+                    .entry((tenant_id.clone(), Throttle::EndpointCap))
+                    .or_default() += 1;
+            }
             if more {
                 ep.place = Place::Ready;
                 self.tenants.get_mut(tenant_id)?.ready.push_back(id);
@@ -749,6 +789,41 @@ pub(crate) mod tests {
         );
         let next = s.next_job(Timestamp(0), lim(10)).unwrap();
         assert_eq!(next.tenant_id.as_str(), "small");
+    }
+
+    #[test]
+    fn waits_for_limits_are_counted_by_tenant_and_limit() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            tenant_max_in_flight: 2,
+            ..SchedulerConfig::default()
+        });
+        // Tenant a: one endpoint limited to one request a second.
+        for n in 0..3 {
+            s.add(job(n, 1, "a", 0), Timestamp(0));
+        }
+        let rated = |_: &EndpointId| Limits {
+            max_in_flight: 10,
+            rate_per_sec: Some(1),
+        };
+        assert!(s.next_job(Timestamp(0), rated).is_some());
+        assert!(s.next_job(Timestamp(0), rated).is_none());
+        let t = s.take_throttles();
+        assert_eq!(
+            t,
+            vec![(TenantId::new("a").unwrap(), Throttle::RateLimit, 1)]
+        );
+        assert!(s.take_throttles().is_empty(), "taken once");
+        // Tenant b: one endpoint capped at one in flight, then its budget.
+        for n in 10..13 {
+            s.add(job(n, 2, "b", 0), Timestamp(0));
+        }
+        assert!(s.next_job(Timestamp(0), lim(1)).is_some());
+        assert!(s.next_job(Timestamp(0), lim(1)).is_none());
+        let t = s.take_throttles();
+        assert!(
+            t.contains(&(TenantId::new("b").unwrap(), Throttle::EndpointCap, 1)),
+            "{t:?}"
+        );
     }
 
     #[test]
