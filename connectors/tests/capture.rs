@@ -1011,3 +1011,88 @@ object_id_column = "id"
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// A rule on a partitioned table sees the changes of every partition, under
+/// the parent's name (the publication publishes through the root).
+#[tokio::test]
+async fn a_partitioned_table_is_captured_under_its_own_name() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let (url, db) = setup(&pg, "partitioned").await;
+    db.batch_execute(
+        "CREATE TABLE shipments (id bigint, tenant_id text NOT NULL, region text NOT NULL, \
+           PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE shipments_eu PARTITION OF shipments FOR VALUES IN ('eu');
+         CREATE TABLE shipments_us PARTITION OF shipments FOR VALUES IN ('us');",
+    )
+    .await
+    .unwrap();
+    let (cfg, _) = config(&url, "");
+    let rules: Rules = toml::from_str(
+        r#"
+[[rules]]
+name = "shipment_created"
+table = "public.shipments"
+operations = ["insert"]
+event_type = "shipment.created"
+tenant_column = "tenant_id"
+object_id_column = "id"
+"#,
+    )
+    .unwrap();
+    let source = PostgresSource::prepare(cfg.clone(), rules.rules.clone())
+        .await
+        .unwrap();
+    db.batch_execute(
+        "INSERT INTO shipments VALUES (1, 'acme', 'eu'), (2, 'acme', 'us');
+         CREATE TABLE shipments_ap PARTITION OF shipments FOR VALUES IN ('ap');
+         INSERT INTO shipments VALUES (3, 'acme', 'ap');",
+    )
+    .await
+    .unwrap();
+    let got = catch_up(&source, true).await;
+    let ids: Vec<String> = got
+        .events()
+        .iter()
+        .map(|e| data(e)["data"]["id"].to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["1", "2", "3"],
+        "every partition's rows, in commit order"
+    );
+    // Preparing again finds the publication as it should be.
+    PostgresSource::prepare(cfg.clone(), rules.rules.clone())
+        .await
+        .unwrap();
+
+    // A rule naming a partition is refused, naming the table to use.
+    let mut on_partition = rules.rules.clone();
+    on_partition[0].table = Some("public.shipments_eu".into());
+    let Err(err) = PostgresSource::prepare(cfg.clone(), on_partition).await else {
+        panic!("a rule naming a partition was accepted");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("is a partition of public.shipments") && err.contains("must name"),
+        "{err}"
+    );
+    // A publication made by hand that publishes partitions under their own
+    // names is refused with the statement that fixes it.
+    db.batch_execute(
+        "CREATE PUBLICATION by_leaf FOR TABLE shipments WITH (publish_via_partition_root = false)",
+    )
+    .await
+    .unwrap();
+    let mut by_leaf = cfg.clone();
+    by_leaf.publication = "by_leaf".into();
+    by_leaf.create_publication = false;
+    by_leaf.slot = "by_leaf_slot".into();
+    let Err(err) = PostgresSource::prepare(by_leaf, rules.rules).await else {
+        panic!("a publication that misses the partitions' rows was accepted");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("SET (publish_via_partition_root = true)"),
+        "{err}"
+    );
+}

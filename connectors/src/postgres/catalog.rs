@@ -40,7 +40,9 @@ pub async fn check_wal_level(client: &Client) -> Result<(), CaptureError> {
     Ok(())
 }
 
-/// Reads a table's columns and replica identity from the catalog.
+/// Reads a table's columns and replica identity from the catalog: the
+/// columns pgoutput sends, so generated columns (which it leaves out) are
+/// not among them, and a rule naming one is refused at start.
 pub async fn load_table(
     client: &Client,
     schema: &str,
@@ -51,6 +53,7 @@ pub async fn load_table(
                FROM pg_class c \
                JOIN pg_namespace n ON n.oid = c.relnamespace \
                JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                 AND a.attgenerated = '' \
                LEFT JOIN pg_index i ON i.indrelid = c.oid AND \
                  CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END \
                WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
@@ -98,15 +101,56 @@ pub fn rule_tables(rules: &[RuleConfig]) -> Vec<(String, String)> {
     tables
 }
 
-/// Makes sure the publication exists and covers the rules' tables.
+/// The rules' tables that are partitioned, after refusing rules that name a
+/// partition (its changes are published under its root's name).
+async fn partitioned_tables(
+    client: &Client,
+    tables: &[(String, String)],
+) -> Result<Vec<String>, CaptureError> {
+    let mut partitioned = Vec::new();
+    for (schema, table) in tables {
+        let row = client
+            .query_opt(
+                "SELECT c.relkind = 'p', c.relispartition, \
+                   (SELECT format('%I.%I', pn.nspname, pc.relname) FROM pg_inherits i \
+                      JOIN pg_class pc ON pc.oid = i.inhparent JOIN pg_namespace pn ON pn.oid = pc.relnamespace \
+                    WHERE i.inhrelid = c.oid LIMIT 1) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[schema, table],
+            )
+            .await
+            .map_err(CaptureError::query("read the tables' kinds"))?;
+        let Some(row) = row else { continue };
+        let (is_partitioned, is_partition, parent): (bool, bool, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        if is_partition {
+            return Err(CaptureError::Definite(format!(
+                "table {schema}.{table} is a partition of {}: its changes are published under the \
+                 partitioned table's name, so a rule must name {} (it sees every partition's rows)",
+                parent.as_deref().unwrap_or("another table"),
+                parent.as_deref().unwrap_or("that table"),
+            )));
+        }
+        if is_partitioned {
+            partitioned.push(quote_table(schema, table));
+        }
+    }
+    Ok(partitioned)
+}
+
+/// Makes sure the publication exists and covers the rules' tables. Rows of
+/// a partitioned table's partitions are published under the partitioned
+/// table's name (`publish_via_partition_root`), which is what rules name.
 pub async fn ensure_publication(
     client: &Client,
     cfg: &SourceConfig,
     tables: &[(String, String)],
 ) -> Result<(), CaptureError> {
+    let partitioned = partitioned_tables(client, tables).await?;
     let exists = client
         .query_opt(
-            "SELECT pubinsert AND pubupdate AND pubdelete FROM pg_publication WHERE pubname = $1",
+            "SELECT pubinsert AND pubupdate AND pubdelete, pubviaroot FROM pg_publication WHERE pubname = $1",
             &[&cfg.publication],
         )
         .await
@@ -119,7 +163,7 @@ pub async fn ensure_publication(
     match exists {
         None if cfg.create_publication => {
             let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {list}",
+                "CREATE PUBLICATION {} FOR TABLE {list} WITH (publish_via_partition_root = true)",
                 quote_ident(&cfg.publication)
             );
             client
@@ -131,7 +175,8 @@ pub async fn ensure_publication(
         }
         None => {
             return Err(CaptureError::Definite(format!(
-                "publication {:?} does not exist; run `CREATE PUBLICATION {} FOR TABLE {list};` in the \
+                "publication {:?} does not exist; run `CREATE PUBLICATION {} FOR TABLE {list} \
+                 WITH (publish_via_partition_root = true);` in the \
                  captured database, or set `create_publication = true` under [source]",
                 cfg.publication,
                 quote_ident(&cfg.publication)
@@ -141,6 +186,27 @@ pub async fn ensure_publication(
             let all_ops: bool = row.get(0);
             if !all_ops {
                 tracing::warn!(publication = %cfg.publication, "the publication does not publish every insert, update and delete; rules for the missing operations see nothing");
+            }
+            let via_root: bool = row.get(1);
+            if !via_root && !partitioned.is_empty() {
+                let fix = format!(
+                    "ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
+                    quote_ident(&cfg.publication)
+                );
+                if !cfg.create_publication {
+                    return Err(CaptureError::Definite(format!(
+                        "publication {:?} publishes the partitions of {} under their own names, which \
+                         no rule names (their rows would be missed); run `{fix};` or set \
+                         `create_publication = true` under [source]",
+                        cfg.publication,
+                        partitioned.join(", ")
+                    )));
+                }
+                client
+                    .batch_execute(&fix)
+                    .await
+                    .map_err(CaptureError::query("publish partitions through their root"))?;
+                tracing::info!(publication = %cfg.publication, "the publication now publishes partitions through their partitioned table");
             }
         }
     }
