@@ -7,7 +7,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use walhook_devkit::receiver::{Behaviour, Received, verify_signature};
 
-use crate::support::api::{Http, api_section, at, endpoint, free_port, insert_order, onboard};
+use crate::support::api::{
+    Http, api_section, at, endpoint, free_port, insert_order, onboard, start, wait_verified,
+};
 use crate::support::{Child, World, run, stderr, walhook};
 
 /// Message (and outbox) rules name their own types: declared ones are in
@@ -109,12 +111,7 @@ async fn message_types_enter_the_catalog_and_can_be_subscribed_to() {
 
 #[tokio::test]
 async fn a_customer_manages_webhooks_over_the_api() {
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&api_section(port)));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("").await;
 
     // Onboarding: the operator registers the tenant and issues a key; the
     // customer registers endpoints (one answers 400: a permanent failure).
@@ -458,12 +455,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
 /// dispatch work): until that is merged, this test fails at the first wait.
 #[tokio::test]
 async fn replays_and_recovery_make_manual_attempts() {
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&api_section(port)));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("").await;
     let key = onboard(&w, &api, "acme").await;
     let (ep, _) = endpoint(&w, &api, &key, "orders", &["order.created"]).await;
     let (failing, _) = endpoint(&w, &api, &key, "broken", &["order.created"]).await;
@@ -597,12 +589,7 @@ async fn walhook_api_serves_the_committed_document() {
 /// deliveries cannot be cancelled.
 #[tokio::test]
 async fn a_cancelled_delivery_is_never_attempted_again() {
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&api_section(port)));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("").await;
     let key = onboard(&w, &api, "acme").await;
     let other = onboard(&w, &api, "globex").await;
     let (ep, _) = endpoint(&w, &api, &key, "flaky", &["order.created"]).await;
@@ -731,15 +718,7 @@ async fn replays_past_the_replay_window_are_refused() {
 #[tokio::test]
 async fn tenants_and_endpoints_set_their_own_retry_schedules() {
     use crate::support::api::OPERATOR;
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&format!(
-        "{}\n[retry.limits]\nmax_attempts = 10\n",
-        api_section(port)
-    )));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("\n[retry.limits]\nmax_attempts = 10\n").await;
 
     // Bad schedules: refused, naming the field and the bound; no tenant.
     for (retry, field, says) in [
@@ -887,12 +866,7 @@ async fn tenants_and_endpoints_set_their_own_retry_schedules() {
 /// pass again, a new path on the same host need not.
 #[tokio::test]
 async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&api_section(port)));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("").await;
     let key = onboard(&w, &api, "acme").await;
     w.receiver.ignore_verification("shy", true);
     let (s, created) = api
@@ -1037,12 +1011,7 @@ fn sample(metrics: &str, prefix: &str) -> Option<f64> {
 /// dashboard in `docs/` parses and uses only metrics that exist.
 #[tokio::test]
 async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
-    let w = World::new().await;
-    let port = free_port();
-    let child = Child::run(&w.config(&api_section(port)));
-    let api = Http::new(port);
-    api.wait_ready().await;
-    w.wait_streaming().await;
+    let (w, child, api) = start("").await;
     let key = onboard(&w, &api, "acme").await;
     let (_, _) = endpoint(&w, &api, &key, "flaky", &["order.created"]).await;
     w.receiver
@@ -1057,13 +1026,7 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
         .await;
     assert_eq!(s, 201, "{slow}");
     let slow_id = slow["endpoint"]["id"].as_str().unwrap().to_owned();
-    api.wait_for(
-        &key,
-        &format!("/v1/webhook-endpoints/{slow_id}"),
-        "the rate-limited endpoint verified",
-        |b| b["verification"]["state"] == "verified",
-    )
-    .await;
+    wait_verified(&api, &key, &slow_id).await;
     // Slow answers: deliveries queue behind the endpoint's limits.
     w.receiver.set_behaviour(
         "slow",

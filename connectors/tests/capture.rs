@@ -111,6 +111,11 @@ pub(crate) struct Rules {
     pub(crate) rules: Vec<RuleConfig>,
 }
 
+/// Rules from TOML text.
+fn rules_from(text: &str) -> Vec<RuleConfig> {
+    toml::from_str::<Rules>(text).unwrap().rules
+}
+
 pub(crate) fn config(url: &str, extra: &str) -> (SourceConfig, Vec<RuleConfig>) {
     let source: SourceConfig = toml::from_str(&format!(
         "url = \"{url}\"\ncreate_slot = true\ncreate_publication = true\nheartbeat_interval = \"200ms\"\nstatus_interval = \"100ms\"\n{extra}"
@@ -920,7 +925,7 @@ async fn domains_and_arrays_are_written_as_their_base_types() {
     .await
     .unwrap();
     let (cfg, _) = config(&url, "");
-    let rules: Rules = toml::from_str(
+    let rules = rules_from(
         r#"
 [[rules]]
 name = "item_changed"
@@ -930,9 +935,8 @@ event_type = "item.changed"
 tenant_column = "tenant_id"
 object_id_column = "id"
 "#,
-    )
-    .unwrap();
-    let source = PostgresSource::prepare(cfg, rules.rules).await.unwrap();
+    );
+    let source = PostgresSource::prepare(cfg, rules).await.unwrap();
     let sink = Collect::default();
     let shutdown = CancellationToken::new();
     let run = {
@@ -1027,7 +1031,7 @@ async fn a_partitioned_table_is_captured_under_its_own_name() {
     .await
     .unwrap();
     let (cfg, _) = config(&url, "");
-    let rules: Rules = toml::from_str(
+    let rules = rules_from(
         r#"
 [[rules]]
 name = "shipment_created"
@@ -1037,9 +1041,8 @@ event_type = "shipment.created"
 tenant_column = "tenant_id"
 object_id_column = "id"
 "#,
-    )
-    .unwrap();
-    let source = PostgresSource::prepare(cfg.clone(), rules.rules.clone())
+    );
+    let source = PostgresSource::prepare(cfg.clone(), rules.clone())
         .await
         .unwrap();
     db.batch_execute(
@@ -1061,12 +1064,12 @@ object_id_column = "id"
         "every partition's rows, in commit order"
     );
     // Preparing again finds the publication as it should be.
-    PostgresSource::prepare(cfg.clone(), rules.rules.clone())
+    PostgresSource::prepare(cfg.clone(), rules.clone())
         .await
         .unwrap();
 
     // A rule naming a partition is refused, naming the table to use.
-    let mut on_partition = rules.rules.clone();
+    let mut on_partition = rules.clone();
     on_partition[0].table = Some("public.shipments_eu".into());
     let Err(err) = PostgresSource::prepare(cfg.clone(), on_partition).await else {
         panic!("a rule naming a partition was accepted");
@@ -1087,7 +1090,7 @@ object_id_column = "id"
     by_leaf.publication = "by_leaf".into();
     by_leaf.create_publication = false;
     by_leaf.slot = "by_leaf_slot".into();
-    let Err(err) = PostgresSource::prepare(by_leaf, rules.rules).await else {
+    let Err(err) = PostgresSource::prepare(by_leaf, rules).await else {
         panic!("a publication that misses the partitions' rows was accepted");
     };
     let err = err.to_string();

@@ -6,7 +6,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use walhook_devkit::receiver::Received;
 
-use super::World;
+use super::{Child, World};
 
 pub const OPERATOR: &str = "e2e-operator-token-0123456789abcdef01";
 
@@ -124,6 +124,29 @@ impl Http {
 
 /// A tenant and its key, an endpoint on the receiver at `path` (which then
 /// verifies signatures with its secret).
+/// A world and `walhook run` with `[api]` (and `extra` config), ready and
+/// streaming.
+pub async fn start(extra: &str) -> (World, Child, Http) {
+    let w = World::new().await;
+    let port = free_port();
+    let child = Child::run(&w.config(&format!("{}{extra}", api_section(port))));
+    let api = Http::new(port);
+    api.wait_ready().await;
+    w.wait_streaming().await;
+    (w, child, api)
+}
+
+/// Waits until endpoint `id` passed its ownership check.
+pub async fn wait_verified(api: &Http, key: &str, id: &str) {
+    api.wait_for(
+        key,
+        &format!("/v1/webhook-endpoints/{id}"),
+        "the endpoint's ownership check",
+        |b| b["verification"]["state"] == "verified",
+    )
+    .await;
+}
+
 pub async fn onboard(w: &World, api: &Http, tenant: &str) -> String {
     let (s, _) = api
         .post(OPERATOR, "/v1/tenants", json!({"id": tenant}))
@@ -160,13 +183,7 @@ pub async fn endpoint(
     w.receiver.set_secrets(path, vec![secret.clone()]);
     let id = created["endpoint"]["id"].as_str().unwrap().to_owned();
     // The receiver echoes the ownership check; nothing is sent before.
-    api.wait_for(
-        key,
-        &format!("/v1/webhook-endpoints/{id}"),
-        "the endpoint's ownership check",
-        |b| b["verification"]["state"] == "verified",
-    )
-    .await;
+    wait_verified(api, key, &id).await;
     (id, secret)
 }
 

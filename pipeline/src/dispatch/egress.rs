@@ -58,16 +58,13 @@ pub fn build_request(
     number: u32,
     unix_seconds: i64,
 ) -> Outbound {
-    let msg_id = job.delivery_id.to_string();
-    let signature = signature_header(secrets, &msg_id, unix_seconds, &job.payload);
-    Outbound {
-        url: url.to_owned(),
-        headers: vec![
-            ("content-type", "application/json".into()),
-            ("user-agent", USER_AGENT.into()),
-            ("webhook-id", msg_id),
-            ("webhook-timestamp", unix_seconds.to_string()),
-            ("webhook-signature", signature),
+    signed(
+        url,
+        job.delivery_id.to_string(),
+        secrets,
+        unix_seconds,
+        job.payload.clone(),
+        [
             ("walhook-event-id", job.event_id.to_string()),
             ("walhook-event-type", job.event_type.to_string()),
             (
@@ -77,6 +74,33 @@ pub fn build_request(
             ("walhook-schema-version", job.schema_version.to_string()),
             ("walhook-attempt", number.to_string()),
         ],
-        body: job.payload.clone(),
+    )
+}
+
+/// A JSON `body` for `url`, signed under `msg_id` (Standard Webhooks
+/// headers) with every secret in `secrets`, and walhook's own `extra`
+/// headers.
+pub fn signed<const N: usize>(
+    url: &str,
+    msg_id: String,
+    secrets: &[VersionedSecret],
+    unix_seconds: i64,
+    body: Bytes,
+    extra: [(&'static str, String); N],
+) -> Outbound {
+    let signature = signature_header(secrets, &msg_id, unix_seconds, &body);
+    let mut headers = Vec::with_capacity(5 + N);
+    headers.extend([
+        ("content-type", "application/json".into()),
+        ("user-agent", USER_AGENT.into()),
+        ("webhook-id", msg_id),
+        ("webhook-timestamp", unix_seconds.to_string()),
+        ("webhook-signature", signature),
+    ]);
+    headers.extend(extra);
+    Outbound {
+        url: url.to_owned(),
+        headers,
+        body,
     }
 }

@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::egress::{Egress, EgressResult, Outbound, USER_AGENT};
+use super::egress::{Egress, EgressResult, Outbound, signed};
 use super::outcome::AttemptOutcome;
 use crate::endpoint::{EndpointConfig, SubscriptionCache};
 use crate::ids::EndpointId;
-use crate::signing::signature_header;
 use crate::store::DispatchStore;
 
 /// The `type` of a check's body.
@@ -70,20 +69,14 @@ pub fn challenge_request(
         w.string(VERIFICATION_TYPE);
         w.end_object();
     }
-    let msg_id = format!("verify_{challenge}");
-    let signature = signature_header(&endpoint.secrets, &msg_id, unix_seconds, &body);
-    Outbound {
-        url: endpoint.url.clone(),
-        headers: vec![
-            ("content-type", "application/json".into()),
-            ("user-agent", USER_AGENT.into()),
-            ("webhook-id", msg_id),
-            ("webhook-timestamp", unix_seconds.to_string()),
-            ("webhook-signature", signature),
-            ("walhook-event-type", VERIFICATION_TYPE.into()),
-        ],
-        body: body.into(),
-    }
+    signed(
+        &endpoint.url,
+        format!("verify_{challenge}"),
+        &endpoint.secrets,
+        unix_seconds,
+        body.into(),
+        [("walhook-event-type", VERIFICATION_TYPE.into())],
+    )
 }
 
 /// Whether the answer passes the check: a 2xx whose body holds the
