@@ -1172,3 +1172,102 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
     }
     assert!(child.terminate().success());
 }
+
+/// Validates `instances` against `schema` with a standard JSON Schema
+/// validator (`jsonschema_rs` from PyPI); returns one verdict each.
+fn validate_with_python(schema: &Value, instances: &[Value]) -> Vec<bool> {
+    let script = "import json, sys, jsonschema_rs\n\
+                  d = json.load(sys.stdin)\n\
+                  v = jsonschema_rs.validator_for(d['schema'])\n\
+                  print(json.dumps([v.is_valid(i) for i in d['instances']]))\n";
+    let mut child = std::process::Command::new(crate::support::python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs (scripts/test.sh makes its virtualenv)");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            json!({"schema": schema, "instances": instances})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the validator failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Table rules' types have a derived JSON Schema per version in the
+/// catalog: payloads validate against theirs with a standard validator, and
+/// a column added to the captured table makes version 2 (sent in the payload
+/// and the header) while version 1 stays readable.
+#[tokio::test]
+async fn event_types_have_versioned_json_schemas_that_payloads_validate_against() {
+    let (w, child, api) = start("").await;
+    let key = onboard(&w, &api, "acme").await;
+    endpoint(&w, &api, &key, "orders", &["order.created"]).await;
+    insert_order(&w, 1, "acme").await;
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(30), |rs| rs.len() == 1)
+            .await
+    );
+    let (s, detail) = api.get(&key, "/v1/event-types/order.created").await;
+    assert_eq!(s, 200, "{detail}");
+    assert_eq!(detail["versions"].as_array().unwrap().len(), 1, "{detail}");
+    assert_eq!(detail["versions"][0]["version"], 1);
+    let v1 = detail["versions"][0]["schema"].clone();
+
+    w.shop
+        .batch_execute("ALTER TABLE orders ADD COLUMN note text")
+        .await
+        .unwrap();
+    w.shop
+        .execute(
+            "INSERT INTO orders (id, tenant_id, total, note) VALUES (2, 'acme', 3.25, 'gift')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(30), |rs| rs.len() == 2)
+            .await
+    );
+    let received = w.receiver.received();
+    let first: Value = serde_json::from_slice(&received[0].body).unwrap();
+    let second: Value = serde_json::from_slice(&received[1].body).unwrap();
+    assert_eq!(first["schema_version"], 1);
+    assert_eq!(second["schema_version"], 2, "{second}");
+    assert_eq!(received[1].schema_version, "2");
+    assert_eq!(second["data"]["note"], "gift");
+
+    let (_, detail) = api.get(&key, "/v1/event-types/order.created").await;
+    let versions = detail["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{detail}");
+    assert_eq!(detail["schema_version"], 2);
+    assert_eq!(versions[0]["schema"], v1, "version 1 changed");
+    let v2 = versions[1]["schema"].clone();
+    // Each payload validates against its own version, not the other's.
+    assert_eq!(
+        validate_with_python(&v1, &[first.clone(), second.clone()]),
+        vec![true, false]
+    );
+    assert_eq!(
+        validate_with_python(&v2, &[second, first]),
+        vec![true, false]
+    );
+    let (s, _) = api.get(&key, "/v1/event-types/no.such").await;
+    assert_eq!(s, 404);
+    assert!(child.terminate().success());
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use walhook_devkit::receiver::Behaviour;
 
-use crate::support::{Child, World, run, stderr, stdout, walhook};
+use crate::support::{Child, World, python, run, stderr, stdout, walhook};
 
 const TODAY_PLUS: i64 = 5;
 
@@ -62,13 +62,6 @@ types = {f.name: str(f.type) for f in at.schema}
 print(json.dumps({"duckdb": duck, "pyarrow": arrow, "types": types,
                   "duck_uuid_type": q(f"SELECT typeof(id) FROM read_parquet('{glob('attempts')}') LIMIT 1")[0][0]}))
 "#;
-
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("WALHOOK_PYTHON") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/walhook-venv/bin/python")
-}
 
 fn archive(cfg: &Path, today: &str, env: &[(&str, &str)]) -> std::process::Output {
     archive_tables(cfg, today, &[], env)

@@ -8,7 +8,6 @@
 //! install them.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::signing::{SigningSecret, sign_one};
 use walhook_sql::endpoints::NewEndpoint;
 
-use crate::support::{Child, World, run, stdout, walhook, write_master_key};
+use crate::support::{Child, World, python, run, stdout, walhook, write_master_key};
 
 // ---------------------------------------------------------------------------
 // The official libraries, in Python.
@@ -52,19 +51,6 @@ const INSTALL_HINT: &str = "the official Standard Webhooks libraries are needed:
      (it creates the virtualenv), or by hand: python3 -m venv ~/.cache/walhook-venv && \
      ~/.cache/walhook-venv/bin/pip install -r tests/python-requirements.txt && \
      export WALHOOK_PYTHON=~/.cache/walhook-venv/bin/python";
-
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("WALHOOK_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
-        .join(".cache/walhook-venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
 
 /// Fails at once, with the way to install them, when the libraries are
 /// missing (before a test spends seconds delivering).

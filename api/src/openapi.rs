@@ -29,7 +29,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
         endpoints::rotate_secret, endpoints::verify_endpoint, endpoints::recover_endpoint, endpoints::test_endpoint,
         deliveries::list_deliveries, deliveries::get_delivery, deliveries::replay_delivery,
         deliveries::cancel_delivery,
-        catalog::list_event_types, catalog::list_audit,
+        catalog::list_event_types, catalog::get_event_type, catalog::list_audit,
         reconciliations::list_reconciliations, reconciliations::get_reconciliation,
         reconciliations::reconciliation_html,
     ),

@@ -285,7 +285,9 @@ async fn start_on<L: Log + Closable>(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;
     let source = if roles.capture {
-        let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?;
+        let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone())
+            .await?
+            .with_schema_catalog(Arc::new(platform.schema_catalog(&cfg.source.name)));
         platform
             .upsert_event_types(&cfg.source.name, source.event_types())
             .await?;

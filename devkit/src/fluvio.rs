@@ -71,15 +71,29 @@ impl FluvioCluster {
             return None;
         };
         let script = tools.join("local-cluster.sh");
-        let dir = tempfile::Builder::new()
-            .prefix("walhook-fluvio-")
-            .tempdir()
-            .expect("a temporary directory for the Fluvio cluster");
-        let out = Command::new(&script)
-            .arg("start")
-            .arg(dir.path())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        // A busy machine can make the SPU miss the script's start-up wait:
+        // one more try, in a fresh directory, before the test fails.
+        let mut tries = 0;
+        let (dir, out) = loop {
+            tries += 1;
+            let dir = tempfile::Builder::new()
+                .prefix("walhook-fluvio-")
+                .tempdir()
+                .expect("a temporary directory for the Fluvio cluster");
+            let out = Command::new(&script)
+                .arg("start")
+                .arg(dir.path())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+            if out.status.success() || tries == 2 {
+                break (dir, out);
+            }
+            eprintln!(
+                "{test}: the Fluvio cluster did not start ({}); trying once more",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            let _ = Command::new(&script).arg("stop").arg(dir.path()).output();
+        };
         assert!(
             out.status.success(),
             "{} start failed: {}\n{}",

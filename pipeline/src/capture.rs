@@ -287,3 +287,20 @@ impl<W: std::io::Write + Send> TransactionSink for WriterSink<W> {
         Ok(Receipt::ready())
     }
 }
+
+/// The schema versions of table rules' event shapes: capture asks for the
+/// version of each shape when it first sees a relation's columns, and the
+/// answer must be the same every time for the same shape (a re-read of the
+/// slot after a crash makes the same bytes).
+pub trait SchemaCatalog: Send + Sync + 'static {
+    /// The version of `event_type`'s shape `fingerprint`: the one it was
+    /// given before, or a new one (at least `base`, after every earlier
+    /// version) whose JSON Schema `schema_of(version)` is stored with it.
+    fn version_for<'a>(
+        &'a self,
+        event_type: &'a str,
+        base: u32,
+        fingerprint: &'a str,
+        schema_of: &'a (dyn Fn(u32) -> serde_json::Value + Send + Sync),
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<u32, crate::store::StoreError>> + Send + 'a>>;
+}

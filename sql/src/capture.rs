@@ -242,7 +242,8 @@ impl Platform {
         Ok(LedgerSnapshot { mark, rows })
     }
 
-    /// Records the event types a source's rules produce.
+    /// Records the event types a source's rules produce (a type whose shape
+    /// changed keeps its newest schema version).
     pub async fn upsert_event_types(
         &self,
         source: &str,
@@ -253,7 +254,8 @@ impl Platform {
             client
                 .execute(
                     "INSERT INTO walhook.event_types (name, schema_version, source) VALUES ($1, $2, $3) \
-                     ON CONFLICT (name) DO UPDATE SET schema_version = EXCLUDED.schema_version, \
+                     ON CONFLICT (name) DO UPDATE SET schema_version = greatest(EXCLUDED.schema_version, \
+                       coalesce((SELECT max(s.version) FROM walhook.event_schemas s WHERE s.event_type = EXCLUDED.name), 0)), \
                        source = EXCLUDED.source, updated_at = now()",
                     &[name, &(*version as i32), &source],
                 )

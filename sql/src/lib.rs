@@ -33,6 +33,7 @@ pub mod migrate;
 pub mod reconcile;
 pub mod replay;
 pub mod rotation;
+pub mod schemas;
 pub mod secrets;
 pub mod tenants;
 pub mod verification;

@@ -109,6 +109,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "endpoint_verification",
         sql: include_str!("../migrations/0017_endpoint_verification.sql"),
     },
+    Migration {
+        version: 18,
+        name: "event_schemas",
+        sql: include_str!("../migrations/0018_event_schemas.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -107,6 +107,21 @@ pub struct World {
     platform_url: String,
 }
 
+/// The Python of the test tools (`WALHOOK_PYTHON`, else the virtualenv
+/// `scripts/test.sh` makes, else `python3`).
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("WALHOOK_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
+        .join(".cache/walhook-venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
 /// Writes a fresh master key to `dir/name` (mode 600); returns its path.
 pub fn write_master_key(dir: &Path, name: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;

@@ -99,6 +99,33 @@ pub struct EventType {
     pub updated_at: DateTime<Utc>,
 }
 
+/// One version of an event type's payload schema.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SchemaVersion {
+    /// The version (`schema_version` in payloads and the
+    /// `walhook-schema-version` header).
+    pub version: i32,
+    /// Its JSON Schema (draft 2020-12), derived from the rule's columns and
+    /// their Postgres types.
+    #[schema(value_type = Object)]
+    pub schema: serde_json::Value,
+    /// The capture source that registered it.
+    pub source: String,
+    /// When it was registered (the shape was first seen).
+    pub created_at: DateTime<Utc>,
+}
+
+/// An event type with every version of its schema.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventTypeDetail {
+    /// The type.
+    #[serde(flatten)]
+    pub event_type: EventType,
+    /// Every schema version, oldest first (empty for types whose payload
+    /// the producer shapes: outbox and message rules, `webhook.test`).
+    pub versions: Vec<SchemaVersion>,
+}
+
 /// The event-type catalog.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EventTypeList {

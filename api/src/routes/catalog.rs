@@ -11,8 +11,10 @@ use walhook_sql::audit::AuditFilter;
 use super::validate;
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorResponses};
-use crate::extract::QueryParams;
-use crate::model::{AuditEntry, AuditPage, EventType, EventTypeList, ts};
+use crate::extract::{PathParams, QueryParams};
+use crate::model::{
+    AuditEntry, AuditPage, EventType, EventTypeDetail, EventTypeList, SchemaVersion, ts,
+};
 use crate::{ApiState, cursor};
 
 /// The event-type catalog: the types capture rules produce, with their
@@ -34,6 +36,51 @@ pub async fn list_event_types(
                 source: t.source,
                 description: t.description,
                 updated_at: ts(t.updated_at),
+            })
+            .collect(),
+    })
+    .into_response())
+}
+
+/// One event type of the catalog, with every version of its payload's
+/// JSON Schema (a table rule's type gets a new version when the captured
+/// table's columns it sends change; old versions stay readable).
+#[utoipa::path(get, path = "/v1/event-types/{event_type}", tag = "catalog",
+    params(("event_type" = String, Path, description = "The type, e.g. `invoice.paid`")),
+    responses((status = 200, description = "The type and its schema versions", body = EventTypeDetail), ErrorResponses),
+    security(("tenant_key" = []), ("operator" = [])))]
+pub async fn get_event_type(
+    _: Principal,
+    State(state): State<ApiState>,
+    PathParams(name): PathParams<String>,
+) -> Result<Response, ApiError> {
+    let Some(t) = state
+        .platform
+        .event_types()
+        .await?
+        .into_iter()
+        .find(|t| t.name == name)
+    else {
+        return Err(ApiError::NotFound(format!(
+            "no event type {name:?} in the catalog (GET /v1/event-types lists them)"
+        )));
+    };
+    let versions = state.platform.schema_versions(&name).await?;
+    Ok(axum::Json(EventTypeDetail {
+        event_type: EventType {
+            name: t.name,
+            schema_version: t.schema_version,
+            source: t.source,
+            description: t.description,
+            updated_at: ts(t.updated_at),
+        },
+        versions: versions
+            .into_iter()
+            .map(|v| SchemaVersion {
+                version: v.version,
+                schema: v.schema,
+                source: v.source,
+                created_at: ts(v.created_at),
             })
             .collect(),
     })

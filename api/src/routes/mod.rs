@@ -97,6 +97,7 @@ pub fn router(state: ApiState) -> Router {
             post(cancel_delivery),
         )
         .route("/v1/event-types", get(catalog::list_event_types))
+        .route("/v1/event-types/{event_type}", get(catalog::get_event_type))
         .route("/v1/audit-log", get(catalog::list_audit))
         .route(
             "/v1/reconciliations",

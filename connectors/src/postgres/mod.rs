@@ -26,6 +26,7 @@ pub mod connect;
 pub mod error;
 pub mod pgoutput;
 pub mod rules;
+pub mod schema;
 pub mod source;
 mod stream;
 pub mod types;

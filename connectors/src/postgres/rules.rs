@@ -134,7 +134,10 @@ pub struct CompiledRule {
     ops: Vec<Operation>,
     conditions: Vec<CompiledCondition>,
     event_type: Option<EventType>,
+    /// The version its events carry: the catalog's for the current shape.
     schema_version: u32,
+    /// The version the config names.
+    schema_version_configured: u32,
     tenant: usize,
     object_id: Option<usize>,
     version: Option<VersionSource>,
@@ -348,6 +351,7 @@ pub fn compile(rule: &RuleConfig, table: &TableInfo) -> Result<CompiledRule, Rul
             .as_deref()
             .and_then(|t| EventType::new(t).ok()),
         schema_version: rule.schema_version,
+        schema_version_configured: rule.schema_version,
         tenant,
         object_id,
         version,
@@ -801,12 +805,46 @@ impl CompiledRule {
         }
     }
 
+    /// For a table rule with a fixed type (not an outbox): what decides its
+    /// payload's shape.
+    pub fn shape(&self) -> Option<Shape> {
+        if self.outbox.is_some() {
+            return None;
+        }
+        Some(Shape {
+            event_type: self.event_type.clone()?,
+            base_version: self.schema_version_configured,
+            columns: self
+                .payload
+                .iter()
+                .map(|(name, _, t)| (name.clone(), *t))
+                .collect(),
+        })
+    }
+
+    /// Sets the schema version its events carry (the catalog's version of
+    /// the current shape).
+    pub fn set_schema_version(&mut self, version: u32) {
+        self.schema_version = version;
+    }
+
     fn column_type(&self, index: usize) -> u32 {
         self.payload
             .iter()
             .find(|(_, i, _)| *i == index)
             .map_or(oid::TEXT, |(_, _, t)| *t)
     }
+}
+
+/// A table rule's payload shape.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// Its event type.
+    pub event_type: EventType,
+    /// The rule's configured `schema_version` (the first version of a type).
+    pub base_version: u32,
+    /// The columns `data` holds (name, type), by name.
+    pub columns: Vec<(String, u32)>,
 }
 
 /// What a rule decided about a change; [`EventParts::build`] derives the

@@ -95,6 +95,9 @@ pub struct PostgresSource {
     event_types: Vec<(String, u32)>,
     /// Warnings from start-up, for the operator.
     pub warnings: Vec<String>,
+    /// Where table rules' event shapes get their schema versions; without
+    /// one, events carry the configured `schema_version`.
+    pub(super) schemas: Option<Arc<dyn walhook_pipeline::capture::SchemaCatalog>>,
 }
 
 impl PostgresSource {
@@ -173,7 +176,20 @@ impl PostgresSource {
             message_rules,
             event_types,
             warnings,
+            schemas: None,
         })
+    }
+
+    /// Versions table rules' event shapes in `catalog`: a change of the
+    /// columns a rule sends (a column added, dropped or retyped) makes a
+    /// new schema version, registered with its JSON Schema before any event
+    /// of that shape is made.
+    pub fn with_schema_catalog(
+        mut self,
+        catalog: Arc<dyn walhook_pipeline::capture::SchemaCatalog>,
+    ) -> Self {
+        self.schemas = Some(catalog);
+        self
     }
 
     /// The source's config.

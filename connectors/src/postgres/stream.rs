@@ -220,7 +220,14 @@ impl<'s> StreamState<'s> {
                     // A type created since the stream started (a new domain).
                     self.types = TypeMap::load(sql).await?;
                 }
+                let relation = match &msg {
+                    Message::Relation(rel) => Some(rel.rel_id),
+                    _ => None,
+                };
                 self.on_message(msg)?;
+                if let Some(rel_id) = relation {
+                    self.version_shapes(rel_id).await?;
+                }
                 let full = self.tx.as_ref().is_some_and(|t| {
                     t.pending.events.len() >= CHUNK_EVENTS
                         || t.pending_bytes >= CHUNK_BYTES
@@ -373,6 +380,51 @@ impl<'s> StreamState<'s> {
         self.events += chunk.events.len() as u64;
         let receipt = sink.hand_off(chunk).await?;
         tx.receipts.push(receipt);
+        Ok(())
+    }
+
+    /// Gives the rules of relation `rel_id` the catalog's schema version of
+    /// their current shape (registering a new shape first).
+    async fn version_shapes(&mut self, rel_id: u32) -> Result<(), CaptureError> {
+        let Some(catalog) = self.source.schemas.clone() else {
+            return Ok(());
+        };
+        let Some(table) = self.tables.get_mut(&rel_id) else {
+            return Ok(());
+        };
+        for rule in &mut table.rules {
+            let Some(shape) = rule.shape() else {
+                continue;
+            };
+            let (event_type, base, columns) = (
+                shape.event_type.to_string(),
+                shape.base_version,
+                shape.columns,
+            );
+            let fingerprint = format!("{base}|{}", super::schema::fingerprint(&columns));
+            let schema_of = |v: u32| super::schema::event_schema(&event_type, v, &columns);
+            let mut wait = std::time::Duration::from_millis(100);
+            let version = loop {
+                match catalog
+                    .version_for(&event_type, base, &fingerprint, &schema_of)
+                    .await
+                {
+                    Ok(v) => break v,
+                    // Nothing of this shape is made before its version is
+                    // known: retry a while, then stop capture (a restart
+                    // reads the relation again).
+                    Err(e) if e.is_transient() && wait < std::time::Duration::from_secs(10) => {
+                        tracing::warn!(event_type = %event_type, error = %e, "could not register an event schema; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait *= 2;
+                    }
+                    // The platform database's error, as a hand-off's would
+                    // be: transient ones restart capture, the rest stop it.
+                    Err(e) => return Err(walhook_pipeline::capture::SinkError::Store(e).into()),
+                }
+            };
+            rule.set_schema_version(version);
+        }
         Ok(())
     }
 
