@@ -351,6 +351,14 @@ impl Config {
             cfg.secrets.resolve_paths(dir);
             cfg.archive.resolve_paths(dir);
             cfg.reconcile.resolve_paths(dir);
+            // Declared payload schemas are read from the config's folder.
+            for rule in &mut cfg.rules {
+                for file in rule.schema_files.values_mut() {
+                    if file.is_relative() {
+                        *file = dir.join(&*file);
+                    }
+                }
+            }
             // The sections' CA files, like key files, are read from the
             // config's folder; an `sslrootcert` in a URL stays as libpq
             // reads it (from the working directory).

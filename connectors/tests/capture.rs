@@ -1099,3 +1099,134 @@ object_id_column = "id"
         "{err}"
     );
 }
+
+/// Outbox and message rules may declare a JSON Schema per event type: a
+/// payload that matches becomes an event, one that does not is an incident
+/// naming the file and where it failed; a schema file that cannot be used
+/// stops nothing but the start, naming the rule and the file.
+#[tokio::test]
+async fn declared_schemas_turn_mismatching_payloads_into_incidents() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let (url, db) = setup(&pg, "declared").await;
+    db.batch_execute(
+        "CREATE TABLE outbox (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
+         event_type text NOT NULL, payload jsonb NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = dir.path().join("order-shipped.json");
+    std::fs::write(
+        &shipped,
+        r#"{"type": "object", "required": ["carrier", "parcels"],
+            "properties": {"carrier": {"type": "string"}, "parcels": {"type": "integer", "minimum": 1}}}"#,
+    )
+    .unwrap();
+    let voided = dir.path().join("invoice-voided.json");
+    std::fs::write(&voided, r#"{"type": "object", "required": ["id"]}"#).unwrap();
+    let text = format!(
+        r#"
+[[rules]]
+name = "outbox"
+kind = "outbox"
+table = "public.outbox"
+type_column = "event_type"
+payload_column = "payload"
+tenant_column = "tenant_id"
+schema_files = {{ "order.shipped" = "{}" }}
+
+[[rules]]
+name = "app_messages"
+kind = "message"
+prefix = "app"
+schema_files = {{ "invoice.voided" = "{}" }}
+"#,
+        shipped.display(),
+        voided.display()
+    );
+    let (cfg, _) = config(&url, "");
+    let source = PostgresSource::prepare(cfg.clone(), rules_from(&text))
+        .await
+        .unwrap();
+    db.batch_execute(
+        "INSERT INTO outbox (tenant_id, event_type, payload) VALUES \
+           ('acme', 'order.shipped', '{\"carrier\": \"ups\", \"parcels\": 2}'), \
+           ('acme', 'order.shipped', '{\"carrier\": \"ups\", \"parcels\": \"two\"}'), \
+           ('acme', 'order.returned', '{\"anything\": true}'); \
+         SELECT pg_logical_emit_message(true, 'app', \
+           '{\"type\": \"invoice.voided\", \"tenant_id\": \"acme\", \"data\": {\"id\": 7}}'); \
+         SELECT pg_logical_emit_message(true, 'app', \
+           '{\"type\": \"invoice.voided\", \"tenant_id\": \"acme\", \"data\": {\"reason\": \"dup\"}}');",
+    )
+    .await
+    .unwrap();
+    let observer = Arc::new(Incidents::default());
+    let sink = Collect::default();
+    source
+        .run(
+            sink.clone(),
+            observer.clone(),
+            RunOptions {
+                confirm: false,
+                stop_when_caught_up: true,
+            },
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let types: Vec<String> = sink
+        .events()
+        .iter()
+        .map(|e| e.event_type.to_string())
+        .collect();
+    assert_eq!(
+        types,
+        ["order.shipped", "order.returned", "invoice.voided"],
+        "a type without a declared schema passes; mismatches are no events"
+    );
+    let incidents = observer.0.lock().clone();
+    let details: Vec<(IncidentKind, &str)> = incidents
+        .iter()
+        .map(|i| (i.kind, i.detail.as_str()))
+        .collect();
+    assert_eq!(incidents.len(), 2, "{details:?}");
+    assert_eq!(incidents[0].kind, IncidentKind::InvalidRow);
+    assert!(
+        incidents[0].detail.contains("order-shipped.json")
+            && incidents[0].detail.contains("/parcels"),
+        "{details:?}"
+    );
+    assert_eq!(incidents[1].kind, IncidentKind::InvalidMessage);
+    assert!(
+        incidents[1].detail.contains("invoice-voided.json"),
+        "{details:?}"
+    );
+
+    // Unusable schema files are refused at start, naming rule and file.
+    std::fs::write(&voided, "{not json").unwrap();
+    let Err(err) = PostgresSource::prepare(cfg.clone(), rules_from(&text)).await else {
+        panic!("a schema file that is not JSON was accepted");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("app_messages")
+            && err.contains("schema_files")
+            && err.contains("invoice-voided.json"),
+        "{err}"
+    );
+    let table_rule = r#"
+[[rules]]
+name = "orders"
+table = "public.orders"
+event_type = "order.changed"
+tenant_column = "tenant_id"
+schema_files = { "order.changed" = "x.json" }
+"#;
+    let Err(err) = PostgresSource::prepare(cfg, rules_from(table_rule)).await else {
+        panic!("schema_files on a table rule was accepted");
+    };
+    assert!(
+        err.to_string().contains("derived from their columns"),
+        "{err}"
+    );
+}

@@ -268,6 +268,11 @@ pub struct RuleConfig {
     /// first fanned out.
     #[serde(default)]
     pub event_types: Vec<String>,
+    /// Outbox and message rules: a JSON Schema file per event type that the
+    /// payloads (`data`) of that type must match; a payload that does not
+    /// is an incident, not an event. Paths are relative to the config file.
+    #[serde(default)]
+    pub schema_files: std::collections::BTreeMap<String, std::path::PathBuf>,
 }
 
 fn default_schema_version() -> u32 {
@@ -400,6 +405,24 @@ impl RuleConfig {
                     "changed/changed_to/changed_from read both rows; remove `row`".into(),
                 );
             }
+        }
+        for t in self.schema_files.keys() {
+            if EventType::new(t).is_err() {
+                return err(
+                    "schema_files",
+                    format!(
+                        "{t:?} is not a valid event type: start with a letter, then letters, digits, `.`, `_`, `-`"
+                    ),
+                );
+            }
+        }
+        if self.kind == RuleKind::Table && !self.schema_files.is_empty() {
+            return err(
+                "schema_files",
+                "table rules get a schema derived from their columns (GET /v1/event-types/{type}); \
+                 schema_files is for outbox and message rules"
+                    .into(),
+            );
         }
         match self.kind {
             RuleKind::Table => {

@@ -23,6 +23,7 @@
 pub mod catalog;
 pub mod config;
 pub mod connect;
+pub mod declared;
 pub mod error;
 pub mod pgoutput;
 pub mod rules;

@@ -30,6 +30,7 @@ use walhook_pipeline::time::Timestamp;
 use super::config::{
     Condition, ObjectVersion, Operation, RowSelector, RuleConfig, RuleError, RuleKind,
 };
+use super::declared::DeclaredSchemas;
 use super::pgoutput::{ColumnValue, OldTuple, Relation, TupleData};
 use super::value::{may_be_toasted, oid, write_text_value};
 
@@ -145,6 +146,8 @@ pub struct CompiledRule {
     payload: Vec<(String, usize, u32)>,
     /// Outbox: the type and payload columns.
     outbox: Option<(usize, usize, u32)>,
+    /// Outbox: the schemas the config declares for payloads.
+    declared: Option<Arc<DeclaredSchemas>>,
     /// Start-up advice that is not an error.
     pub warnings: Vec<String>,
 }
@@ -357,6 +360,7 @@ pub fn compile(rule: &RuleConfig, table: &TableInfo) -> Result<CompiledRule, Rul
         version,
         payload,
         outbox,
+        declared: None,
         warnings,
     })
 }
@@ -771,6 +775,11 @@ impl CompiledRule {
                 {
                     return invalid("the outbox payload is not JSON");
                 }
+                if let Some(declared) = &self.declared
+                    && let Err(why) = declared.check(event_type.as_str(), &payload_text)
+                {
+                    return invalid(&why);
+                }
                 let data = String::from_utf8_lossy(&data).into_owned();
                 parts(event_type, Vec::new()).build(tx, ordinal, |w| w.raw_value(&data))
             }
@@ -820,6 +829,11 @@ impl CompiledRule {
                 .map(|(name, _, t)| (name.clone(), *t))
                 .collect(),
         })
+    }
+
+    /// Sets the schemas the config declares for an outbox rule's payloads.
+    pub fn set_declared(&mut self, declared: Option<Arc<DeclaredSchemas>>) {
+        self.declared = declared;
     }
 
     /// Sets the schema version its events carry (the catalog's version of
@@ -903,6 +917,8 @@ pub struct MessageRule {
     name: Arc<str>,
     prefix: String,
     schema_version: u32,
+    /// The schemas the config declares for payloads.
+    declared: Option<Arc<DeclaredSchemas>>,
 }
 
 impl MessageRule {
@@ -912,7 +928,14 @@ impl MessageRule {
             name: rule.name.as_str().into(),
             prefix: rule.prefix.clone().unwrap_or_default(),
             schema_version: rule.schema_version,
+            declared: None,
         }
+    }
+
+    /// With the schemas the config declares for payloads.
+    pub fn with_declared(mut self, declared: Option<Arc<DeclaredSchemas>>) -> Self {
+        self.declared = declared;
+        self
     }
 
     /// Whether `prefix` is this rule's.
@@ -992,6 +1015,11 @@ impl MessageRule {
         let Some(data) = get("data") else {
             return incident("\"data\" is missing".into());
         };
+        if let Some(declared) = &self.declared
+            && let Err(why) = declared.check(event_type.as_str(), data)
+        {
+            return incident(why);
+        }
         let object_id = string("object_id");
         if let Some(Err(problem)) = object_id.as_deref().map(check_object_id) {
             return incident(format!("\"object_id\": {problem}"));

@@ -98,6 +98,8 @@ pub struct PostgresSource {
     /// Where table rules' event shapes get their schema versions; without
     /// one, events carry the configured `schema_version`.
     pub(super) schemas: Option<Arc<dyn walhook_pipeline::capture::SchemaCatalog>>,
+    /// Outbox rules' declared payload schemas, by rule name (read once).
+    pub(super) declared: HashMap<String, Arc<super::declared::DeclaredSchemas>>,
 }
 
 impl PostgresSource {
@@ -150,10 +152,16 @@ impl PostgresSource {
             }
         }
         catalog::ensure_slot(&client, &cfg).await?;
+        let mut declared = HashMap::new();
+        for rule in &rules {
+            if let Some(d) = super::declared::DeclaredSchemas::load(rule)? {
+                declared.insert(rule.name.clone(), d);
+            }
+        }
         let message_rules = rules
             .iter()
             .filter(|r| r.kind == RuleKind::Message)
-            .map(MessageRule::new)
+            .map(|r| MessageRule::new(r).with_declared(declared.get(&r.name).cloned()))
             .collect();
         for w in &warnings {
             tracing::warn!("{w}");
@@ -177,6 +185,7 @@ impl PostgresSource {
             event_types,
             warnings,
             schemas: None,
+            declared,
         })
     }
 

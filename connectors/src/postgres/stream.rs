@@ -435,7 +435,9 @@ impl<'s> StreamState<'s> {
             for rule in configs {
                 // A schema change that breaks a rule stops capture with the
                 // message a bad config would get.
-                rules.push(compile(rule, &info)?);
+                let mut compiled = compile(rule, &info)?;
+                compiled.set_declared(self.source.declared.get(&rule.name).cloned());
+                rules.push(compiled);
             }
         }
         let keys = info.columns.iter().map(|c| c.key).collect();
