@@ -133,7 +133,16 @@ pub(crate) async fn setup(pg: &LocalPostgres, db: &str) -> (String, tokio_postgr
 }
 
 async fn catch_up(source: &PostgresSource, confirm: bool) -> Collect {
+    catch_up_with_incidents(source, confirm).await.0
+}
+
+/// Streams until caught up; what was handed off and the incidents seen.
+async fn catch_up_with_incidents(
+    source: &PostgresSource,
+    confirm: bool,
+) -> (Collect, Arc<Incidents>) {
     let sink = Collect::default();
+    let observer = Arc::new(Incidents::default());
     let options = RunOptions {
         confirm,
         stop_when_caught_up: true,
@@ -142,7 +151,7 @@ async fn catch_up(source: &PostgresSource, confirm: bool) -> Collect {
         Duration::from_secs(60),
         source.run(
             sink.clone(),
-            Arc::new(Incidents::default()),
+            observer.clone(),
             options,
             CancellationToken::new(),
         ),
@@ -150,7 +159,7 @@ async fn catch_up(source: &PostgresSource, confirm: bool) -> Collect {
     .await
     .expect("capture did not catch up")
     .unwrap();
-    sink
+    (sink, observer)
 }
 
 fn data(e: &Event) -> serde_json::Value {
@@ -503,20 +512,7 @@ event_types = ["invoice.voided"]
     ] {
         db.batch_execute(&sql).await.unwrap();
     }
-    let observer = Arc::new(Incidents::default());
-    let sink = Collect::default();
-    source
-        .run(
-            sink.clone(),
-            observer.clone(),
-            RunOptions {
-                confirm: false,
-                stop_when_caught_up: true,
-            },
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let (sink, observer) = catch_up_with_incidents(&source, false).await;
     let events = sink.events();
     let summary: Vec<(&str, &str, Option<&str>, u32)> = events
         .iter()
@@ -1160,20 +1156,7 @@ schema_files = {{ "invoice.voided" = "{}" }}
     )
     .await
     .unwrap();
-    let observer = Arc::new(Incidents::default());
-    let sink = Collect::default();
-    source
-        .run(
-            sink.clone(),
-            observer.clone(),
-            RunOptions {
-                confirm: false,
-                stop_when_caught_up: true,
-            },
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let (sink, observer) = catch_up_with_incidents(&source, false).await;
     let types: Vec<String> = sink
         .events()
         .iter()
