@@ -47,7 +47,6 @@ fn column_schema(type_oid: u32) -> Value {
             {"type": "array", "items": {"anyOf": [nullable(scalar(element)), {"type": "array"}]}},
             {"type": "null"}
         ]}),
-        None if type_oid == oid::JSON || type_oid == oid::JSONB => json!({}),
         None => nullable(scalar(type_oid)),
     }
 }

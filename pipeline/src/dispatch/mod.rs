@@ -355,7 +355,8 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             },
             verify_stop.clone(),
         ));
-        let _stop_verifier = verify_stop.drop_guard();
+        // Stops it on every way out of this function.
+        let stop_verifier = verify_stop.drop_guard();
 
         let mut attempts: JoinSet<Finished> = JoinSet::new();
         let mut draining: Option<Instant> = None;
@@ -455,7 +456,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             }
         }
         sweep_stop.cancel();
-        verifier.abort();
+        drop(stop_verifier);
+        if let Err(e) = verifier.await {
+            tracing::error!(error = %e, "the endpoint verifier panicked; endpoints waiting for a check were not checked");
+        }
         if let Err(e) = (&mut sweeper).await {
             tracing::error!(error = %e, "the sweeper panicked");
         }
@@ -607,6 +611,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     } else {
                         (DeliveryStatus::Exhausted, "deadline_while_paused")
                     };
+                    self.observer.ended(&job, status, job.attempt_count);
                     send(
                         record_tx,
                         Record::Transition(Transition {

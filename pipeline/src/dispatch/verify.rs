@@ -143,9 +143,12 @@ pub async fn run<E: Egress, S: DispatchStore>(
                     .filter(|e| e.enabled && e.quarantine.is_none() && !e.secrets.is_empty())
                     .cloned()
                     .collect();
-                sent.retain(|(id, c), _| {
-                    waiting.iter().any(|e| e.id == *id && e.verification.as_ref().is_some_and(|v| v.challenge == *c))
-                });
+                // Forget checks of challenges no longer asked for.
+                let current: std::collections::HashSet<(EndpointId, &str)> = waiting
+                    .iter()
+                    .filter_map(|e| Some((e.id, e.verification.as_ref()?.challenge.as_str())))
+                    .collect();
+                sent.retain(|(id, c), _| current.contains(&(*id, c.as_str())));
                 for ep in waiting {
                     if checks.len() >= MAX_CONCURRENT {
                         break;
