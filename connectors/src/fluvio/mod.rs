@@ -609,13 +609,51 @@ impl Log for FluvioLog {
         if let Some(earlier) = earlier {
             earlier.settled().await;
         }
-        let stream = client.consumer_with_config(config).await.map_err(backend)?;
+        // The partition's leader may be restarting (a member starting
+        // while a broker crashes): keep trying, on a new connection, as
+        // commits do, rather than fail the whole process's start.
+        let deadline = Instant::now() + Committer::GIVE_UP;
+        let mut pause = Duration::from_millis(100);
+        let mut client = client.clone();
+        let stream = loop {
+            let opened = tokio::time::timeout(
+                Committer::TRY_TIMEOUT,
+                client.consumer_with_config(config.clone()),
+            )
+            .await;
+            let error = match opened {
+                Ok(Ok(stream)) => break stream,
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(_) => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
+            };
+            if Instant::now() + pause > deadline {
+                return Err(broken(format!(
+                    "could not open {topic}/{partition} for group {group:?} within {:?}: {error}",
+                    Committer::GIVE_UP
+                )));
+            }
+            tracing::warn!(topic, partition, group, %error, retry_in = ?pause, "cannot read a Fluvio partition yet; retrying on a new connection");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            let cluster = FluvioClusterConfig::new(self.inner.settings.endpoint.clone());
+            if let Ok(Ok(fresh)) = tokio::time::timeout(
+                Committer::TRY_TIMEOUT,
+                Fluvio::connect_with_config(&cluster),
+            )
+            .await
+            {
+                client = Arc::new(fresh);
+            }
+        };
         let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
-        let reader = tokio::spawn(read::<M, _, _>(
-            stream,
-            tx,
-            format!("{topic} partition {partition} (group {group:?})"),
-        ));
+        // The stream's client (a fresh one after a retry) lives as long as
+        // the stream reads.
+        let stream_client = client.clone();
+        let name = format!("{topic} partition {partition} (group {group:?})");
+        let reader = tokio::spawn(async move {
+            let _client = stream_client;
+            read::<M, _, _>(stream, tx, name).await
+        });
         let commits = Arc::new(CommitState {
             want: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),
