@@ -177,6 +177,7 @@ async fn endpoint_with_secret(w: &World, path: &str, types: &[&str]) -> (Endpoin
                 max_in_flight: None,
                 enabled: true,
                 retry: Default::default(),
+                ordering: Default::default(),
                 verify: false,
             },
             "test",

@@ -589,6 +589,7 @@ fn attempts(batch: &RecordBatch, delivery: DeliveryId) -> Result<Vec<AttemptRow>
             response_sha256: c.bytes("response_sha256", i)?,
             response_excerpt: c.text("response_excerpt", i)?,
             secret_versions: c.int_list("secret_versions", i)?,
+            note: c.text("note", i)?,
         });
     }
     Ok(out)

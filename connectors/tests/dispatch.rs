@@ -176,6 +176,7 @@ impl Harness {
                 }]),
                 retry: Default::default(),
                 verification: None,
+                ordering: Default::default(),
                 created_at: Timestamp(0),
                 quarantine: None,
                 history: vec![],
@@ -254,6 +255,7 @@ impl Harness {
                 event_occurred_at: now,
                 schema_version: 1,
                 replay: None,
+                order: None,
             })
             .await
             .unwrap();

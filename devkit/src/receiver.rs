@@ -62,6 +62,14 @@ pub enum Behaviour {
         /// The header's value in seconds.
         secs: u64,
     },
+    /// Requests whose body contains `needle` get `status`, the rest 200
+    /// (fails one business object's events: `"object_id":"42"`).
+    FailMatching {
+        /// What the body contains.
+        needle: String,
+        /// The failing status.
+        status: u16,
+    },
     /// A redirect to `location` with `status` (301, 302, 307, 308).
     Redirect {
         /// The status.
@@ -257,6 +265,12 @@ async fn handle(
         }
         Behaviour::RetryAfter { status, secs } => (status, Some(("retry-after", secs.to_string()))),
         Behaviour::Redirect { status, location } => (status, Some(("location", location))),
+        Behaviour::FailMatching { needle, status } => {
+            let hit = body
+                .windows(needle.len().max(1))
+                .any(|w| w == needle.as_bytes());
+            (if hit { status } else { 200 }, None)
+        }
     };
     shared
         .count

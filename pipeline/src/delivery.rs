@@ -137,6 +137,20 @@ pub struct DeliveryJob {
     pub schema_version: u32,
     /// Set when this is a manual attempt asked for through the API.
     pub replay: Option<Replay>,
+    /// The business object the event is about and the event's place in
+    /// commit order, when the event names an object: an endpoint with
+    /// per-object ordering attempts one object's deliveries in that order.
+    pub order: Option<ObjectOrder>,
+}
+
+/// An event's object and its place in commit order: what per-object
+/// ordering compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectOrder {
+    /// The object's id (the rule's `object_id_column`).
+    pub object_id: std::sync::Arc<str>,
+    /// The change's place in the captured WAL.
+    pub key: crate::event::EventKey,
 }
 
 /// A manual attempt's request.
@@ -152,6 +166,12 @@ pub struct Replay {
 /// The note on an attempt made after one whose outcome is unknown (sent,
 /// perhaps received, never recorded: its dispatcher stopped first).
 pub const ATTEMPT_NOTE_UNKNOWN: &str = "previous_outcome_unknown";
+
+/// The note on the first attempt of a delivery to an endpoint with
+/// per-object ordering that went out after an earlier delivery of the same
+/// object ended without success (failed, exhausted): the receiver sees this
+/// event without the one before it.
+pub const ATTEMPT_NOTE_PREDECESSOR_FAILED: &str = "previous_in_order_failed";
 
 /// What a delivery's row needs when it is written for the first time (its
 /// job was planned by fan-out and had no row yet).
@@ -320,7 +340,7 @@ mod codec {
 
     impl Message for DeliveryJob {
         fn encode(&self, out: &mut Vec<u8>) {
-            out.push(3);
+            out.push(4);
             out.extend_from_slice(&self.delivery_id.0);
             out.extend_from_slice(&self.event_id.0);
             out.extend_from_slice(&self.endpoint_id.0);
@@ -349,12 +369,21 @@ mod codec {
             out.extend_from_slice(&self.manual_attempt_count.to_be_bytes());
             out.push(u8::from(self.after_unknown) | (u8::from(self.materialized) << 1));
             out.extend_from_slice(&self.schema_version.to_be_bytes());
+            match &self.order {
+                None => out.push(0),
+                Some(o) => {
+                    out.push(1);
+                    out.extend_from_slice(&o.key.commit_lsn.0.to_be_bytes());
+                    out.extend_from_slice(&o.key.tx_ordinal.to_be_bytes());
+                    put(out, o.object_id.as_bytes());
+                }
+            }
         }
 
         fn decode(bytes: &[u8]) -> Result<Self, LogError> {
             let mut c = Cursor(bytes);
             let version = c.take(1)?[0];
-            if !matches!(version, 1..=3) {
+            if !matches!(version, 1..=4) {
                 return Err(LogError::Decode("unknown delivery job version".into()));
             }
             let delivery_id = DeliveryId(c.arr16()?);
@@ -387,6 +416,20 @@ mod codec {
                 }
             };
             let schema_version = if version >= 3 { c.u32()? } else { 1 };
+            let order = match (version >= 4).then(|| c.take(1)).transpose()? {
+                None | Some([0]) => None,
+                Some(_) => {
+                    let commit_lsn = crate::ids::Lsn(c.u64()?);
+                    let tx_ordinal = c.u32()?;
+                    Some(ObjectOrder {
+                        key: crate::event::EventKey {
+                            commit_lsn,
+                            tx_ordinal,
+                        },
+                        object_id: c.text()?.into(),
+                    })
+                }
+            };
             Ok(DeliveryJob {
                 delivery_id,
                 event_id,
@@ -406,6 +449,7 @@ mod codec {
                 event_occurred_at,
                 schema_version,
                 replay,
+                order,
             })
         }
     }
@@ -438,11 +482,22 @@ mod codec {
                     request_id: 7,
                     number: 2,
                 }),
+                order: Some(ObjectOrder {
+                    object_id: "inv-1".into(),
+                    key: crate::event::EventKey {
+                        commit_lsn: crate::ids::Lsn(77),
+                        tx_ordinal: 3,
+                    },
+                }),
             };
             let mut b = Vec::new();
             job.encode(&mut b);
             assert_eq!(DeliveryJob::decode(&b).unwrap(), job);
             assert!(DeliveryJob::decode(&b[..b.len() - 1]).is_err());
+            let unordered = DeliveryJob { order: None, ..job };
+            let mut b = Vec::new();
+            unordered.encode(&mut b);
+            assert_eq!(DeliveryJob::decode(&b).unwrap(), unordered);
         }
     }
 }

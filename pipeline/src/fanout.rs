@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::delivery::{DeliveryJob, NewDelivery};
+use crate::delivery::{DeliveryJob, NewDelivery, ObjectOrder};
 use crate::dispatch::observe::{AttemptObserver, NoObserver};
 use crate::endpoint::{SubscriptionCache, TenantStatus};
 use crate::event::Event;
@@ -279,6 +279,10 @@ where
         let mut deliveries = Vec::new();
         let mut jobs = Vec::new();
         for event in events {
+            let order = event.object_id.as_deref().map(|object| ObjectOrder {
+                object_id: object.into(),
+                key: event.key,
+            });
             for (endpoint, config_version) in
                 directory.subscribers(&event.tenant_id, &event.event_type, event.occurred_at)
             {
@@ -315,6 +319,7 @@ where
                     event_occurred_at: event.occurred_at,
                     schema_version: event.schema_version,
                     replay: None,
+                    order: order.clone(),
                 });
             }
         }

@@ -148,6 +148,7 @@ impl History {
                 secrets: std::sync::Arc::from([]),
                 retry: Default::default(),
                 verification: None,
+                ordering: Default::default(),
                 created_at: Timestamp::from_system_time(r.get(5)),
                 quarantine: None,
                 history: history.remove(&uid).unwrap_or_default(),
@@ -254,6 +255,7 @@ mod tests {
             secrets: std::sync::Arc::from([]),
             retry: Default::default(),
             verification: None,
+            ordering: Default::default(),
             created_at: at(100),
             quarantine: None,
             history: vec![

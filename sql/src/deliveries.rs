@@ -124,6 +124,9 @@ pub struct AttemptRow {
     /// The versions of the secrets that signed it, newest first (`None`
     /// for attempts recorded before walhook kept them).
     pub secret_versions: Option<Vec<i32>>,
+    /// Why the attempt is special, when it is (`previous_outcome_unknown`,
+    /// `previous_in_order_failed`).
+    pub note: Option<String>,
 }
 
 const DELIVERY_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.event_type, d.status::text, \
@@ -350,7 +353,7 @@ impl Platform {
             .query(
                 "SELECT id, number, trigger::text, endpoint_config_version, started_at, finished_at, \
                         http_status, latency_ms, outcome, error_class, response_sha256, response_excerpt, \
-                        secret_versions \
+                        secret_versions, note \
                  FROM walhook.attempts WHERE delivery_id = $1 ORDER BY started_at, number",
                 &[&Uuid::from_bytes(id.0)],
             )
@@ -372,6 +375,7 @@ impl Platform {
                 response_sha256: r.get(10),
                 response_excerpt: r.get(11),
                 secret_versions: r.get(12),
+                note: r.get(13),
             })
             .collect())
     }

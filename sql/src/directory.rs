@@ -4,7 +4,7 @@
 
 use uuid::Uuid;
 use walhook_pipeline::dispatch::policy::RetryOverride;
-use walhook_pipeline::endpoint::{EndpointConfig, EndpointSource};
+use walhook_pipeline::endpoint::{DeliveryOrder, EndpointConfig, EndpointSource};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::signing::VersionedSecret;
@@ -72,7 +72,7 @@ impl EndpointSource for Platform {
                         e.rate_limit_per_sec, e.max_in_flight, \
                         s.versions, s.key_ids, s.secrets, e.created_at, \
                         e.retry_policy::text, t.retry_policy::text, \
-                        e.verification_challenge, e.verification_requested_at \
+                        e.verification_challenge, e.verification_requested_at, e.ordering \
                  FROM walhook.endpoints e JOIN walhook.tenants t ON t.id = e.tenant_id \
                  CROSS JOIN LATERAL ( \
                      SELECT coalesce(array_agg(version ORDER BY version DESC), '{}') AS versions, \
@@ -202,6 +202,13 @@ impl EndpointSource for Platform {
                     }
                 }
             }
+            let ordering_text: String = r.get(16);
+            let ordering = DeliveryOrder::parse(&ordering_text).unwrap_or_else(|| {
+                problems.push(format!(
+                    "its ordering {ordering_text:?} is not one walhook knows"
+                ));
+                DeliveryOrder::default()
+            });
             let quarantine = (!problems.is_empty()).then(|| {
                 secrets.clear();
                 problems.join("; ")
@@ -227,6 +234,7 @@ impl EndpointSource for Platform {
                             }),
                     }
                 }),
+                ordering,
                 created_at: walhook_pipeline::time::Timestamp::from_system_time(r.get(11)),
                 quarantine,
                 history: versions,

@@ -5,9 +5,11 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, FirstWrite, Replay, Trigger};
-use walhook_pipeline::event::EventType;
-use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::delivery::{
+    AttemptRecord, DeliveryJob, FirstWrite, ObjectOrder, Replay, Trigger,
+};
+use walhook_pipeline::event::{EventKey, EventType};
+use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, Transition};
 use walhook_pipeline::time::Timestamp;
 
@@ -210,7 +212,7 @@ fn plans_claim_sql(picked: &str, after_unknown: &str) -> String {
                       picked.old_owner) \
          SELECT x.id, f.event_id, x.ep, f.tenant_id, f.event_type, e.payload, 0, f.created_at, f.created_at, \
                 f.expires_at, f.lease_version, x.ver, f.event_occurred_at, 0, {after_unknown}, \
-                e.schema_version \
+                e.schema_version, e.object_id, (e.commit_lsn - '0/0'::pg_lsn)::int8, e.tx_ordinal \
          FROM f JOIN walhook.events e ON e.id = f.event_id AND e.occurred_at = f.event_occurred_at \
          LEFT JOIN LATERAL ( \
             SELECT * FROM unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS u(id, ep, ver) \
@@ -267,7 +269,8 @@ FROM claimed, walhook.events e \
 WHERE d.id = claimed.delivery_id AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, d.manual_attempt_count, false, e.schema_version, claimed.id";
+          d.event_occurred_at, d.manual_attempt_count, false, e.schema_version, \
+          e.object_id, (e.commit_lsn - '0/0'::pg_lsn)::int8, e.tx_ordinal, claimed.id";
 
 /// The claim update shared by the claims: `due` names the rows and says
 /// whether an unrecorded attempt may have gone out (`after_unknown`).
@@ -279,7 +282,8 @@ FROM due, walhook.events e \
 WHERE d.id = due.id AND d.status = 'pending' AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
-          d.event_occurred_at, d.manual_attempt_count, due.after_unknown, e.schema_version";
+          d.event_occurred_at, d.manual_attempt_count, due.after_unknown, e.schema_version, \
+          e.object_id, (e.commit_lsn - '0/0'::pg_lsn)::int8, e.tx_ordinal";
 
 /// Due, unheld deliveries (the `pending_due` index), then those of nodes
 /// whose lease lapsed (the `pending_held` index). A delivery is unheld
@@ -657,32 +661,37 @@ impl DispatchStore for Platform {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        // Fan-out's plans of lapsed nodes, and plans nobody holds.
-        let stmt = client
-            .prepare_cached(&CLAIM_PLANS)
-            .await
-            .map_err(StoreError::query("prepare the claim of plans"))?;
-        let rows = client
-            .query(&stmt, &[&node, &(limit as i64), &dead])
-            .await
-            .map_err(StoreError::query("claim plans"))?;
-        if !rows.is_empty() && !dead.is_empty() {
-            tracing::warn!(nodes = ?dead, count = rows.len(), "took over planned deliveries of dispatcher nodes whose lease lapsed");
-        }
-        let mut jobs = self.jobs_from_rows(&client, rows, false, false).await?;
-        if !dead.is_empty() && jobs.len() < limit {
+        // Deliveries of lapsed nodes first (with rows: begun, so earlier in
+        // their objects' order than their plans), then fan-out's plans of
+        // lapsed nodes and plans nobody holds.
+        let mut jobs = Vec::new();
+        if !dead.is_empty() {
             let stmt = client
                 .prepare_cached(&format!("{CLAIM_ORPHANS}{CLAIM_UPDATE}"))
                 .await
                 .map_err(StoreError::query("prepare the orphan claim"))?;
             let rows = client
-                .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &dead])
+                .query(&stmt, &[&node, &(limit as i64), &dead])
                 .await
                 .map_err(StoreError::query("claim the deliveries of lapsed nodes"))?;
             if !rows.is_empty() {
                 tracing::warn!(nodes = ?dead, count = rows.len(), "took over deliveries of dispatcher nodes whose lease lapsed");
             }
-            jobs.extend(self.jobs_from_rows(&client, rows, false, true).await?);
+            jobs = self.jobs_from_rows(&client, rows, false, true).await?;
+        }
+        if jobs.len() < limit {
+            let stmt = client
+                .prepare_cached(&CLAIM_PLANS)
+                .await
+                .map_err(StoreError::query("prepare the claim of plans"))?;
+            let rows = client
+                .query(&stmt, &[&node, &((limit - jobs.len()) as i64), &dead])
+                .await
+                .map_err(StoreError::query("claim plans"))?;
+            if !rows.is_empty() && !dead.is_empty() {
+                tracing::warn!(nodes = ?dead, count = rows.len(), "took over planned deliveries of dispatcher nodes whose lease lapsed");
+            }
+            jobs.extend(self.jobs_from_rows(&client, rows, false, false).await?);
         }
         if jobs.len() < limit {
             let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
@@ -1110,8 +1119,15 @@ impl Platform {
                 event_occurred_at: ts(12),
                 schema_version: r.get::<_, i32>(15).max(1) as u32,
                 replay: replays.then(|| Replay {
-                    request_id: r.get(16),
+                    request_id: r.get(19),
                     number: attempt_count + manual_attempt_count,
+                }),
+                order: r.get::<_, Option<String>>(16).map(|object| ObjectOrder {
+                    object_id: object.into(),
+                    key: EventKey {
+                        commit_lsn: Lsn(r.get::<_, i64>(17) as u64),
+                        tx_ordinal: r.get::<_, i32>(18) as u32,
+                    },
                 }),
             });
         }

@@ -42,6 +42,8 @@ pub struct EndpointRecord {
     pub updated_at: SystemTime,
     /// Its retry schedule's changes, when it has any.
     pub retry: Option<RetryOverride>,
+    /// How its deliveries are ordered (`none`, `per_object`).
+    pub ordering: String,
     /// Its ownership check.
     pub verification: VerificationRecord,
 }
@@ -87,6 +89,8 @@ pub struct EndpointVersionRecord {
     pub secret_version: Option<i32>,
     /// The retry schedule's changes then.
     pub retry: Option<RetryOverride>,
+    /// The ordering then (`none` for versions made before walhook had it).
+    pub ordering: String,
 }
 
 const COLUMNS: &str = "e.id, e.url, e.description, e.event_types, e.enabled, e.disabled_reason, \
@@ -97,7 +101,8 @@ const COLUMNS: &str = "e.id, e.url, e.description, e.event_types, e.enabled, e.d
     (SELECT f.error FROM walhook.endpoint_verification_failures f \
       WHERE f.endpoint_id = e.id AND f.challenge = e.verification_challenge), \
     (SELECT f.checked_at FROM walhook.endpoint_verification_failures f \
-      WHERE f.endpoint_id = e.id AND f.challenge = e.verification_challenge)";
+      WHERE f.endpoint_id = e.id AND f.challenge = e.verification_challenge), \
+    e.ordering";
 
 /// A stored override (written by walhook, so it parses; one that does not is
 /// shown as none here and quarantines the endpoint in dispatch).
@@ -127,6 +132,7 @@ fn record(r: &tokio_postgres::Row) -> EndpointRecord {
             last_error: r.get(16),
             last_checked_at: r.get(17),
         },
+        ordering: r.get(18),
     }
 }
 
@@ -194,7 +200,8 @@ impl Platform {
         let rows = client
             .query(
                 "SELECT version, url, description, event_types, enabled, rate_limit_per_sec, \
-                        max_in_flight, changed_at, changed_by, secret_version, retry_policy::text \
+                        max_in_flight, changed_at, changed_by, secret_version, retry_policy::text, \
+                        coalesce(ordering, 'none') \
                  FROM walhook.endpoint_versions WHERE endpoint_id = $1 ORDER BY version",
                 &[&uid(id)],
             )
@@ -214,6 +221,7 @@ impl Platform {
                     changed_by: r.get(8),
                     secret_version: r.get(9),
                     retry: parse_retry(r.get(10)),
+                    ordering: r.get(11),
                 })
                 .collect(),
         ))

@@ -9,6 +9,7 @@
 
 use uuid::Uuid;
 use walhook_pipeline::dispatch::policy::RetryOverride;
+use walhook_pipeline::endpoint::DeliveryOrder;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::signing::SigningSecret;
@@ -34,6 +35,8 @@ pub struct NewEndpoint {
     pub enabled: bool,
     /// Changes to the retry schedule (empty: the tenant's, then `[retry]`).
     pub retry: RetryOverride,
+    /// How its deliveries are ordered.
+    pub ordering: DeliveryOrder,
     /// Whether it must pass an ownership check before anything is sent
     /// (the API's `[api] require_verification`).
     pub verify: bool,
@@ -71,6 +74,8 @@ pub struct EndpointChange {
     pub max_in_flight: Option<Option<u32>>,
     /// New retry schedule changes (`Some(None)` removes them).
     pub retry: Option<Option<RetryOverride>>,
+    /// New ordering.
+    pub ordering: Option<DeliveryOrder>,
     /// Whether the change needs a new ownership check (the URL's host
     /// changed while checks are required).
     pub reverify: bool,
@@ -88,6 +93,7 @@ impl EndpointChange {
             ("rate_limit_per_sec", self.rate_limit_per_sec.is_some()),
             ("max_in_flight", self.max_in_flight.is_some()),
             ("retry", self.retry.is_some()),
+            ("ordering", self.ordering.is_some()),
         ];
         for (name, set) in fields {
             if set {
@@ -204,8 +210,8 @@ impl Platform {
         }
         let inserted = tx.execute(
             "INSERT INTO walhook.endpoints (id, tenant_id, url, description, event_types, enabled, \
-             rate_limit_per_sec, max_in_flight, retry_policy, verification_challenge, verification_requested_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb, $10, CASE WHEN $10::text IS NULL THEN NULL ELSE now() END) \
+             rate_limit_per_sec, max_in_flight, retry_policy, verification_challenge, verification_requested_at, ordering) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb, $10, CASE WHEN $10::text IS NULL THEN NULL ELSE now() END, $11) \
              ON CONFLICT (id) DO NOTHING",
             &[
                 &uid,
@@ -218,6 +224,7 @@ impl Platform {
                 &opt_i32(ep.max_in_flight),
                 &retry_json(Some(&ep.retry)),
                 &ep.verify.then(crate::verification::new_challenge),
+                &ep.ordering.as_str(),
             ],
         )
         .await
@@ -273,6 +280,7 @@ impl Platform {
                    verification_challenge = coalesce($13, verification_challenge), \
                    verification_requested_at = CASE WHEN $13::text IS NULL THEN verification_requested_at ELSE now() END, \
                    verified_at = CASE WHEN $13::text IS NULL THEN verified_at END, \
+                   ordering = coalesce($14, ordering), \
                    config_version = config_version + 1, updated_at = now() \
                  WHERE id = $1 AND deleted_at IS NULL RETURNING config_version, tenant_id",
                 &[
@@ -289,6 +297,7 @@ impl Platform {
                     &change.retry.is_some(),
                     &retry_json(change.retry.flatten().as_ref()),
                     &change.reverify.then(crate::verification::new_challenge),
+                    &change.ordering.map(DeliveryOrder::as_str),
                 ],
             )
             .await
@@ -327,10 +336,10 @@ pub(crate) async fn record_version(
 ) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO walhook.endpoint_versions (endpoint_id, version, url, description, event_types, \
-         enabled, rate_limit_per_sec, max_in_flight, changed_by, secret_version, retry_policy) \
+         enabled, rate_limit_per_sec, max_in_flight, changed_by, secret_version, retry_policy, ordering) \
          SELECT id, config_version, url, description, event_types, enabled, rate_limit_per_sec, \
          max_in_flight, $2, (SELECT max(s.version) FROM walhook.endpoint_secrets s WHERE s.endpoint_id = e.id), \
-         retry_policy \
+         retry_policy, ordering \
          FROM walhook.endpoints e WHERE id = $1",
         &[&endpoint, &actor],
     )

@@ -114,6 +114,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "event_schemas",
         sql: include_str!("../migrations/0018_event_schemas.sql"),
     },
+    Migration {
+        version: 19,
+        name: "delivery_order",
+        sql: include_str!("../migrations/0019_delivery_order.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

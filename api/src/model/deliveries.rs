@@ -221,6 +221,13 @@ pub struct Attempt {
     /// (more than one during a rotation overlap); absent for attempts
     /// recorded before walhook kept them.
     pub secret_versions: Option<Vec<i32>>,
+    /// Why the attempt is special, when it is:
+    /// `previous_outcome_unknown` (an earlier attempt may have reached the
+    /// receiver without its outcome being recorded, so a duplicate is
+    /// possible), `previous_in_order_failed` (the endpoint orders per
+    /// object, and an earlier delivery of this object ended without
+    /// success: this one went without it).
+    pub note: Option<String>,
 }
 
 impl From<AttemptRow> for Attempt {
@@ -243,6 +250,7 @@ impl From<AttemptRow> for Attempt {
             response_sha256: r.response_sha256.as_deref().map(hex),
             response_excerpt: r.response_excerpt,
             secret_versions: r.secret_versions,
+            note: r.note,
         }
     }
 }

@@ -56,6 +56,50 @@ pub struct CreateEndpoint {
     /// the platform's.
     #[serde(default)]
     pub retry: Option<RetrySchedule>,
+    /// How its deliveries are ordered (default `none`).
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+/// How an endpoint's deliveries are ordered.
+///
+/// `none` (the default) attempts every delivery as soon as the endpoint's
+/// limits allow: the fastest, and events of one object may arrive in any
+/// order (retries especially). `per_object` attempts the deliveries of one
+/// object (the event's `object_id`) in commit order: the next waits while
+/// an earlier one is pending, retries included (head-of-line blocking,
+/// bounded by the retry schedule's deadline); after an earlier one fails or
+/// is exhausted, the next goes and its first attempt is noted
+/// `previous_in_order_failed`. Events without an object are not ordered;
+/// replays are not held back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Ordering {
+    /// Any order, as fast as limits allow.
+    #[default]
+    None,
+    /// One object's deliveries in commit order.
+    PerObject,
+}
+
+impl From<Ordering> for walhook_pipeline::endpoint::DeliveryOrder {
+    fn from(o: Ordering) -> Self {
+        match o {
+            Ordering::None => walhook_pipeline::endpoint::DeliveryOrder::Unordered,
+            Ordering::PerObject => walhook_pipeline::endpoint::DeliveryOrder::PerObject,
+        }
+    }
+}
+
+impl Ordering {
+    /// From a stored name (an unknown one reads as `none`; dispatch
+    /// quarantines such an endpoint).
+    pub fn from_stored(s: &str) -> Self {
+        match s {
+            "per_object" => Ordering::PerObject,
+            _ => Ordering::None,
+        }
+    }
 }
 
 /// A change to an endpoint: absent fields stay as they are. Every change
@@ -87,6 +131,8 @@ pub struct PatchEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<RetrySchedule>)]
     pub retry: Option<Option<RetrySchedule>>,
+    /// A new ordering (applies to deliveries taken after the change).
+    pub ordering: Option<Ordering>,
 }
 
 /// An endpoint.
@@ -120,6 +166,8 @@ pub struct Endpoint {
     /// Its own retry schedule, if it has one (absent fields inherit the
     /// tenant's, then the platform's).
     pub retry: Option<RetrySchedule>,
+    /// How its deliveries are ordered.
+    pub ordering: Ordering,
     /// Its ownership check.
     pub verification: Verification,
 }
@@ -169,6 +217,7 @@ impl From<EndpointRecord> for Endpoint {
             created_at: ts(r.created_at),
             updated_at: ts(r.updated_at),
             retry: r.retry.map(RetrySchedule::from),
+            ordering: Ordering::from_stored(&r.ordering),
             verification: Verification {
                 state: if r.verification.pending {
                     VerificationState::Pending
@@ -276,6 +325,8 @@ pub struct EndpointVersion {
     pub secret_version: Option<i32>,
     /// Its own retry schedule then, if it had one.
     pub retry: Option<RetrySchedule>,
+    /// The ordering then.
+    pub ordering: Ordering,
 }
 
 impl From<EndpointVersionRecord> for EndpointVersion {
@@ -292,6 +343,7 @@ impl From<EndpointVersionRecord> for EndpointVersion {
             changed_by: r.changed_by,
             secret_version: r.secret_version,
             retry: r.retry.map(RetrySchedule::from),
+            ordering: Ordering::from_stored(&r.ordering),
         }
     }
 }

@@ -106,6 +106,7 @@ pub async fn create_endpoint(
         max_in_flight: b.max_in_flight,
         enabled: b.enabled,
         retry: b.retry.map(Into::into).unwrap_or_default(),
+        ordering: b.ordering.into(),
         verify: state.settings.require_verification,
     };
     // With an Idempotency-Key the id comes from the key, so that a retry
@@ -256,12 +257,13 @@ pub async fn patch_endpoint(
         rate_limit_per_sec: b.rate_limit_per_sec,
         max_in_flight: b.max_in_flight,
         retry: b.retry.map(|r| r.map(Into::into)),
+        ordering: b.ordering.map(Into::into),
         reverify,
     };
     if change.changed_fields().is_empty() {
         checks.fail(
             "body",
-            "changes nothing; give at least one of url, description, event_types, enabled, rate_limit_per_sec, max_in_flight, retry",
+            "changes nothing; give at least one of url, description, event_types, enabled, rate_limit_per_sec, max_in_flight, retry, ordering",
         );
     }
     checks.finish()?;

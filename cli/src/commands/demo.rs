@@ -298,6 +298,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     max_in_flight: None,
                     enabled: true,
                     retry: Default::default(),
+                    ordering: Default::default(),
                     verify: false,
                 },
                 "demo",

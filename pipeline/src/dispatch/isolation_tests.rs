@@ -69,6 +69,7 @@ fn job(n: u32, endpoint: EndpointId, tenant: &str, now: Timestamp) -> DeliveryJo
         event_occurred_at: now,
         schema_version: 1,
         replay: None,
+        order: None,
     }
 }
 

@@ -60,7 +60,10 @@ use self::policy::{DeliveryState, RetryOverride, RetryPolicy};
 use self::recorder::Record;
 use self::scheduler::{Limits, Scheduler, SchedulerConfig};
 use self::sweeper::Claimed;
-use crate::delivery::{ATTEMPT_NOTE_UNKNOWN, AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
+use crate::delivery::{
+    ATTEMPT_NOTE_PREDECESSOR_FAILED, ATTEMPT_NOTE_UNKNOWN, AttemptRecord, DeliveryJob,
+    DeliveryStatus, Trigger,
+};
 use crate::endpoint::SubscriptionCache;
 use crate::ids::{AttemptId, EndpointId};
 use crate::signing::VersionedSecret;
@@ -519,8 +522,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         job: DeliveryJob,
         record_tx: &mpsc::Sender<Record>,
     ) {
+        self.refresh_directory(state);
+        // A job kept in its object's order stays here: handed back, a later
+        // delivery of its object could be claimed and sent before it.
         if let Circuit::Open { until, .. } = state.sched.circuit(&job.endpoint_id)
             && !state.sched.holds(&job.delivery_id)
+            && !state.sched.orders(&job)
             && state.sched.queued_at(&job.endpoint_id) >= self.settings.endpoint_max_queued
         {
             let release = Release {
@@ -535,19 +542,29 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         state.sched.add(job, self.now());
     }
 
-    async fn start_attempts(
-        &self,
-        state: &mut RunState,
-        attempts: &mut JoinSet<Finished>,
-        record_tx: &mpsc::Sender<Record>,
-    ) {
+    /// Gives the schedule the tenants' weights and budgets and the ordered
+    /// endpoints of a newer directory.
+    fn refresh_directory(&self, state: &mut RunState) {
         let directory = self.directory.snapshot();
         if state.weights_epoch != Some(directory.epoch) {
             state.weights_epoch = Some(directory.epoch);
             state
                 .sched
                 .set_tenants(directory.weights().clone(), directory.budgets().clone());
+            state
+                .sched
+                .set_ordered(directory.ordered().clone(), self.now());
         }
+    }
+
+    async fn start_attempts(
+        &self,
+        state: &mut RunState,
+        attempts: &mut JoinSet<Finished>,
+        record_tx: &mpsc::Sender<Record>,
+    ) {
+        self.refresh_directory(state);
+        let directory = self.directory.snapshot();
         let default_cap = self.settings.endpoint_max_in_flight;
         loop {
             let now = self.now();
@@ -611,6 +628,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     } else {
                         (DeliveryStatus::Exhausted, "deadline_while_paused")
                     };
+                    if status == DeliveryStatus::Exhausted {
+                        self.let_next_in_order_go(state, &job);
+                    }
                     self.observer.ended(&job, status, job.attempt_count);
                     send(
                         record_tx,
@@ -765,7 +785,13 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             lease_version: job.lease_version,
             hold_until: None,
             replay_request: manual.map(|r| r.request_id),
-            note: job.after_unknown.then_some(ATTEMPT_NOTE_UNKNOWN),
+            note: if job.after_unknown {
+                Some(ATTEMPT_NOTE_UNKNOWN)
+            } else if manual.is_none() && state.sched.take_after_failure(&job.delivery_id) {
+                Some(ATTEMPT_NOTE_PREDECESSOR_FAILED)
+            } else {
+                None
+            },
             first_write: job.first_write(),
         };
         if manual.is_some() {
@@ -790,6 +816,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         if next.status.is_terminal() {
             self.observer.ended(&f.job, next.status, next.attempts);
         }
+        if matches!(
+            next.status,
+            DeliveryStatus::Failed | DeliveryStatus::Exhausted
+        ) {
+            self.let_next_in_order_go(state, &f.job);
+        }
         match next.status {
             DeliveryStatus::Succeeded => {
                 self.counters.succeeded.fetch_add(1, Ordering::Relaxed);
@@ -800,9 +832,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             _ => {}
         }
         let cancelled = state.cancelled.remove(&f.job.delivery_id);
+        // A delivery kept in its object's order is held however far its
+        // retry is: released, the next of its object would go first.
         let hold = next.status == DeliveryStatus::Pending
             && !cancelled
-            && next.next_attempt_at.since(f.finished_at) <= self.settings.hold_horizon;
+            && (next.next_attempt_at.since(f.finished_at) <= self.settings.hold_horizon
+                || state.sched.orders(&f.job));
         let record = AttemptRecord {
             status: next.status,
             attempt_count: next.attempts,
@@ -820,6 +855,24 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             job.after_unknown = false;
             job.materialized = true;
             state.sched.reschedule(job, next.next_attempt_at);
+        }
+    }
+}
+
+impl<E, S> Dispatcher<E, S> {
+    /// A delivery ended without success: when later deliveries of its
+    /// object wait behind it, the next goes now (its first attempt notes
+    /// [`ATTEMPT_NOTE_PREDECESSOR_FAILED`]).
+    fn let_next_in_order_go(&self, state: &mut RunState, job: &DeliveryJob) {
+        let waiting = state.sched.head_failed(&job.delivery_id);
+        if waiting > 0 {
+            tracing::warn!(
+                delivery = %job.delivery_id,
+                endpoint = %job.endpoint_id,
+                object = job.order.as_ref().map(|o| &*o.object_id),
+                waiting,
+                "a delivery kept in its object's order ended without success; the next delivery of the object goes without it"
+            );
         }
     }
 }

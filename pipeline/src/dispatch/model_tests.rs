@@ -168,6 +168,7 @@ fn job(n: u32, endpoint: u8, tenant: u8, now: Timestamp) -> DeliveryJob {
         event_occurred_at: now,
         schema_version: 1,
         replay: None,
+        order: None,
     }
 }
 

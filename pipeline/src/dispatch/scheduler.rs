@@ -30,14 +30,25 @@
 //! one turn in `retry_share`, so new work never waits behind a retry storm
 //! beyond that bound, and retries are never starved. Nothing here does I/O
 //! or reads a clock: every call takes `now`.
+//!
+//! An endpoint with per-object ordering gets one more gate before its
+//! queues: of one object's deliveries only the earliest in commit order (the
+//! chain's head) is scheduled; the rest wait in the chain, in order, and the
+//! next becomes the head once the head ends (succeeded, failed, exhausted,
+//! cancelled). A head that is retried stays the head. When an earlier
+//! delivery arrives after a later one (claimed back from Postgres in another
+//! order), it takes the head's place unless the head's attempt is already
+//! out.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use super::breaker::{BreakerConfig, Circuit, Health, Transition};
 use super::bucket::TokenBucket;
 use super::observe::Throttle;
 use crate::delivery::DeliveryJob;
+use crate::event::EventKey;
 use crate::ids::{DeliveryId, EndpointId, TenantId};
 use crate::time::Timestamp;
 
@@ -126,6 +137,29 @@ struct Tenant {
     queued_as: Option<(u64, u64)>,
 }
 
+/// One object at an endpoint with per-object ordering.
+type ChainKey = (EndpointId, Arc<str>);
+
+/// A delivery's place in its chain: commit order, then the id (two capture
+/// sources may share a position).
+type ChainPos = (EventKey, DeliveryId);
+
+/// The deliveries of one object at an ordered endpoint that this node holds.
+#[derive(Debug)]
+struct Chain {
+    /// The one that may be attempted (queued, waiting or in flight).
+    head: DeliveryId,
+    head_pos: ChainPos,
+    /// Whether an attempt of the head is out (it can no longer give way to
+    /// an earlier delivery).
+    head_out: bool,
+    /// Whether the head ended without success: the next one goes, and its
+    /// first attempt says so.
+    head_failed: bool,
+    /// The later ones, in commit order.
+    blocked: BTreeMap<ChainPos, DeliveryJob>,
+}
+
 /// What the scheduler reports about an endpoint after a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointReport {
@@ -153,9 +187,20 @@ pub struct Scheduler {
     throttles: HashMap<(TenantId, Throttle), u64>,
     timers: BinaryHeap<Reverse<(Timestamp, u64, Timer)>>,
     waiting: HashMap<DeliveryId, DeliveryJob>,
-    /// Automatic deliveries held (waiting, queued or in flight) and their
-    /// lease.
+    /// Automatic deliveries held (waiting, queued, in flight, or waiting in
+    /// a chain) and their lease.
     held: HashMap<DeliveryId, i64>,
+    /// Endpoints with per-object ordering.
+    ordered: HashSet<EndpointId>,
+    /// Their objects with deliveries held here.
+    chains: HashMap<ChainKey, Chain>,
+    /// Every delivery in a chain (head or waiting in it), and its chain.
+    in_chain: HashMap<DeliveryId, ChainKey>,
+    /// Chains whose head may have ended: looked at before the next pick.
+    settle: Vec<ChainKey>,
+    /// Deliveries that became their chain's head after an earlier one
+    /// ended without success, until their first attempt is recorded.
+    after_failure: HashSet<DeliveryId>,
     seq: u64,
     in_flight: usize,
 }
@@ -239,11 +284,192 @@ impl Scheduler {
             return;
         }
         self.held.insert(job.delivery_id, job.lease_version);
+        let job = match self.chain_key(&job) {
+            Some(key) => match self.join_chain(key, job) {
+                Some(head) => head,
+                None => return,
+            },
+            None => job,
+        };
+        self.schedule(job, now);
+    }
+
+    /// Queues `job`, or lets it wait for its time.
+    fn schedule(&mut self, job: DeliveryJob, now: Timestamp) {
         if job.next_attempt_at > now {
             self.timer(job.next_attempt_at, Timer::Job(job.delivery_id));
             self.waiting.insert(job.delivery_id, job);
         } else {
             self.enqueue(job);
+        }
+    }
+
+    /// The chain an automatic job of an ordered endpoint belongs to.
+    fn chain_key(&self, job: &DeliveryJob) -> Option<ChainKey> {
+        if job.replay.is_some() || !self.ordered.contains(&job.endpoint_id) {
+            return None;
+        }
+        job.order
+            .as_ref()
+            .map(|o| (job.endpoint_id, o.object_id.clone()))
+    }
+
+    /// Puts `job` into its chain; returns it when it is the head (to be
+    /// scheduled), `None` when it waits behind an earlier one.
+    fn join_chain(&mut self, key: ChainKey, job: DeliveryJob) -> Option<DeliveryJob> {
+        let id = job.delivery_id;
+        let pos = (
+            job.order.as_ref().expect("chained jobs have an order").key,
+            id,
+        );
+        self.in_chain.insert(id, key.clone());
+        let Some(chain) = self.chains.get_mut(&key) else {
+            self.chains.insert(
+                key,
+                Chain {
+                    head: id,
+                    head_pos: pos,
+                    head_out: false,
+                    head_failed: false,
+                    blocked: BTreeMap::new(),
+                },
+            );
+            return Some(job);
+        };
+        if chain.head_out || pos > chain.head_pos {
+            chain.blocked.insert(pos, job);
+            return None;
+        }
+        // Earlier than a head not yet attempted: it goes first.
+        let old = std::mem::replace(&mut chain.head, id);
+        chain.head_pos = pos;
+        if let Some(old_job) = self.unschedule(&old) {
+            let old_pos = (
+                old_job
+                    .order
+                    .as_ref()
+                    .expect("chained jobs have an order")
+                    .key,
+                old,
+            );
+            if let Some(chain) = self.chains.get_mut(&key) {
+                chain.blocked.insert(old_pos, old_job);
+            }
+        }
+        Some(job)
+    }
+
+    /// Takes automatic delivery `id` out of the waiting set or its
+    /// endpoint's queue.
+    fn unschedule(&mut self, id: &DeliveryId) -> Option<DeliveryJob> {
+        if let Some(job) = self.waiting.remove(id) {
+            return Some(job);
+        }
+        for ep in self.endpoints.values_mut() {
+            for q in [&mut ep.fresh, &mut ep.retries] {
+                if let Some(i) = q
+                    .iter()
+                    .position(|j| j.delivery_id == *id && j.replay.is_none())
+                {
+                    return q.remove(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Sets the endpoints with per-object ordering. Deliveries waiting in
+    /// the chains of an endpoint that no longer orders are scheduled.
+    pub fn set_ordered(&mut self, ordered: HashSet<EndpointId>, now: Timestamp) {
+        self.ordered = ordered;
+        let gone: Vec<ChainKey> = self
+            .chains
+            .keys()
+            .filter(|(ep, _)| !self.ordered.contains(ep))
+            .cloned()
+            .collect();
+        for key in gone {
+            let Some(chain) = self.chains.remove(&key) else {
+                continue;
+            };
+            self.in_chain.remove(&chain.head);
+            for (_, job) in chain.blocked {
+                self.in_chain.remove(&job.delivery_id);
+                self.schedule(job, now);
+            }
+        }
+    }
+
+    /// Whether `job` is (or would be) kept in order with its object's other
+    /// deliveries: such a job stays with this node until it ends, since a
+    /// later one of its object could otherwise be claimed and sent first.
+    pub fn orders(&self, job: &DeliveryJob) -> bool {
+        self.chain_key(job).is_some()
+    }
+
+    /// Notes that held delivery `id` ended without success: when it heads a
+    /// chain, the next delivery of its object goes anyway and its first
+    /// attempt says so. Returns how many wait behind it.
+    pub fn head_failed(&mut self, id: &DeliveryId) -> usize {
+        let Some(chain) = self.in_chain.get(id).and_then(|k| self.chains.get_mut(k)) else {
+            return 0;
+        };
+        if chain.head != *id {
+            return 0;
+        }
+        chain.head_failed = true;
+        chain.blocked.len()
+    }
+
+    /// Whether `id` went out after an earlier delivery of its object ended
+    /// without success (asked once, when its first attempt is recorded).
+    pub fn take_after_failure(&mut self, id: &DeliveryId) -> bool {
+        !self.after_failure.is_empty() && self.after_failure.remove(id)
+    }
+
+    /// Advances the chains whose head ended: the next delivery of the
+    /// object becomes the head and is scheduled.
+    fn settle_chains(&mut self, now: Timestamp) {
+        if self.settle.is_empty() {
+            return;
+        }
+        for key in std::mem::take(&mut self.settle) {
+            let Some(chain) = self.chains.get_mut(&key) else {
+                continue;
+            };
+            if self.held.contains_key(&chain.head) {
+                // Rescheduled (a retry): still the head.
+                continue;
+            }
+            let ended = chain.head;
+            let failed = std::mem::take(&mut chain.head_failed);
+            self.in_chain.remove(&ended);
+            let Some((pos, next)) = chain.blocked.pop_first() else {
+                self.chains.remove(&key);
+                continue;
+            };
+            chain.head = next.delivery_id;
+            chain.head_pos = pos;
+            chain.head_out = false;
+            if failed {
+                self.after_failure.insert(next.delivery_id);
+            }
+            self.schedule(next, now);
+        }
+    }
+
+    /// Marks the chain of held delivery `id`, if it has one, to be looked at.
+    fn unsettle(&mut self, id: &DeliveryId) {
+        if self.in_chain.is_empty() {
+            return;
+        }
+        if let Some(key) = self.in_chain.get(id) {
+            if let Some(chain) = self.chains.get_mut(key)
+                && chain.head == *id
+            {
+                chain.head_out = false;
+            }
+            self.settle.push(key.clone());
         }
     }
 
@@ -256,6 +482,23 @@ impl Scheduler {
         if !held {
             return false;
         }
+        if let Some(key) = self.in_chain.get(id).cloned()
+            && let Some(chain) = self.chains.get_mut(&key)
+            && chain.head != *id
+        {
+            // Waiting behind the head: it leaves the chain.
+            let pos = chain
+                .blocked
+                .iter()
+                .find(|(_, j)| j.delivery_id == *id)
+                .map(|(p, _)| *p);
+            if let Some(pos) = pos {
+                chain.blocked.remove(&pos);
+            }
+            self.in_chain.remove(id);
+            return true;
+        }
+        self.unsettle(id);
         if self.waiting.remove(id).is_none() {
             // Queued, or in flight: drop it from its endpoint's queue.
             for ep in self.endpoints.values_mut() {
@@ -377,6 +620,7 @@ impl Scheduler {
 
     /// Fires every timer due at `now`.
     pub fn release_due(&mut self, now: Timestamp) {
+        self.settle_chains(now);
         while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
             if t > now {
                 break;
@@ -385,7 +629,12 @@ impl Scheduler {
             match timer {
                 Timer::Job(id) => {
                     if let Some(job) = self.waiting.remove(&id) {
-                        self.enqueue(job);
+                        if job.next_attempt_at > now {
+                            // An older timer of a job that waits again.
+                            self.waiting.insert(id, job);
+                        } else {
+                            self.enqueue(job);
+                        }
                     }
                 }
                 Timer::Wake(id) => {
@@ -407,6 +656,7 @@ impl Scheduler {
         now: Timestamp,
         limits: impl Fn(&EndpointId) -> Limits,
     ) -> Option<DeliveryJob> {
+        self.settle_chains(now);
         if self.in_flight >= self.cfg.max_in_flight {
             return None;
         }
@@ -427,6 +677,16 @@ impl Scheduler {
                 tenant.in_flight += 1;
                 self.in_flight += 1;
                 self.queue_tenant(&tenant_id);
+                if !self.in_chain.is_empty()
+                    && job.replay.is_none()
+                    && let Some(chain) = self
+                        .in_chain
+                        .get(&job.delivery_id)
+                        .and_then(|k| self.chains.get_mut(k))
+                    && chain.head == job.delivery_id
+                {
+                    chain.head_out = true;
+                }
                 found = Some(job);
                 break;
             }
@@ -531,6 +791,7 @@ impl Scheduler {
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(d) = delivery {
             self.held.remove(&d);
+            self.unsettle(&d);
         }
         let cfg = self.cfg.breaker.clone();
         let Some(ep) = self.endpoints.get_mut(&endpoint) else {
@@ -603,6 +864,7 @@ pub(crate) mod tests {
             event_occurred_at: Timestamp(0),
             schema_version: 1,
             replay: None,
+            order: None,
         }
     }
 
@@ -955,5 +1217,159 @@ pub(crate) mod tests {
         assert_eq!(s.next_due(), Some(Timestamp(500_000)));
         s.release_due(Timestamp(500_000));
         assert!(s.next_job(Timestamp(500_000), limited).is_some());
+    }
+
+    /// Job `n` of object `object` at `endpoint`, `n` also its commit order.
+    fn of_object(n: u32, endpoint: u8, object: &str) -> DeliveryJob {
+        let mut j = job(n, endpoint, "t", 0);
+        j.order = Some(crate::delivery::ObjectOrder {
+            object_id: object.into(),
+            key: EventKey {
+                commit_lsn: crate::ids::Lsn(u64::from(n)),
+                tx_ordinal: 0,
+            },
+        });
+        j
+    }
+
+    fn ordered(endpoints: &[u8]) -> HashSet<EndpointId> {
+        endpoints.iter().map(|e| EndpointId([*e; 16])).collect()
+    }
+
+    /// Every job that may start now, without finishing any.
+    fn drain(s: &mut Scheduler, now: i64) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(j) = s.next_job(Timestamp(now), lim(100)) {
+            out.push(u32::from_be_bytes(j.delivery_id.0[..4].try_into().unwrap()));
+        }
+        out
+    }
+
+    fn done(s: &mut Scheduler, n: u32, endpoint: u8, now: i64) {
+        let j = of_object(n, endpoint, "x");
+        s.finished(
+            j.endpoint_id,
+            Some(j.delivery_id),
+            Health::Success,
+            Timestamp(now),
+        );
+    }
+
+    #[test]
+    fn an_objects_deliveries_go_one_at_a_time_in_commit_order() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        for (n, object) in [(1, "a"), (2, "a"), (3, "b"), (4, "a"), (5, "b")] {
+            s.add(of_object(n, 1, object), Timestamp(0));
+        }
+        // Endpoint 2 does not order: all of its deliveries go at once.
+        for n in 10..13 {
+            s.add(of_object(n, 2, "a"), Timestamp(0));
+        }
+        assert_eq!(drain(&mut s, 0), vec![1, 10, 3, 11, 12]);
+        // The head of "a" fails and waits for a retry: "a" stays blocked,
+        // "b" moves on.
+        done(&mut s, 1, 1, 0);
+        let mut retry = of_object(1, 1, "a");
+        retry.attempt_count = 1;
+        s.reschedule(retry, Timestamp(50));
+        done(&mut s, 3, 1, 0);
+        assert_eq!(drain(&mut s, 10), vec![5]);
+        s.release_due(Timestamp(50));
+        assert_eq!(drain(&mut s, 50), vec![1]);
+        done(&mut s, 1, 1, 60);
+        assert_eq!(drain(&mut s, 60), vec![2]);
+        done(&mut s, 2, 1, 60);
+        assert_eq!(drain(&mut s, 60), vec![4]);
+        done(&mut s, 4, 1, 60);
+        done(&mut s, 5, 1, 60);
+        assert_eq!(drain(&mut s, 60), Vec::<u32>::new());
+        assert_eq!(s.held(), 3, "only endpoint 2's three remain held");
+        assert!(s.chains.is_empty() && s.in_chain.is_empty());
+    }
+
+    #[test]
+    fn an_earlier_delivery_arriving_late_goes_first_unless_the_later_is_out() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        s.add(of_object(3, 1, "a"), Timestamp(0));
+        s.add(of_object(2, 1, "a"), Timestamp(0));
+        s.add(of_object(1, 1, "a"), Timestamp(0));
+        assert_eq!(drain(&mut s, 0), vec![1]);
+        // Now the head is out: an even earlier one waits behind it.
+        s.add(of_object(0, 1, "a"), Timestamp(0));
+        assert_eq!(drain(&mut s, 0), Vec::<u32>::new());
+        let mut order = Vec::new();
+        for n in [1, 0, 2, 3] {
+            done(&mut s, n, 1, 0);
+            order.extend(drain(&mut s, 0));
+        }
+        assert_eq!(order, vec![0, 2, 3]);
+    }
+
+    #[test]
+    fn after_a_failed_head_the_next_goes_and_says_so() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        for n in 1..=3 {
+            s.add(of_object(n, 1, "a"), Timestamp(0));
+        }
+        assert_eq!(drain(&mut s, 0), vec![1]);
+        done(&mut s, 1, 1, 0);
+        assert_eq!(s.head_failed(&of_object(1, 1, "a").delivery_id), 2);
+        assert_eq!(drain(&mut s, 0), vec![2]);
+        assert!(s.take_after_failure(&of_object(2, 1, "a").delivery_id));
+        assert!(!s.take_after_failure(&of_object(2, 1, "a").delivery_id));
+        done(&mut s, 2, 1, 0);
+        assert_eq!(drain(&mut s, 0), vec![3]);
+        assert!(!s.take_after_failure(&of_object(3, 1, "a").delivery_id));
+    }
+
+    #[test]
+    fn cancelling_in_a_chain_never_hands_out_the_cancelled_and_moves_on() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        for n in 1..=4 {
+            s.add(of_object(n, 1, "a"), Timestamp(0));
+        }
+        // A waiting one leaves the chain; the head, queued, is cancelled too.
+        assert!(s.cancel(&of_object(2, 1, "a").delivery_id));
+        assert!(s.cancel(&of_object(1, 1, "a").delivery_id));
+        assert_eq!(drain(&mut s, 0), vec![3]);
+        done(&mut s, 3, 1, 0);
+        assert_eq!(drain(&mut s, 0), vec![4]);
+        done(&mut s, 4, 1, 0);
+        assert_eq!(drain(&mut s, 0), Vec::<u32>::new());
+        assert_eq!(s.held(), 0);
+        assert!(s.chains.is_empty() && s.in_chain.is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_that_stops_ordering_lets_its_waiting_deliveries_go() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        for n in 1..=3 {
+            s.add(of_object(n, 1, "a"), Timestamp(0));
+        }
+        assert_eq!(drain(&mut s, 0), vec![1]);
+        s.set_ordered(HashSet::new(), Timestamp(0));
+        assert_eq!(drain(&mut s, 0), vec![2, 3]);
+        assert!(s.chains.is_empty() && s.in_chain.is_empty());
+        // Replays and events without an object never wait in a chain.
+        s.set_ordered(ordered(&[1]), Timestamp(0));
+        let mut plain = job(9, 1, "t", 0);
+        plain.order = None;
+        s.add(of_object(7, 1, "a"), Timestamp(0));
+        s.add(of_object(8, 1, "a"), Timestamp(0));
+        s.add(plain, Timestamp(0));
+        let mut replay = of_object(8, 1, "a");
+        replay.replay = Some(crate::delivery::Replay {
+            request_id: 1,
+            number: 2,
+        });
+        s.add_manual(replay);
+        let mut out = drain(&mut s, 0);
+        out.sort_unstable();
+        assert_eq!(out, vec![7, 8, 9], "7, the replay of 8, and 9");
     }
 }

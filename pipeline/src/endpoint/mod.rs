@@ -58,10 +58,44 @@ pub struct EndpointConfig {
     /// made and wait (visible), none is sent until the URL echoed the
     /// challenge. `None`: verified, or never required.
     pub verification: Option<PendingVerification>,
+    /// Whether one object's deliveries are attempted in commit order.
+    pub ordering: DeliveryOrder,
     /// Its recent subscription versions, oldest first: every version in
     /// force within [`VERSION_HORIZON`] (the current one included). Empty
     /// means the current configuration has always applied.
     pub history: Vec<SubscriptionVersion>,
+}
+
+/// How an endpoint's deliveries are ordered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum DeliveryOrder {
+    /// Any order: every delivery goes as soon as its endpoint's limits
+    /// allow (the fastest, and the default).
+    #[default]
+    Unordered,
+    /// Deliveries of one object (the event's `object_id`) are attempted in
+    /// commit order: the next waits while an earlier one is pending.
+    /// Events without an object are not ordered.
+    PerObject,
+}
+
+impl DeliveryOrder {
+    /// The stored and API name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOrder::Unordered => "none",
+            DeliveryOrder::PerObject => "per_object",
+        }
+    }
+
+    /// Parses a stored or API name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(DeliveryOrder::Unordered),
+            "per_object" => Some(DeliveryOrder::PerObject),
+            _ => None,
+        }
+    }
 }
 
 /// An ownership check an endpoint waits for.
@@ -182,6 +216,7 @@ pub struct Directory {
     tenants: HashMap<TenantId, bool>,
     weights: HashMap<TenantId, u32>,
     budgets: HashMap<TenantId, u32>,
+    ordered: std::collections::HashSet<EndpointId>,
     missing_keys: Vec<String>,
 }
 
@@ -221,9 +256,17 @@ impl Directory {
                 .entry(ep.tenant_id.clone())
                 .or_default()
                 .push(ep.clone());
+            if ep.ordering == DeliveryOrder::PerObject {
+                dir.ordered.insert(ep.id);
+            }
             dir.by_id.insert(ep.id, ep);
         }
         dir
+    }
+
+    /// The endpoints whose deliveries are ordered per object.
+    pub fn ordered(&self) -> &std::collections::HashSet<EndpointId> {
+        &self.ordered
     }
 
     /// The endpoints of `tenant` that receive an event of `event_type` that
@@ -339,6 +382,7 @@ mod tests {
             secrets: Arc::from([]),
             retry: RetryOverride::default(),
             verification: None,
+            ordering: Default::default(),
             created_at: crate::time::Timestamp(id as i64),
             quarantine: None,
             history: vec![],

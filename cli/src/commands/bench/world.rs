@@ -112,6 +112,7 @@ impl World {
                         max_in_flight: Some(max_in_flight),
                         enabled: true,
                         retry: Default::default(),
+                        ordering: Default::default(),
                         verify: false,
                     },
                     "bench",
