@@ -10,6 +10,7 @@ mod cli;
 mod egress;
 mod engine;
 mod fairness;
+mod faults;
 mod freshness;
 mod hostile;
 mod nodes;

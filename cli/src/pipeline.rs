@@ -456,7 +456,10 @@ async fn start_on<L: Log + Closable>(
 }
 
 /// Runs capture into `events` until `stop` or a definite error, restarting
-/// it after transient errors with a growing pause.
+/// it after transient errors with a pause that grows while restarts fail
+/// fast (the database is down) and starts over once a run lasted longer than
+/// the pause before it (it connected and streamed): a database that crashes
+/// now and then is not waited for longer each time.
 async fn run_capture<P: Producer<Event>>(
     source: PostgresSource,
     events: P,
@@ -464,8 +467,10 @@ async fn run_capture<P: Producer<Event>>(
     incident_store: Arc<Platform>,
     stop: CancellationToken,
 ) -> Result<(), CaptureError> {
-    let mut backoff = Duration::from_millis(200);
+    const FIRST_PAUSE: Duration = Duration::from_millis(200);
+    let mut backoff = FIRST_PAUSE;
     loop {
+        let started = tokio::time::Instant::now();
         // Incidents are stored before the hand-off; the ledger counts a
         // transaction once its events are durable, and its receipt
         // resolves only then (see `LedgerSink`).
@@ -487,6 +492,9 @@ async fn run_capture<P: Producer<Event>>(
         match result {
             Ok(_) => return Ok(()),
             Err(e) if e.is_transient() && !stop.is_cancelled() => {
+                if started.elapsed() > backoff {
+                    backoff = FIRST_PAUSE;
+                }
                 tracing::warn!(error = %e, retry_in = ?backoff, "capture stopped; restarting");
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(()),

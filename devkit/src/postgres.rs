@@ -529,6 +529,55 @@ impl LocalPostgres {
         self.port
     }
 
+    /// Kills the server and all its processes with SIGKILL (as a power cut
+    /// looks to Postgres: no shutdown checkpoint, every connection gone),
+    /// waits `down`, and starts it again on the same port and data
+    /// directory; it replays its WAL before it accepts connections.
+    pub async fn crash_and_restart(&mut self, down: Duration) -> Result<(), PgError> {
+        let data = self.data_dir();
+        let pid_file = std::fs::read_to_string(data.join("postmaster.pid"))?;
+        let pid: i32 = pid_file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| PgError::Command {
+                what: "read postmaster.pid".into(),
+                detail: pid_file.clone(),
+            })?;
+        let children = children_of(pid);
+        // SAFETY: kill(2) on the cluster's own processes.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            for c in &children {
+                libc::kill(*c, libc::SIGKILL);
+            }
+        }
+        // The keeper reaps the postmaster; init reaps the rest.
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(keeper) = self.keeper.take() {
+            let _ = tokio::task::spawn_blocking(move || keeper.join()).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while children.iter().any(|c| alive(*c)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(down).await;
+        let bin = self.bin.clone();
+        let port = self.port;
+        let (stop, keeper) =
+            tokio::task::spawn_blocking(move || Self::spawn_server(&bin, &data, port))
+                .await
+                .map_err(|e| PgError::Command {
+                    what: "restart".into(),
+                    detail: e.to_string(),
+                })??;
+        self.stop = Some(stop);
+        self.keeper = Some(keeper);
+        Ok(())
+    }
+
     /// The directory with the server's binaries (for `pg_recvlogical`).
     pub fn bin_dir(&self) -> &Path {
         &self.bin
@@ -581,6 +630,33 @@ impl LocalPostgres {
             .await?;
         Ok(self.url(name))
     }
+}
+
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                // The fields after the command (which may hold spaces).
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s != "Z"))
+            .unwrap_or(false)
+    })
 }
 
 /// Runs a devkit session's connection until it ends.
