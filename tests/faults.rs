@@ -169,3 +169,245 @@ async fn a_postgres_crash_under_load_loses_nothing() {
     assert!(child.terminate().success());
     w.assert_pending_consistent().await;
 }
+
+/// Drops walhook's slot: ends the walsender reading it and drops it before
+/// walhook reconnects (trying again while walhook wins the race).
+async fn drop_slot_under_walhook(shop: &tokio_postgres::Client) {
+    for _ in 0..200 {
+        let dropped = shop
+            .batch_execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = 'walhook' AND active_pid IS NOT NULL; \
+                 SELECT pg_drop_replication_slot('walhook');",
+            )
+            .await;
+        if dropped.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("could not drop the slot under walhook");
+}
+
+async fn slot_exists(shop: &tokio_postgres::Client) -> bool {
+    shop.query_opt(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'walhook'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .is_some()
+}
+
+/// A slot dropped while walhook streams: walhook halts with a definite
+/// error naming the position it had read and the way on, and a restart does
+/// not quietly create a new slot (which would skip what the old one held);
+/// `--accept-slot-loss` records the gap as a capture incident and goes on
+/// from a new slot.
+#[tokio::test]
+async fn a_dropped_slot_halts_capture_until_the_loss_is_accepted() {
+    let w = World::new().await;
+    w.endpoint("acme", "orders", &["order.created"]).await;
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let mut child = Child::run_logged(&cfg, &[], &log);
+    w.wait_streaming().await;
+    let insert = |id: i64| {
+        let shop = &w.shop;
+        async move {
+            shop.execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&id])
+                .await
+                .unwrap();
+        }
+    };
+    insert(1).await;
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(30), |all| !all.is_empty())
+            .await
+    );
+    // The checkpoint is saved every second or so; wait for one.
+    w.wait_count(
+        "a capture checkpoint",
+        "SELECT count(*) FROM walhook.capture_checkpoints",
+        1,
+    )
+    .await;
+    drop_slot_under_walhook(&w.shop).await;
+    insert(2).await; // committed while no slot holds it: the gap
+    let status = child
+        .wait_exit(Duration::from_secs(30))
+        .expect("walhook kept running without its slot");
+    assert!(!status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("does not exist, but source \"main\" has read from it up to")
+            && text.contains("--accept-slot-loss"),
+        "{text}"
+    );
+    assert!(!slot_exists(&w.shop).await, "a slot was created");
+
+    // A plain restart refuses too, and creates nothing.
+    let mut child = Child::run_logged(&cfg, &[], &log);
+    let status = child
+        .wait_exit(Duration::from_secs(30))
+        .expect("walhook started without its slot");
+    assert!(!status.success());
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("--accept-slot-loss")
+    );
+    assert!(!slot_exists(&w.shop).await, "a restart created a slot");
+
+    // The operator accepts the loss: the gap is on record, capture goes on.
+    let child = Child::run_with(&cfg, &[], &["--accept-slot-loss"], &log);
+    w.wait_streaming().await;
+    insert(3).await;
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(30), |all| {
+                all.iter().any(|r| {
+                    serde_json::from_slice::<serde_json::Value>(&r.body)
+                        .is_ok_and(|b| b["object_id"] == "3")
+                })
+            })
+            .await,
+        "nothing after the new slot arrived"
+    );
+    let incident = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*), min(detail) FROM walhook.capture_incidents WHERE kind = 'slot_reset'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(incident.get::<_, i64>(0), 1);
+    assert!(
+        incident.get::<_, String>(1).contains("were not captured"),
+        "{:?}",
+        incident.get::<_, String>(1)
+    );
+    assert!(child.terminate().success());
+}
+
+/// Network faults between walhook and its receivers, through a loopback
+/// fault proxy per endpoint (latency, a reset in the middle of the
+/// response, a black hole, a slow close, a response trickled a byte at a
+/// time, an endpoint flapping between up and refused). While a fault holds,
+/// each attempt ends within the request timeout (5 s here) + 1 s and is
+/// retried; once it clears, every delivery arrives. Nothing is lost.
+#[tokio::test]
+async fn network_faults_toward_receivers_lose_nothing() {
+    use walhook_devkit::faultproxy::{Fault, FaultProxy};
+    let w = World::new().await;
+    let faults = [
+        ("latency", Fault::Latency(Duration::from_millis(400))),
+        ("reset", Fault::ResetMidBody),
+        ("blackhole", Fault::BlackHole),
+        ("slowclose", Fault::SlowClose(Duration::from_secs(8))),
+        ("trickle", Fault::Trickle(Duration::from_millis(100))),
+        ("flap", Fault::Flap(Duration::from_millis(700))),
+    ];
+    let mut proxies = Vec::new();
+    let mut endpoints = Vec::new();
+    for (path, fault) in faults {
+        let proxy = FaultProxy::start(w.receiver.addr()).await.unwrap();
+        proxy.set(fault);
+        let id = w
+            .endpoint_at("acme", &proxy.url(path), &["order.created"])
+            .await;
+        endpoints.push((path, id));
+        proxies.push(proxy);
+    }
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let child = Child::run_logged(&cfg, &[], &log);
+    w.wait_streaming().await;
+    const ORDERS: i64 = 5;
+    // Spread over two flap periods, so that some land while it is down.
+    for id in 1..=ORDERS {
+        w.shop
+            .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&id])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    // Long enough for a black-holed attempt to time out and be retried.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    for p in &proxies {
+        p.set(Fault::None);
+    }
+    let paths: Vec<&str> = faults.iter().map(|(p, _)| *p).collect();
+    let all_arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(60), |all| {
+            paths.iter().all(|path| {
+                all.iter()
+                    .filter(|r| r.path == *path && r.status == 200)
+                    .filter_map(|r| {
+                        serde_json::from_slice::<serde_json::Value>(&r.body)
+                            .ok()?
+                            .get("object_id")?
+                            .as_str()
+                            .map(str::to_owned)
+                    })
+                    .collect::<BTreeSet<_>>()
+                    .len()
+                    == ORDERS as usize
+            })
+        })
+        .await;
+    assert!(
+        all_arrived,
+        "not every delivery arrived after the faults cleared:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    w.wait_count(
+        "every delivery succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        ORDERS * faults.len() as i64,
+    )
+    .await;
+    // Per endpoint: the slowest attempt, and the attempts that failed.
+    let mut figures = Vec::new();
+    for (path, id) in &endpoints {
+        let row = w
+            .platform_sql
+            .query_one(
+                "SELECT coalesce(max(latency_ms), 0), count(*) FILTER (WHERE outcome <> 'succeeded'), \
+                        string_agg(DISTINCT error_class, ',') \
+                 FROM walhook.attempts WHERE endpoint_id = $1",
+                &[&uuid::Uuid::from_bytes(id.0)],
+            )
+            .await
+            .unwrap();
+        let (slowest, failed, classes): (i32, i64, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        assert!(
+            slowest <= 5_000 + 1_000,
+            "{path}: an attempt took {slowest} ms, past the request timeout + 1 s"
+        );
+        figures.push((*path, slowest, failed, classes));
+    }
+    let of = |path: &str| figures.iter().find(|f| f.0 == path).unwrap().clone();
+    assert!(of("latency").1 >= 400, "{figures:?}");
+    for path in ["reset", "blackhole", "trickle", "flap"] {
+        assert!(of(path).2 > 0, "{path} never failed: {figures:?}");
+    }
+    assert!(
+        of("blackhole")
+            .3
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timeout"),
+        "{figures:?}"
+    );
+    assert!(
+        of("slowclose").1 < 2_000 && of("slowclose").2 == 0,
+        "a slow close held the attempt: {figures:?}"
+    );
+    eprintln!("per endpoint (slowest ms, failed attempts, classes): {figures:?}");
+    assert!(child.terminate().success());
+}

@@ -68,6 +68,10 @@ pub struct Config {
     /// judged.
     #[serde(default)]
     pub reconcile: ReconcileConfig,
+    /// Set by `--accept-slot-loss` (never by the file): when the slot this
+    /// source read from is gone, record the gap and start a new one.
+    #[serde(skip)]
+    pub accept_slot_loss: bool,
 }
 
 /// `[secrets]`: the master keys that seal endpoint secrets at rest.

@@ -273,6 +273,42 @@ impl Closable for FluvioLog {
     fn close_after_failure(&self) {}
 }
 
+/// The capture source, resuming from the platform's checkpoint: a slot
+/// that is gone after this source read from it stops capture, unless the
+/// operator accepted the loss (`--accept-slot-loss`), which records the gap
+/// as a capture incident and lets a new slot start.
+async fn prepare_source(cfg: &Config, platform: &Platform) -> anyhow::Result<PostgresSource> {
+    let name = &cfg.source.name;
+    let read_up_to = platform
+        .capture_position(name)
+        .await
+        .context("could not read how far capture read before")?;
+    match PostgresSource::prepare_resuming(cfg.source.clone(), cfg.rules.clone(), read_up_to).await
+    {
+        Err(CaptureError::SlotGone { read_up_to, .. }) if cfg.accept_slot_loss => {
+            platform
+                .reset_capture_position(name, &cfg.source.slot, read_up_to)
+                .await
+                .context("could not record the slot's loss")?;
+            tracing::warn!(
+                source = %name,
+                slot = %cfg.source.slot,
+                %read_up_to,
+                "the slot was gone; loss accepted (--accept-slot-loss): recorded as a slot_reset capture incident, capture starts from a new slot"
+            );
+            Ok(PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone()).await?)
+        }
+        other => {
+            if cfg.accept_slot_loss && other.is_ok() {
+                tracing::info!(
+                    "--accept-slot-loss given, but the slot is there: nothing was reset"
+                );
+            }
+            Ok(other?)
+        }
+    }
+}
+
 async fn start_on<L: Log + Closable>(
     cfg: &Config,
     platform: Platform,
@@ -285,7 +321,7 @@ async fn start_on<L: Log + Closable>(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;
     let source = if roles.capture {
-        let source = PostgresSource::prepare(cfg.source.clone(), cfg.rules.clone())
+        let source = prepare_source(cfg, &platform)
             .await?
             .with_schema_catalog(Arc::new(platform.schema_catalog(&cfg.source.name)));
         platform

@@ -80,6 +80,10 @@ pub enum IncidentKind {
     /// Further incidents of one transaction, past the number stored one by
     /// one, counted in a single row.
     Summarised,
+    /// The slot was gone (dropped or lost) and the operator let capture
+    /// start a new one at the current position: changes committed after
+    /// the incident's LSN, up to where the new slot starts, were not read.
+    SlotReset,
 }
 
 impl IncidentKind {
@@ -93,6 +97,7 @@ impl IncidentKind {
             IncidentKind::UndecidedCondition => "undecided_condition",
             IncidentKind::OversizedEvent => "oversized_event",
             IncidentKind::Summarised => "incidents_summarised",
+            IncidentKind::SlotReset => "slot_reset",
         }
     }
 }

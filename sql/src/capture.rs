@@ -76,6 +76,59 @@ impl Platform {
         Ok(())
     }
 
+    /// How far `source` read from its slot (its saved checkpoint), if it
+    /// ever did.
+    pub async fn capture_position(&self, source: &str) -> Result<Option<Lsn>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT confirmed_lsn::text FROM walhook.capture_checkpoints WHERE source = $1",
+                &[&source],
+            )
+            .await
+            .map_err(StoreError::query("read a capture checkpoint"))?;
+        Ok(row.and_then(|r| r.get::<_, String>(0).parse().ok()))
+    }
+
+    /// Gives up `source`'s position `read_up_to` on a slot that is gone
+    /// (the operator accepted the loss): one transaction records a
+    /// `slot_reset` capture incident naming the position, and forgets the
+    /// checkpoint, so that a new slot may be created (it starts at the
+    /// business database's position of that moment).
+    pub async fn reset_capture_position(
+        &self,
+        source: &str,
+        slot: &str,
+        read_up_to: Lsn,
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        let detail = format!(
+            "replication slot {slot:?} was gone; the operator accepted the loss (--accept-slot-loss). \
+             Changes committed after {read_up_to} and before the new slot was created were not captured"
+        );
+        tx.execute(
+            "INSERT INTO walhook.capture_incidents (source, kind, commit_lsn, detail) \
+             VALUES ($1, 'slot_reset', $2::text::pg_lsn, $3) ON CONFLICT DO NOTHING",
+            &[&source, &read_up_to.to_string(), &detail],
+        )
+        .await
+        .map_err(StoreError::query("record the slot reset"))?;
+        tx.execute(
+            "DELETE FROM walhook.capture_checkpoints WHERE source = $1",
+            &[&source],
+        )
+        .await
+        .map_err(StoreError::query("forget the capture checkpoint"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("commit the slot reset"))?;
+        Ok(())
+    }
+
     /// Stores incidents; one seen again after a restart is stored once.
     pub async fn record_incidents(
         &self,

@@ -451,10 +451,16 @@ impl Child {
     /// Starts `walhook run --config cfg` with `env` added, its stderr (the
     /// log) written to `log`.
     pub fn run_logged(cfg: &Path, env: &[(&str, &str)], log: &Path) -> Child {
+        Child::run_with(cfg, env, &[], log)
+    }
+
+    /// `walhook run --config cfg ARGS…` with `env`, stderr into `log`.
+    pub fn run_with(cfg: &Path, env: &[(&str, &str)], args: &[&str], log: &Path) -> Child {
         let file = std::fs::File::create(log).unwrap();
         let child = walhook()
             .args(["run", "--config"])
             .arg(cfg)
+            .args(args)
             .env("WALHOOK_LOG", "warn")
             .envs(env.iter().copied())
             .stderr(file)

@@ -39,6 +39,13 @@ pub struct Args {
     /// http://ADDR/metrics (and /healthz), for example 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR", conflicts_with = "stdout")]
     pub metrics_listen: Option<String>,
+    /// When the replication slot this source read from is gone (dropped,
+    /// or lost and then dropped): record the changes it held as a gap (a
+    /// `slot_reset` capture incident, shown by `walhook reconcile`) and
+    /// start a new slot at the current position. Without it walhook stops
+    /// and says so; use it once, after deciding how to re-send the gap.
+    #[arg(long, conflicts_with = "stdout")]
+    pub accept_slot_loss: bool,
 }
 
 /// Prints incidents to stderr as JSON lines.
@@ -54,7 +61,8 @@ impl CaptureObserver for StderrObserver {
 
 /// Runs capture.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    cfg.accept_slot_loss = args.accept_slot_loss;
     if !args.stdout && cfg.log.kind == LogKind::Fluvio {
         if args.until_caught_up {
             bail!(

@@ -17,12 +17,20 @@ pub struct Args {
     /// The config file (see walhook.example.toml).
     #[arg(long, short, env = "WALHOOK_CONFIG")]
     pub config: PathBuf,
+    /// When the replication slot this source read from is gone (dropped,
+    /// or lost and then dropped): record the changes it held as a gap (a
+    /// `slot_reset` capture incident, shown by `walhook reconcile`) and
+    /// start a new slot at the current position. Without it walhook stops
+    /// and says so; use it once, after deciding how to re-send the gap.
+    #[arg(long)]
+    pub accept_slot_loss: bool,
 }
 
 /// Runs until SIGINT/SIGTERM, then stops intake, drains in-flight attempts
 /// (up to [dispatch].drain_timeout) and exits.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    cfg.accept_slot_loss = args.accept_slot_loss;
     let p = cfg.platform()?;
     let keyring = cfg
         .secrets

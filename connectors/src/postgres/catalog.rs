@@ -305,13 +305,21 @@ pub fn slot_lost(slot: &str, confirmed: Lsn) -> CaptureError {
         "replication slot {slot:?} is lost (wal_status = 'lost'): Postgres removed WAL the slot still \
          needed, because it fell behind more than max_slot_wal_keep_size. Changes committed after \
          {confirmed} cannot be read and capture has stopped. To resume: note the gap for \
-         reconciliation, run `SELECT pg_drop_replication_slot('{slot}')`, and start walhook again \
-         with create_slot = true (it starts from the current position)"
+         reconciliation, run `SELECT pg_drop_replication_slot('{slot}')`, and start walhook once \
+         with --accept-slot-loss (it records the gap as a capture incident and creates the slot with \
+         create_slot = true; the new slot starts from the current position)"
     ))
 }
 
 /// Makes sure the slot exists and is usable; returns its state.
-pub async fn ensure_slot(client: &Client, cfg: &SourceConfig) -> Result<SlotState, CaptureError> {
+/// `read_up_to`: how far this source read before (its saved checkpoint),
+/// when it did; a missing slot is then not created again (see
+/// [`CaptureError::SlotGone`]).
+pub async fn ensure_slot(
+    client: &Client,
+    cfg: &SourceConfig,
+    read_up_to: Option<Lsn>,
+) -> Result<SlotState, CaptureError> {
     match slot_state(client, &cfg.slot).await? {
         Some(state) if state.wal_status == "lost" => {
             Err(slot_lost(&cfg.slot, state.confirmed_flush))
@@ -322,6 +330,11 @@ pub async fn ensure_slot(client: &Client, cfg: &SourceConfig) -> Result<SlotStat
             }
             Ok(state)
         }
+        None if let Some(read_up_to) = read_up_to => Err(CaptureError::SlotGone {
+            slot: cfg.slot.clone(),
+            source_name: cfg.name.clone(),
+            read_up_to,
+        }),
         None if cfg.create_slot => {
             client
                 .query_one(

@@ -16,6 +16,25 @@ pub enum CaptureError {
     /// The slot was invalidated: WAL is gone; the message says what to do.
     #[error("{0}")]
     SlotLost(String),
+    /// The slot is gone although this source read from it before: a new
+    /// slot would start at the current position and skip what the old one
+    /// held, so capture stops until the operator accepts the gap.
+    #[error(
+        "replication slot {slot:?} does not exist, but source {source_name:?} has read from it up to {read_up_to}: \
+         it was dropped, and the changes committed after {read_up_to} that it held cannot be read any more. \
+         Capture has stopped rather than start a new slot and skip them without a trace. To go on from the \
+         current position, start walhook once with --accept-slot-loss: it records the gap as a capture \
+         incident (kind slot_reset, shown by `walhook reconcile`) and creates the slot (create_slot = true) \
+         or asks you to; then re-send what the gap missed"
+    )]
+    SlotGone {
+        /// The slot's name.
+        slot: String,
+        /// The source's name.
+        source_name: String,
+        /// How far this source had read (its last saved checkpoint).
+        read_up_to: walhook_pipeline::ids::Lsn,
+    },
     /// A query failed.
     #[error("could not {what}")]
     Query {

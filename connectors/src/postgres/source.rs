@@ -100,12 +100,27 @@ pub struct PostgresSource {
     pub(super) schemas: Option<Arc<dyn walhook_pipeline::capture::SchemaCatalog>>,
     /// Outbox rules' declared payload schemas, by rule name (read once).
     pub(super) declared: HashMap<String, Arc<super::declared::DeclaredSchemas>>,
+    /// How far this source read from its slot before, once it did: a slot
+    /// missing then was dropped under it, and is not silently created again.
+    read_up_to: std::sync::Mutex<Option<Lsn>>,
 }
 
 impl PostgresSource {
     /// Validates the config, checks the database, and creates the slot and
-    /// publication when the config asks for it.
+    /// publication when the config asks for it; for a source that never
+    /// read from its slot (see [`PostgresSource::prepare_resuming`]).
     pub async fn prepare(cfg: SourceConfig, rules: Vec<RuleConfig>) -> Result<Self, CaptureError> {
+        Self::prepare_resuming(cfg, rules, None).await
+    }
+
+    /// As [`PostgresSource::prepare`], for a source that read from its slot
+    /// up to `read_up_to` before (its saved checkpoint): a missing slot is
+    /// then [`CaptureError::SlotGone`], never created again.
+    pub async fn prepare_resuming(
+        cfg: SourceConfig,
+        rules: Vec<RuleConfig>,
+        read_up_to: Option<Lsn>,
+    ) -> Result<Self, CaptureError> {
         cfg.validate(&rules)?;
         let options = cfg.connect_options()?;
         let client = connect_sql(&options).await?;
@@ -151,7 +166,7 @@ impl PostgresSource {
                     .map_err(CaptureError::query("create the publication"))?;
             }
         }
-        catalog::ensure_slot(&client, &cfg).await?;
+        catalog::ensure_slot(&client, &cfg, read_up_to).await?;
         let mut declared = HashMap::new();
         for rule in &rules {
             if let Some(d) = super::declared::DeclaredSchemas::load(rule)? {
@@ -186,6 +201,7 @@ impl PostgresSource {
             warnings,
             schemas: None,
             declared,
+            read_up_to: std::sync::Mutex::new(read_up_to),
         })
     }
 
@@ -222,7 +238,11 @@ impl PostgresSource {
         shutdown: CancellationToken,
     ) -> Result<RunStats, CaptureError> {
         let sql = connect_sql(&self.options).await?;
-        let state = catalog::ensure_slot(&sql, &self.cfg).await?;
+        let known = *self.read_up_to.lock().expect("not poisoned");
+        let state = catalog::ensure_slot(&sql, &self.cfg, known).await?;
+        // From now on this source has read from the slot.
+        *self.read_up_to.lock().expect("not poisoned") =
+            Some(known.unwrap_or(Lsn::ZERO).max(state.confirmed_flush));
         let mut rcfg = replication_config(&self.options, &self.cfg.slot, &self.cfg.publication)
             .with_start_lsn(pgwire_replication::Lsn::ZERO)
             .with_ack_lsn(pgwire_replication::Lsn::from_u64(state.confirmed_flush.0))
@@ -296,7 +316,11 @@ impl PostgresSource {
                                 tracing::warn!(slot = %self.cfg.slot, lag_bytes = s.lag_bytes, wal_status = %s.wal_status, "the slot retains much WAL; capture is behind");
                             }
                         }
-                        Ok(None) => break Err(CaptureError::Definite(format!("replication slot {:?} was dropped while capture ran", self.cfg.slot))),
+                        Ok(None) => break Err(CaptureError::SlotGone {
+                            slot: self.cfg.slot.clone(),
+                            source_name: self.cfg.name.clone(),
+                            read_up_to: stats.confirmed,
+                        }),
                         Err(e) => tracing::warn!(error = %e, "could not read the slot's state"),
                     }
                 }
