@@ -33,6 +33,8 @@ mod isolation_tests;
 mod model_tests;
 pub mod numbering;
 pub mod observe;
+#[cfg(test)]
+mod ordering_tests;
 pub mod outcome;
 pub mod policy;
 pub mod recorder;
