@@ -1332,27 +1332,20 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
     }
     // A bad value is refused naming the field, and changes nothing.
     let path = format!("/v1/webhook-endpoints/{}", ids["plain"]);
-    let (s, body) = api
-        .call(
-            &key,
-            Method::PATCH,
-            &path,
-            Some(json!({"ordering": "per_key"})),
-        )
-        .await;
+    let set_ordering = |value: &'static str| {
+        let (api, key, path) = (&api, &key, &path);
+        async move {
+            api.call(key, Method::PATCH, path, Some(json!({ "ordering": value })))
+                .await
+        }
+    };
+    let (s, body) = set_ordering("per_key").await;
     assert_eq!(s, 422, "{body}");
     assert!(body.to_string().contains("ordering"), "{body}");
     let (_, plain) = api.get(&key, &path).await;
     assert_eq!(plain["ordering"], "none", "{plain}");
     // A change is a new config version that keeps the setting.
-    let (s, body) = api
-        .call(
-            &key,
-            Method::PATCH,
-            &path,
-            Some(json!({"ordering": "per_object"})),
-        )
-        .await;
+    let (s, body) = set_ordering("per_object").await;
     assert_eq!(s, 200, "{body}");
     let (_, versions) = api.get(&key, &format!("{path}/versions")).await;
     let orderings: Vec<&str> = versions["data"]
@@ -1363,14 +1356,7 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
         .collect();
     assert_eq!(orderings.last(), Some(&"per_object"), "{versions}");
     assert!(orderings.contains(&"none"), "{versions}");
-    let (s, body) = api
-        .call(
-            &key,
-            Method::PATCH,
-            &path,
-            Some(json!({"ordering": "none"})),
-        )
-        .await;
+    let (s, body) = set_ordering("none").await;
     assert_eq!(s, 200, "{body}");
 
     let fail_one = Behaviour::FailMatching {

@@ -411,3 +411,48 @@ async fn network_faults_toward_receivers_lose_nothing() {
     eprintln!("per endpoint (slowest ms, failed attempts, classes): {figures:?}");
     assert!(child.terminate().success());
 }
+
+/// `walhook chaos`, short: one round of every fault (failpoints, SIGKILL,
+/// kill -9 of Postgres, network faults) judged against the business
+/// database; the full run is in docs/reliability.md.
+#[tokio::test]
+async fn walhook_chaos_rounds_are_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let out = crate::support::run(
+        crate::support::walhook()
+            .args([
+                "chaos", "--rounds", "8", "--seed", "1", "--writes", "60", "--json",
+            ])
+            .arg(&json),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        crate::support::stderr(&out)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rounds = report["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 8);
+    let faults: BTreeSet<&str> = rounds
+        .iter()
+        .map(|r| r["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(faults.len(), 8, "every fault once: {faults:?}");
+    for r in rounds {
+        assert!(r["expected"].as_u64().unwrap() > 0, "{r}");
+        for field in ["lost", "unexpected", "unstable_ids", "bad_signatures"] {
+            assert_eq!(r[field], 0, "{field}: {r}");
+        }
+    }
+    // The failpoints and the kill stopped walhook, and it was started again.
+    for r in rounds.iter().filter(|r| {
+        let f = r["fault"].as_str().unwrap();
+        f.contains('.') || f == "sigkill"
+    }) {
+        assert_eq!(r["walhook_restarted"], true, "{r}");
+    }
+    assert_eq!(report["clean"], true);
+    assert!(text.contains("clean: nothing lost"), "{text}");
+}

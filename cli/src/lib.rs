@@ -65,6 +65,11 @@ pub enum Command {
     Reconcile(commands::reconcile::Args),
     /// Measure throughput and latency on a throwaway Postgres.
     Bench(commands::bench::Args),
+    /// Seeded rounds of a workload on a throwaway Postgres, each with one
+    /// injected fault (failpoints, SIGKILL, kill -9 of Postgres, network
+    /// faults), judged against the business database: lost, unexpected,
+    /// unstable ids, bad signatures, duplicate sends; exit 1 unless clean.
+    Chaos(commands::chaos::Args),
     /// Check a URL against the egress policy (URL rules, then every address
     /// its name resolves to) without sending anything; exit 1 if refused.
     CheckUrl(commands::check_url::Args),
@@ -118,7 +123,7 @@ pub fn main() -> ExitCode {
     // The demo and benchmarks talk to a person: keep the logs to warnings.
     let quiet = matches!(
         cli.command,
-        Command::Demo(_) | Command::Bench(_) | Command::CheckUrl(_)
+        Command::Demo(_) | Command::Bench(_) | Command::Chaos(_) | Command::CheckUrl(_)
     );
     init_logging(&cli.log_format, if quiet { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -153,6 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dispatch(args) => commands::dispatch::run(args).await,
         Command::Fanout(args) => commands::fanout::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
+        Command::Chaos(args) => commands::chaos::run(args).await,
         Command::Archive(args) => commands::archive::run(args),
         Command::Reconcile(args) => commands::reconcile::run(args).await,
         Command::CheckUrl(args) => commands::check_url::run(args).await,

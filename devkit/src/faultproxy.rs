@@ -125,32 +125,6 @@ fn reset(s: TcpStream) {
     drop(s);
 }
 
-/// Reads one HTTP response head and body from `upstream` (by
-/// `content-length`; the receiver always sends one), or what arrives until
-/// it closes.
-async fn read_response(upstream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = upstream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(buf);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let length = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + length {
-                return Ok(buf);
-            }
-        }
-    }
-}
-
 /// `response` with a `Connection: close` header after its status line.
 fn with_connection_close(response: &[u8]) -> Vec<u8> {
     match response.windows(2).position(|w| w == b"\r\n") {
@@ -165,15 +139,15 @@ fn with_connection_close(response: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Copies one request from `client` to `upstream` (what arrives before the
-/// client waits for an answer: head and body, by `content-length`).
-async fn pass_request(client: &mut TcpStream, upstream: &mut TcpStream) -> std::io::Result<bool> {
+/// Reads one HTTP message (head, and a body of its `content-length`) from
+/// `from`; `None` when the peer closes first.
+async fn read_message(from: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
-        let n = client.read(&mut chunk).await?;
+        let n = from.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -184,11 +158,18 @@ async fn pass_request(client: &mut TcpStream, upstream: &mut TcpStream) -> std::
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(0);
             if buf.len() >= end + 4 + length {
-                upstream.write_all(&buf).await?;
-                return Ok(true);
+                return Ok(Some(buf));
             }
         }
     }
+}
+
+/// Passes one request from `client` to `upstream` and returns the
+/// response (`None` when either side closed first).
+async fn exchange(client: &mut TcpStream, upstream: &mut TcpStream) -> Option<Vec<u8>> {
+    let request = read_message(client).await.ok()??;
+    upstream.write_all(&request).await.ok()?;
+    read_message(upstream).await.ok()?
 }
 
 async fn serve(mut client: TcpStream, upstream: SocketAddr, fault: Fault, started: Instant) {
@@ -232,27 +213,21 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, fault: Fault, starte
             }
         }
         Fault::ResetMidBody => {
-            if let Ok(true) = pass_request(&mut client, &mut up).await
-                && let Ok(response) = read_response(&mut up).await
-            {
+            if let Some(response) = exchange(&mut client, &mut up).await {
                 let _ = client.write_all(&response[..response.len() / 2]).await;
                 let _ = client.flush().await;
             }
             reset(client);
         }
         Fault::SlowClose(d) => {
-            if let Ok(true) = pass_request(&mut client, &mut up).await
-                && let Ok(response) = read_response(&mut up).await
-            {
+            if let Some(response) = exchange(&mut client, &mut up).await {
                 let _ = client.write_all(&with_connection_close(&response)).await;
                 let _ = client.flush().await;
                 tokio::time::sleep(d).await;
             }
         }
         Fault::Trickle(every) => {
-            if let Ok(true) = pass_request(&mut client, &mut up).await
-                && let Ok(response) = read_response(&mut up).await
-            {
+            if let Some(response) = exchange(&mut client, &mut up).await {
                 for b in response {
                     if client.write_all(&[b]).await.is_err() {
                         return;

@@ -4,6 +4,7 @@ pub mod api;
 pub mod archive;
 pub mod bench;
 pub mod capture;
+pub mod chaos;
 pub mod check_url;
 pub mod demo;
 pub mod dispatch;

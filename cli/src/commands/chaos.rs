@@ -1,0 +1,726 @@
+//! `walhook chaos`: seeded rounds of a realistic workload, each with one
+//! injected fault, judged by a checker that trusts only the business
+//! database and what the receivers logged.
+//!
+//! One throwaway Postgres (business and platform databases), three tenants
+//! with two endpoints each on a loopback receiver, every endpoint behind a
+//! fault proxy of its own, and `walhook run` as a child process (so that it
+//! can be killed). Each round writes orders (inserts, some paid later),
+//! injects one fault, restarts whatever died, waits for the round's
+//! webhooks, and compares:
+//!
+//! - **lost**: a committed fact a subscribed endpoint never got a 2xx for;
+//! - **unexpected**: a webhook for a fact that was not committed, or at an
+//!   endpoint that did not subscribe to it;
+//! - **unstable ids**: one fact at one endpoint under two `webhook-id`s;
+//! - **bad signatures**: a request whose signature did not verify with the
+//!   endpoint's secret;
+//! - **duplicate sends**: 2xx answers beyond the first per fact and
+//!   endpoint (allowed by at-least-once), and how many of them the history
+//!   explains (attempts noted `previous_outcome_unknown`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use walhook_devkit::faultproxy::{Fault, FaultProxy};
+use walhook_devkit::postgres::LocalPostgres;
+use walhook_devkit::receiver::Receiver;
+use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::TenantId;
+use walhook_sql::Platform;
+use walhook_sql::endpoints::NewEndpoint;
+
+/// Every fault `walhook chaos` can inject.
+pub const FAULTS: &[&str] = &[
+    "capture.after_handoff",
+    "capture.before_confirm",
+    "fanout.after_materialize",
+    "dispatch.after_send",
+    "sigkill",
+    "postgres-kill",
+    "receiver-reset",
+    "receiver-blackhole",
+];
+
+/// Arguments of `walhook chaos`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Rounds to run; the faults take turns.
+    #[arg(long, default_value_t = 8)]
+    pub rounds: u32,
+    /// The seed of every random choice (when a failpoint fires, when a kill
+    /// comes, which endpoint a network fault hits); printed, so that a
+    /// failing run can be repeated.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The faults to inject, comma-separated (default: all):
+    /// capture.after_handoff, capture.before_confirm,
+    /// fanout.after_materialize, dispatch.after_send (failpoints that abort
+    /// walhook there), sigkill (of walhook at a random moment),
+    /// postgres-kill (kill -9 of Postgres, restarted 0.5 s later),
+    /// receiver-reset and receiver-blackhole (network faults toward one
+    /// endpoint for 3 s).
+    #[arg(long, value_delimiter = ',')]
+    pub faults: Vec<String>,
+    /// Business writes per round.
+    #[arg(long, default_value_t = 200)]
+    pub writes: u32,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// How long to wait for a round's webhooks after its writes.
+    #[arg(long, default_value = "120s", value_parser = walhook_pipeline::duration::parse)]
+    pub settle: Duration,
+}
+
+const SHOP: &str = "
+    CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL,
+                         status text NOT NULL DEFAULT 'placed', total numeric(12,2) NOT NULL);
+    ALTER TABLE orders REPLICA IDENTITY FULL;
+";
+
+const RULES: &str = r#"
+[[rules]]
+name = "order_created"
+table = "orders"
+operations = ["insert"]
+event_type = "order.created"
+tenant_column = "tenant_id"
+object_id_column = "id"
+
+[[rules]]
+name = "order_paid"
+table = "orders"
+operations = ["update"]
+when = [{ column = "status", changed_to = "paid" }]
+event_type = "order.paid"
+tenant_column = "tenant_id"
+object_id_column = "id"
+"#;
+
+const TENANTS: &[&str] = &["acme", "globex", "initech"];
+
+/// One endpoint of the workload.
+struct Ep {
+    tenant: &'static str,
+    path: String,
+    /// Subscribed types; empty: every type.
+    types: &'static [&'static str],
+    proxy: FaultProxy,
+}
+
+impl Ep {
+    fn wants(&self, tenant: &str, event_type: &str) -> bool {
+        self.tenant == tenant && (self.types.is_empty() || self.types.contains(&event_type))
+    }
+}
+
+/// A deterministic generator (SplitMix64): the same seed, the same run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// What one round found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoundResult {
+    /// The round (from 1).
+    pub round: u32,
+    /// The fault injected.
+    pub fault: String,
+    /// How it was injected (the failpoint setting, the moment of a kill).
+    pub injected: String,
+    /// Facts committed in the round.
+    pub facts: u64,
+    /// Webhooks expected (facts × subscribed endpoints).
+    pub expected: u64,
+    /// Expected webhooks never answered 2xx.
+    pub lost: u64,
+    /// Webhooks for facts not committed, or at endpoints not subscribed.
+    pub unexpected: u64,
+    /// (fact, endpoint) pairs seen under more than one webhook-id.
+    pub unstable_ids: u64,
+    /// Requests whose signature did not verify.
+    pub bad_signatures: u64,
+    /// 2xx answers beyond the first per (fact, endpoint).
+    pub duplicate_sends: u64,
+    /// Whether walhook died in the round (and was started again).
+    pub walhook_restarted: bool,
+    /// Seconds from the round's last write until its last webhook arrived.
+    pub settle_seconds: f64,
+}
+
+impl RoundResult {
+    fn clean(&self) -> bool {
+        self.lost == 0 && self.unexpected == 0 && self.unstable_ids == 0 && self.bad_signatures == 0
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct ChaosReport {
+    /// The seed.
+    pub seed: u64,
+    /// Every round.
+    pub rounds: Vec<RoundResult>,
+    /// Attempts the platform noted `previous_outcome_unknown` (sent,
+    /// perhaps received, not recorded before a crash): the explanation of
+    /// duplicate sends.
+    pub attempts_after_unknown_outcome: i64,
+    /// Whether every round was clean (lost, unexpected, unstable ids and
+    /// bad signatures all 0).
+    pub clean: bool,
+}
+
+/// `walhook run` as a child process, its log appended to a file.
+struct Walhook {
+    child: std::process::Child,
+}
+
+impl Walhook {
+    fn start(cfg: &Path, log: &Path, failpoint: Option<&str>) -> anyhow::Result<Walhook> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["run", "--config"])
+            .arg(cfg)
+            .env("WALHOOK_LOG", "warn")
+            .env_remove("WALHOOK_FAILPOINTS")
+            .stdout(std::process::Stdio::null())
+            .stderr(file);
+        if let Some(f) = failpoint {
+            cmd.env("WALHOOK_FAILPOINTS", f);
+        }
+        Ok(Walhook {
+            child: cmd.spawn().context("cannot start walhook run")?,
+        })
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then up to 30 s for the drain.
+    fn stop(&mut self) {
+        if !self.running() {
+            return;
+        }
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Walhook {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until the slot is read (writes before that would not be captured
+/// on a first start).
+async fn wait_streaming(shop: &tokio_postgres::Client) -> anyhow::Result<()> {
+    for _ in 0..600 {
+        let active = shop
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = 'walhook'",
+                &[],
+            )
+            .await?
+            .map(|r| r.get::<_, bool>(0));
+        if active == Some(true) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("walhook did not start streaming within 60 s")
+}
+
+/// A connection to `url` that is opened again after errors.
+struct Writer {
+    url: String,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Writer {
+    async fn exec(&mut self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) {
+        for _ in 0..600 {
+            if self.client.is_none() {
+                match tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await {
+                    Ok((c, conn)) => {
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                        self.client = Some(c);
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+            let c = self.client.as_ref().expect("connected");
+            match c.execute(sql, params).await {
+                Ok(_) => return,
+                // The outcome of this write is unknown: the checker reads
+                // what the database kept, so it does not matter here.
+                Err(_) => {
+                    self.client = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the chaos rounds.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let faults: Vec<String> = if args.faults.is_empty() || args.faults == ["all"] {
+        FAULTS.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        for f in &args.faults {
+            if !FAULTS.contains(&f.as_str()) {
+                anyhow::bail!(
+                    "--faults: {f:?} is not a fault walhook chaos knows; give some of {}",
+                    FAULTS.join(", ")
+                );
+            }
+        }
+        args.faults.clone()
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let mut rng = Rng(seed);
+    println!(
+        "walhook chaos: {} rounds, seed {seed} (repeat with --seed {seed}), faults: {}",
+        args.rounds,
+        faults.join(", ")
+    );
+
+    let dir = tempfile::tempdir()?;
+    let mut pg = LocalPostgres::start()
+        .await
+        .context("cannot start a throwaway Postgres")?;
+    let shop_url = pg.create_database("shop").await?;
+    let platform_url = pg.create_database("walhook").await?;
+    pg.connect("shop").await?.batch_execute(SHOP).await?;
+    walhook_sql::migrate::run(&mut pg.connect("walhook").await?).await?;
+    let key_file = dir.path().join("master.key");
+    std::fs::write(&key_file, walhook_sql::secrets::MasterKey::generate_text())?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let platform = Platform::new(&platform_url, 4)?.with_keyring(walhook_sql::Keyring::new(
+        walhook_sql::secrets::MasterKey::read_file(&key_file)?,
+        vec![],
+    ));
+    let receiver = Receiver::start().await?;
+    let mut endpoints = Vec::new();
+    for tenant in TENANTS {
+        let id = TenantId::new(*tenant)?;
+        platform.create_tenant(&id, tenant).await?;
+        for (suffix, types) in [("all", &[][..]), ("paid", &["order.paid"][..])] {
+            let path = format!("{tenant}-{suffix}");
+            let proxy = FaultProxy::start(receiver.addr()).await?;
+            let (_, secret) = platform
+                .create_endpoint(
+                    &NewEndpoint {
+                        tenant_id: id.clone(),
+                        url: proxy.url(&path),
+                        event_types: types
+                            .iter()
+                            .map(|t| EventType::new(t))
+                            .collect::<Result<_, _>>()?,
+                        description: format!("chaos endpoint {path}"),
+                        rate_limit_per_sec: None,
+                        max_in_flight: None,
+                        enabled: true,
+                        retry: Default::default(),
+                        ordering: Default::default(),
+                        verify: false,
+                    },
+                    "chaos",
+                )
+                .await?;
+            receiver.set_secrets(&path, vec![secret.expose_text()]);
+            endpoints.push(Ep {
+                tenant,
+                path,
+                types,
+                proxy,
+            });
+        }
+    }
+    let cfg = dir.path().join("walhook.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[platform]
+url = "{platform_url}"
+
+[source]
+url = "{shop_url}"
+create_slot = true
+create_publication = true
+heartbeat_interval = "1s"
+status_interval = "200ms"
+
+[retry]
+base_delay = "100ms"
+max_delay = "1s"
+slow_down_floor = "200ms"
+max_attempts = 100
+
+[egress]
+# Loopback receivers in plain http; production configs never set this.
+allow_http_loopback = true
+request_timeout = "2s"
+
+[dispatch]
+sweep_interval = "200ms"
+lease = "10s"
+
+[secrets]
+master_key_file = {key:?}
+{RULES}"#,
+            key = key_file.display().to_string()
+        ),
+    )?;
+    let log = dir.path().join("walhook.log");
+    let mut walhook = Walhook::start(&cfg, &log, None)?;
+    let shop = pg.connect("shop").await?;
+    wait_streaming(&shop).await?;
+    drop(shop);
+
+    let mut next_id = 0i64;
+    let mut results = Vec::new();
+    let bar = super::bench::progress(u64::from(args.rounds), "chaos rounds");
+    for round in 1..=args.rounds {
+        let fault = faults[(round as usize - 1) % faults.len()].clone();
+        let mut injected = String::new();
+        // A failpoint needs walhook started with it.
+        if fault.contains('.') {
+            let hit = 1 + rng.below(u64::from(args.writes / 10).max(1));
+            injected = format!("{fault}=abort@{hit}");
+            walhook.stop();
+            walhook = Walhook::start(&cfg, &log, Some(&injected))?;
+        }
+        let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
+        let victim = rng.below(endpoints.len() as u64) as usize;
+        let first_id = next_id + 1;
+        let mut writer = Writer {
+            url: pg.url("shop"),
+            client: None,
+        };
+        let mut restarted = false;
+        for i in 0..args.writes {
+            if i == kill_at {
+                match fault.as_str() {
+                    "sigkill" => {
+                        injected = format!("SIGKILL after {i} writes");
+                        walhook.kill();
+                    }
+                    "postgres-kill" => {
+                        injected = format!("kill -9 of Postgres after {i} writes");
+                        pg.crash_and_restart(Duration::from_millis(500)).await?;
+                    }
+                    "receiver-reset" | "receiver-blackhole" => {
+                        let f = if fault == "receiver-reset" {
+                            Fault::ResetMidBody
+                        } else {
+                            Fault::BlackHole
+                        };
+                        injected = format!("{f:?} at {} for 3 s", endpoints[victim].path);
+                        endpoints[victim].proxy.set(f);
+                    }
+                    _ => {}
+                }
+            }
+            // Mostly new orders; now and then one of this round's is paid.
+            if next_id >= first_id && rng.below(4) == 0 {
+                let id = first_id + rng.below((next_id - first_id + 1) as u64) as i64;
+                writer
+                    .exec(
+                        "UPDATE orders SET status = 'paid' WHERE id = $1 AND status <> 'paid'",
+                        &[&id],
+                    )
+                    .await;
+            } else {
+                next_id += 1;
+                let tenant = TENANTS[rng.below(TENANTS.len() as u64) as usize];
+                writer
+                    .exec(
+                        "INSERT INTO orders (id, tenant_id, total) VALUES ($1, $2, 9.99)",
+                        &[&next_id, &tenant],
+                    )
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if !walhook.running() {
+                restarted = true;
+                if injected.is_empty() {
+                    injected = fault.clone();
+                }
+                walhook = Walhook::start(&cfg, &log, None)?;
+            }
+        }
+        if fault.starts_with("receiver-") {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            endpoints[victim].proxy.set(Fault::None);
+        }
+        let last_write = Instant::now();
+
+        // What the business database kept of this round: the truth.
+        let shop = connect_retrying(&pg.url("shop")).await?;
+        let rows = shop
+            .query(
+                "SELECT id, tenant_id, status FROM orders WHERE id >= $1 AND id <= $2",
+                &[&first_id, &next_id],
+            )
+            .await?;
+        let mut expected: HashSet<(String, String, String)> = HashSet::new();
+        let mut facts = 0u64;
+        for r in &rows {
+            let (id, tenant, status): (i64, String, String) = (r.get(0), r.get(1), r.get(2));
+            let mut types = vec!["order.created"];
+            if status == "paid" {
+                types.push("order.paid");
+            }
+            for t in types {
+                facts += 1;
+                for ep in endpoints.iter().filter(|e| e.wants(&tenant, t)) {
+                    expected.insert((ep.path.clone(), t.to_owned(), id.to_string()));
+                }
+            }
+        }
+        let in_round = |object: &str| {
+            object
+                .parse::<i64>()
+                .is_ok_and(|id| id >= first_id && id <= next_id)
+        };
+        let deadline = Instant::now() + args.settle;
+        loop {
+            if !walhook.running() {
+                restarted = true;
+                walhook = Walhook::start(&cfg, &log, None)?;
+            }
+            let got = arrived(&receiver, &in_round);
+            if expected.iter().all(|k| got.contains_key(k)) || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let settle_seconds = last_write.elapsed().as_secs_f64();
+        // A failpoint that did not fire must not leak into later rounds.
+        if fault.contains('.') && !restarted {
+            walhook.stop();
+            walhook = Walhook::start(&cfg, &log, None)?;
+        }
+        // Late duplicates show within a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut result = judge(&receiver, &expected, &in_round);
+        result.round = round;
+        result.fault = fault;
+        result.injected = injected;
+        result.facts = facts;
+        result.walhook_restarted = restarted;
+        result.settle_seconds = (settle_seconds * 10.0).round() / 10.0;
+        bar.inc(1);
+        bar.set_message(format!(
+            "round {round}: lost {}, dup {}",
+            result.lost, result.duplicate_sends
+        ));
+        results.push(result);
+    }
+    bar.finish_and_clear();
+    walhook.stop();
+    let platform_sql = connect_retrying(&pg.url("walhook")).await?;
+    let unknown: i64 = platform_sql
+        .query_one(
+            "SELECT count(*) FROM walhook.attempts WHERE note = 'previous_outcome_unknown'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let report = ChaosReport {
+        seed,
+        clean: results.iter().all(RoundResult::clean),
+        rounds: results,
+        attempts_after_unknown_outcome: unknown,
+    };
+    print_summary(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if !report.clean {
+        println!(
+            "\nwalhook's log is in {} (kept)",
+            dir.keep().join("walhook.log").display()
+        );
+    }
+    Ok(if report.clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn connect_retrying(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let mut last = None;
+    for _ in 0..300 {
+        match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            Ok((c, conn)) => {
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                return Ok(c);
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("cannot connect"), Into::into))
+}
+
+/// (endpoint path, event type, object id) of a received request.
+fn fact_of(r: &walhook_devkit::receiver::Received) -> Option<(String, String, String)> {
+    let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+    Some((
+        r.path.clone(),
+        body["type"].as_str()?.to_owned(),
+        body["object_id"].as_str()?.to_owned(),
+    ))
+}
+
+/// The 2xx arrivals of the round's facts, with their webhook-ids.
+fn arrived(
+    receiver: &Receiver,
+    in_round: &impl Fn(&str) -> bool,
+) -> HashMap<(String, String, String), Vec<String>> {
+    let mut got: HashMap<_, Vec<String>> = HashMap::new();
+    for r in receiver.received() {
+        if !(200..300).contains(&r.status) {
+            continue;
+        }
+        if let Some(f) = fact_of(&r)
+            && in_round(&f.2)
+        {
+            got.entry(f).or_default().push(r.webhook_id.clone());
+        }
+    }
+    got
+}
+
+fn judge(
+    receiver: &Receiver,
+    expected: &HashSet<(String, String, String)>,
+    in_round: &impl Fn(&str) -> bool,
+) -> RoundResult {
+    let mut result = RoundResult {
+        expected: expected.len() as u64,
+        ..RoundResult::default()
+    };
+    let mut ids: HashMap<(String, String, String), HashSet<String>> = HashMap::new();
+    for r in receiver.received() {
+        let Some(f) = fact_of(&r) else {
+            continue;
+        };
+        if !in_round(&f.2) {
+            continue;
+        }
+        if r.verified == Some(false) {
+            result.bad_signatures += 1;
+        }
+        ids.entry(f).or_default().insert(r.webhook_id.clone());
+    }
+    let got = arrived(receiver, in_round);
+    result.lost = expected.iter().filter(|k| !got.contains_key(*k)).count() as u64;
+    result.unexpected = ids.keys().filter(|k| !expected.contains(*k)).count() as u64;
+    result.unstable_ids = ids.values().filter(|s| s.len() > 1).count() as u64;
+    result.duplicate_sends = got.values().map(|v| v.len() as u64 - 1).sum();
+    result
+}
+
+fn print_summary(report: &ChaosReport) {
+    let mut by_fault: BTreeMap<&str, Vec<&RoundResult>> = BTreeMap::new();
+    for r in &report.rounds {
+        by_fault.entry(&r.fault).or_default().push(r);
+    }
+    println!(
+        "\n  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9}",
+        "fault",
+        "rounds",
+        "webhooks",
+        "lost",
+        "unexpected",
+        "unstable",
+        "bad sig",
+        "dup sends",
+        "settle s"
+    );
+    for (fault, rounds) in &by_fault {
+        let sum = |f: fn(&RoundResult) -> u64| rounds.iter().map(|r| f(r)).sum::<u64>();
+        let settle = rounds
+            .iter()
+            .map(|r| r.settle_seconds)
+            .fold(0.0f64, f64::max);
+        println!(
+            "  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9.1}",
+            fault,
+            rounds.len(),
+            sum(|r| r.expected),
+            sum(|r| r.lost),
+            sum(|r| r.unexpected),
+            sum(|r| r.unstable_ids),
+            sum(|r| r.bad_signatures),
+            sum(|r| r.duplicate_sends),
+            settle
+        );
+    }
+    println!(
+        "\n  attempts noted previous_outcome_unknown (explained duplicates): {}",
+        report.attempts_after_unknown_outcome
+    );
+    println!(
+        "  {}",
+        if report.clean {
+            "clean: nothing lost, no unexpected webhook, stable ids, every signature verified"
+        } else {
+            "NOT CLEAN: see the rounds above"
+        }
+    );
+}
