@@ -39,7 +39,9 @@ pub const FAULTS: &[&str] = &[
     "capture.after_handoff",
     "capture.before_confirm",
     "fanout.after_materialize",
+    "dispatch.before_send",
     "dispatch.after_send",
+    "dispatch.after_record",
     "sigkill",
     "postgres-kill",
     "receiver-reset",
@@ -50,7 +52,7 @@ pub const FAULTS: &[&str] = &[
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Rounds to run; the faults take turns.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 10)]
     pub rounds: u32,
     /// The seed of every random choice (when a failpoint fires, when a kill
     /// comes, which endpoint a network fault hits); printed, so that a
@@ -59,8 +61,8 @@ pub struct Args {
     pub seed: Option<u64>,
     /// The faults to inject, comma-separated (default: all):
     /// capture.after_handoff, capture.before_confirm,
-    /// fanout.after_materialize, dispatch.after_send (failpoints that abort
-    /// walhook there), sigkill (of walhook at a random moment),
+    /// fanout.after_materialize, dispatch.before_send, dispatch.after_send,
+    /// dispatch.after_record (failpoints that abort walhook there), sigkill (of walhook at a random moment),
     /// postgres-kill (kill -9 of Postgres, restarted 0.5 s later),
     /// receiver-reset and receiver-blackhole (network faults toward one
     /// endpoint for 3 s).

@@ -671,6 +671,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 retry,
                 started_at,
             };
+            // Taken (held, leased, numbered) and not sent yet: a crash here
+            // must end in the attempt being made after the restart.
+            crate::failpoint::hit("dispatch.before_send");
             let handle = attempts.spawn(async move {
                 let request =
                     build_request(&job, &url, &secrets, number, started_at.unix_seconds());

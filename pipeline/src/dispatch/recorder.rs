@@ -90,6 +90,10 @@ pub async fn run<S: DispatchStore>(
             }
         }
         let stale = write_isolating(&*store, std::mem::take(&mut batch), &counters).await?;
+        // Results durable, the node still holding what it reschedules: a
+        // crash here must neither repeat a recorded success nor lose a
+        // delivery whose next attempt was only in memory.
+        crate::failpoint::hit("dispatch.after_record");
         if stale > 0 {
             counters.stale.fetch_add(stale as u64, Ordering::Relaxed);
             tracing::warn!(
