@@ -2,6 +2,7 @@
 //! Postgres. Benchmarks print figures; tests check behaviour.
 
 pub mod archive;
+pub mod blackhole;
 pub mod capture;
 pub mod flood;
 pub mod noisy;
@@ -36,6 +37,10 @@ pub enum Scenario {
     /// with 1,000 failing endpoints and a hanging endpoint.
     #[command(name = "noisy-neighbour")]
     NoisyNeighbour(noisy::Args),
+    /// Healthy endpoints' first-attempt latency with every endpoint healthy,
+    /// then with 10 % of the endpoints black-holed (accept, never answer).
+    #[command(name = "black-hole")]
+    BlackHole(blackhole::Args),
     /// The archive: attempt rows per second and per core, and Parquet
     /// bytes per attempt.
     Archive(archive::Args),
@@ -53,6 +58,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Scenario::Capture(a) => capture::run(a).await,
         Scenario::Pipeline(a) => pipeline::run(a).await,
         Scenario::NoisyNeighbour(a) => noisy::run(a).await,
+        Scenario::BlackHole(a) => blackhole::run(a).await,
         Scenario::Archive(a) => archive::run(a).await,
         Scenario::Reconcile(a) => reconcile::run(a).await,
         Scenario::Receiver => receiver::serve().await,
