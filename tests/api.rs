@@ -1288,6 +1288,16 @@ fn object_and_version(r: &Received) -> (String, u64) {
     (body["object_id"].as_str().unwrap().to_owned(), version)
 }
 
+/// The commit positions of `object`'s arrivals at `path`, in arrival order.
+fn versions_at(all: &[Received], path: &str, object: &str) -> Vec<u64> {
+    at(all, path)
+        .iter()
+        .map(object_and_version)
+        .filter(|(o, _)| o == object)
+        .map(|(_, v)| v)
+        .collect()
+}
+
 /// Per-object ordering (`ordering: per_object`): while object 1's first
 /// event keeps failing at the ordered endpoint, its later events wait and
 /// object 2's go; once the receiver recovers, object 1's arrive in commit
@@ -1473,13 +1483,10 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
             .map(|r| (object_and_version(r), r.status))
             .collect::<Vec<_>>()
     );
-    let before = at(&w.receiver.received(), "ordered");
-    let versions_of_1: std::collections::HashSet<u64> = before
-        .iter()
-        .map(object_and_version)
-        .filter(|(o, _)| o == "1")
-        .map(|(_, v)| v)
-        .collect();
+    let versions_of_1: std::collections::HashSet<u64> =
+        versions_at(&w.receiver.received(), "ordered", "1")
+            .into_iter()
+            .collect();
     assert_eq!(
         versions_of_1.len(),
         1,
@@ -1499,12 +1506,10 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
             .await,
         "no retry of object 1's first event after the restart"
     );
-    let versions_of_1: std::collections::HashSet<u64> = at(&w.receiver.received(), "ordered")
-        .iter()
-        .map(object_and_version)
-        .filter(|(o, _)| o == "1")
-        .map(|(_, v)| v)
-        .collect();
+    let versions_of_1: std::collections::HashSet<u64> =
+        versions_at(&w.receiver.received(), "ordered", "1")
+            .into_iter()
+            .collect();
     assert_eq!(
         versions_of_1.len(),
         1,
@@ -1543,12 +1548,7 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
     );
     // At the ordered endpoint, attempts of object 1 never overlap: each
     // event's first arrival follows every arrival of the one before.
-    let seq: Vec<u64> = at(&all, "ordered")
-        .iter()
-        .map(object_and_version)
-        .filter(|(o, _)| o == "1")
-        .map(|(_, v)| v)
-        .collect();
+    let seq = versions_at(&all, "ordered", "1");
     assert!(seq.windows(2).all(|p| p[0] <= p[1]), "{seq:?}");
     // Object 2's were sent again after the SIGKILL when their outcomes were
     // not recorded yet (at least once); first arrivals are in order.
@@ -1559,14 +1559,11 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
 
     // "strict": object 3's first delivery ended (one attempt); the next
     // went without it and says so; the one after that does not.
-    let strict_1: Vec<u64> = at(&all, "strict")
-        .iter()
-        .map(object_and_version)
-        .filter(|(o, _)| o == "1")
-        .map(|(_, v)| v)
-        .collect();
     let mut seen_1 = std::collections::HashSet::new();
-    let strict_1: Vec<u64> = strict_1.into_iter().filter(|v| seen_1.insert(*v)).collect();
+    let strict_1: Vec<u64> = versions_at(&all, "strict", "1")
+        .into_iter()
+        .filter(|v| seen_1.insert(*v))
+        .collect();
     assert_eq!(strict_1.len(), 3, "{strict_1:?}");
     assert!(strict_1.windows(2).all(|p| p[0] < p[1]), "{strict_1:?}");
     let (_, listed) = api

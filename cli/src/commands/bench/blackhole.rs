@@ -10,7 +10,7 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use walhook_devkit::receiver::Behaviour;
@@ -55,17 +55,7 @@ async fn phase(
                 .await?,
         );
     }
-    let bar = if json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        super::progress(length.as_secs(), label)
-    };
-    let started = Instant::now();
-    while started.elapsed() < length {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+    super::hold(length, label, json).await;
     let mut written = 0;
     for (count, stop, tasks) in all {
         stop.cancel();

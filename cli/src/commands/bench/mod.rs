@@ -65,6 +65,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Waits `length`, with a progress bar labelled `label` unless `quiet`.
+pub async fn hold(length: std::time::Duration, label: &str, quiet: bool) {
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        progress(length.as_secs(), label)
+    };
+    let started = std::time::Instant::now();
+    while started.elapsed() < length {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+}
+
 /// A progress bar on stderr (hidden when stderr is not a terminal).
 pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len);

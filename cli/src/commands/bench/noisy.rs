@@ -10,7 +10,7 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use walhook_devkit::receiver::Behaviour;
@@ -49,21 +49,11 @@ async fn phase(
     json: bool,
 ) -> anyhow::Result<u64> {
     let (written, stop, tasks) = world.writers(tenant, first_id, rate as f64, 1, 2).await?;
-    let bar = if json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        super::progress(length.as_secs(), label)
-    };
-    let started = Instant::now();
-    while started.elapsed() < length {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        bar.inc(1);
-    }
+    super::hold(length, label, json).await;
     stop.cancel();
     for t in tasks {
         t.await??;
     }
-    bar.finish_and_clear();
     Ok(written.load(Ordering::Relaxed))
 }
 
