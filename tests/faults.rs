@@ -170,6 +170,97 @@ async fn a_postgres_crash_under_load_loses_nothing() {
     w.assert_pending_consistent().await;
 }
 
+/// The business and the platform database on clusters of their own, each
+/// killed with SIGKILL while the other stays up: capture alone loses its
+/// stream, or fan-out, dispatch and capture's ledger lose their database.
+/// walhook reconnects by itself each time and every committed order
+/// arrives once at least.
+#[tokio::test]
+async fn either_database_crashing_alone_loses_nothing() {
+    let mut w = World::new_split().await;
+    w.endpoint("acme", "orders", &["order.created"]).await;
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let mut child = Child::run_logged(&cfg, &[], &log);
+    w.wait_streaming().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write_orders(w.pg.url("shop"), stop.clone()));
+    for which in ["business", "platform", "business", "platform"] {
+        let floor = w.receiver.count();
+        assert!(
+            w.receiver
+                .wait_until(Duration::from_secs(30), |all| all.len() > floor + 50)
+                .await,
+            "deliveries did not flow before the {which} crash:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let cluster = match which {
+            "business" => &mut w.pg,
+            _ => w.platform_pg.as_mut().unwrap(),
+        };
+        cluster
+            .crash_and_restart(Duration::from_millis(500))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (acked, _) = writer.await.unwrap();
+    let shop = w.pg.connect("shop").await.unwrap();
+    let committed: BTreeSet<String> = shop
+        .query("SELECT id::text FROM orders", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(acked.iter().all(|id| committed.contains(&id.to_string())));
+    let want = committed.clone();
+    let arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(120), move |all| {
+            let got: BTreeSet<String> = all
+                .iter()
+                .filter(|r| r.path == "orders" && r.status == 200)
+                .filter_map(|r| {
+                    let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+                    body["object_id"].as_str().map(str::to_owned)
+                })
+                .collect();
+            want.is_subset(&got)
+        })
+        .await;
+    assert!(
+        arrived,
+        "committed orders never arrived ({} committed), walhook {}:\n{}",
+        committed.len(),
+        if child.running() { "running" } else { "exited" },
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        w.receiver
+            .received()
+            .iter()
+            .filter(|r| r.path == "orders")
+            .all(|r| r.verified == Some(true)),
+        "a webhook with a bad signature"
+    );
+    assert!(
+        child.running(),
+        "walhook exited instead of reconnecting:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    w.platform_sql = w
+        .platform_pg
+        .as_ref()
+        .unwrap()
+        .connect("platform")
+        .await
+        .unwrap();
+    assert!(child.terminate().success());
+    w.assert_pending_consistent().await;
+}
+
 /// Drops walhook's slot: ends the walsender reading it and drops it before
 /// walhook reconnects (trying again while walhook wins the race).
 async fn drop_slot_under_walhook(shop: &tokio_postgres::Client) {

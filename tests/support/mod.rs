@@ -89,8 +89,10 @@ include = ["id", "email"]
 
 /// A shop database, a platform database and a receiver.
 pub struct World {
-    /// The cluster.
+    /// The cluster (of both databases, unless [`World::new_split`]).
     pub pg: LocalPostgres,
+    /// The platform database's own cluster, with [`World::new_split`].
+    pub platform_pg: Option<LocalPostgres>,
     /// The business database.
     pub shop: tokio_postgres::Client,
     /// The platform.
@@ -134,12 +136,28 @@ pub fn write_master_key(dir: &Path, name: &str) -> PathBuf {
 impl World {
     /// Starts Postgres, creates both databases, migrates, starts a receiver.
     pub async fn new() -> World {
+        World::start(false).await
+    }
+
+    /// As [`World::new`], with the platform database on a cluster of its
+    /// own (`platform_pg`), so that each can fail alone.
+    pub async fn new_split() -> World {
+        World::start(true).await
+    }
+
+    async fn start(split: bool) -> World {
         let pg = LocalPostgres::start().await.unwrap();
+        let platform_pg = if split {
+            Some(LocalPostgres::start().await.unwrap())
+        } else {
+            None
+        };
         let shop_url = pg.create_database("shop").await.unwrap();
-        let platform_url = pg.create_database("platform").await.unwrap();
+        let ppg = platform_pg.as_ref().unwrap_or(&pg);
+        let platform_url = ppg.create_database("platform").await.unwrap();
         let shop = pg.connect("shop").await.unwrap();
         shop.batch_execute(SHOP_SCHEMA).await.unwrap();
-        let mut platform_sql = pg.connect("platform").await.unwrap();
+        let mut platform_sql = ppg.connect("platform").await.unwrap();
         walhook_sql::migrate::run(&mut platform_sql).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let master_key_file = write_master_key(dir.path(), "master.key");
@@ -153,6 +171,7 @@ impl World {
         let receiver = Receiver::start().await.unwrap();
         World {
             pg,
+            platform_pg,
             shop,
             platform,
             platform_sql,
