@@ -3,11 +3,13 @@
 //! streams and producers write, then started again.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use walhook_devkit::postgres::Reconnecting;
+use walhook_devkit::receiver::Received;
 
 use crate::support::{Child, World};
 
@@ -17,35 +19,95 @@ use crate::support::{Child, World};
 /// the statement ran).
 async fn write_orders(url: String, stop: Arc<AtomicBool>) -> (Vec<i64>, Vec<i64>) {
     let (mut acked, mut unknown) = (Vec::new(), Vec::new());
-    let mut client: Option<tokio_postgres::Client> = None;
+    let mut session = Reconnecting::new(url);
     let mut id = 0i64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(c) = client.as_ref() else {
-            match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                Ok((c, conn)) => {
-                    tokio::spawn(async move {
-                        let _ = conn.await;
-                    });
-                    client = Some(c);
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-            continue;
-        };
         id += 1;
-        match c
+        match session
             .execute("INSERT INTO orders VALUES ($1, 'acme', 10.50)", &[&id])
             .await
         {
             Ok(_) => acked.push(id),
-            Err(_) => {
-                unknown.push(id);
-                client = None;
-            }
+            Err(_) => unknown.push(id),
         }
         tokio::time::sleep(Duration::from_millis(4)).await;
     }
     (acked, unknown)
+}
+
+/// The ids of the orders that reached `path` with a 2xx answer.
+fn orders_at(all: &[Received], path: &str) -> BTreeSet<String> {
+    all.iter()
+        .filter(|r| r.path == path && (200..300).contains(&r.status))
+        .filter_map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+            body["object_id"].as_str().map(str::to_owned)
+        })
+        .collect()
+}
+
+/// After crashes under load: every acknowledged commit is in the business
+/// database, every order it kept reaches endpoint `orders` (within 120 s),
+/// nothing else does, every signature verifies, and walhook (whose stderr
+/// is `log`) still runs, never restarted. Returns the orders committed and
+/// those delivered.
+async fn assert_every_order_arrives(
+    w: &World,
+    child: &mut Child,
+    log: &Path,
+    acked: &[i64],
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    // What the business database kept is the truth: every acknowledged
+    // commit, and those of unknown outcome that made it.
+    let shop = w.pg.connect("shop").await.unwrap();
+    let committed: BTreeSet<String> = shop
+        .query("SELECT id::text FROM orders", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for id in acked {
+        assert!(
+            committed.contains(&id.to_string()),
+            "an acknowledged commit is gone: {id}"
+        );
+    }
+    let want = committed.clone();
+    let arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(120), move |all| {
+            want.is_subset(&orders_at(all, "orders"))
+        })
+        .await;
+    let got = orders_at(&w.receiver.received(), "orders");
+    let missing: Vec<&String> = committed.difference(&got).collect();
+    assert!(
+        arrived,
+        "{} of {} committed orders never arrived (acked {}), walhook {}: {:?}\n{}",
+        missing.len(),
+        committed.len(),
+        acked.len(),
+        if child.running() { "running" } else { "exited" },
+        missing.iter().take(10).collect::<Vec<_>>(),
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    let unexpected: Vec<&String> = got.difference(&committed).collect();
+    assert!(unexpected.is_empty(), "not committed: {unexpected:?}");
+    assert!(
+        w.receiver
+            .received()
+            .iter()
+            .filter(|r| r.path == "orders")
+            .all(|r| r.verified == Some(true)),
+        "a webhook with a bad signature"
+    );
+    assert!(
+        child.running(),
+        "walhook exited instead of reconnecting:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    (committed, got)
 }
 
 /// `kill -9` of Postgres under load, in rounds: walhook notices the lost connections,
@@ -94,54 +156,7 @@ async fn a_postgres_crash_under_load_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let (acked, unknown) = writer.await.unwrap();
-
-    // What the business database kept is the truth: every acknowledged
-    // commit, and those of unknown outcome that made it.
-    let shop = w.pg.connect("shop").await.unwrap();
-    let committed: BTreeSet<String> = shop
-        .query("SELECT id::text FROM orders", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    for id in &acked {
-        assert!(
-            committed.contains(&id.to_string()),
-            "an acknowledged commit is gone: {id}"
-        );
-    }
-    let last: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-    let seen = last.clone();
-    let want = committed.clone();
-    let arrived = w
-        .receiver
-        .wait_until(Duration::from_secs(120), move |all| {
-            let got: BTreeSet<String> = all
-                .iter()
-                .filter(|r| r.path == "orders" && r.status == 200)
-                .filter_map(|r| {
-                    let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
-                    body["object_id"].as_str().map(str::to_owned)
-                })
-                .collect();
-            let done = want.is_subset(&got);
-            *seen.lock() = got;
-            done
-        })
-        .await;
-    let got = last.lock().clone();
-    let missing: Vec<&String> = committed.difference(&got).collect();
-    assert!(
-        arrived,
-        "{} of {} committed orders never arrived (acked {}, unknown {unknown:?}), walhook {}: {:?}\n{}",
-        missing.len(),
-        committed.len(),
-        acked.len(),
-        if child.running() { "running" } else { "exited" },
-        missing.iter().take(10).collect::<Vec<_>>(),
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    let (committed, got) = assert_every_order_arrives(&w, &mut child, &log, &acked).await;
     eprintln!(
         "{rounds} crashes: {} orders committed ({} acknowledged, {} of unknown outcome), {} delivered, {} requests",
         committed.len(),
@@ -149,21 +164,6 @@ async fn a_postgres_crash_under_load_loses_nothing() {
         unknown.len(),
         got.len(),
         w.receiver.count()
-    );
-    let unexpected: Vec<&String> = got.difference(&committed).collect();
-    assert!(unexpected.is_empty(), "not committed: {unexpected:?}");
-    assert!(
-        w.receiver
-            .received()
-            .iter()
-            .filter(|r| r.path == "orders")
-            .all(|r| r.verified == Some(true)),
-        "a webhook with a bad signature"
-    );
-    assert!(
-        child.wait_exit(Duration::ZERO).is_none(),
-        "walhook exited instead of reconnecting:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
     );
     w.platform_sql = w.pg.connect("platform").await.unwrap();
     assert!(child.terminate().success());
@@ -206,50 +206,7 @@ async fn either_database_crashing_alone_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     let (acked, _) = writer.await.unwrap();
-    let shop = w.pg.connect("shop").await.unwrap();
-    let committed: BTreeSet<String> = shop
-        .query("SELECT id::text FROM orders", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(acked.iter().all(|id| committed.contains(&id.to_string())));
-    let want = committed.clone();
-    let arrived = w
-        .receiver
-        .wait_until(Duration::from_secs(120), move |all| {
-            let got: BTreeSet<String> = all
-                .iter()
-                .filter(|r| r.path == "orders" && r.status == 200)
-                .filter_map(|r| {
-                    let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
-                    body["object_id"].as_str().map(str::to_owned)
-                })
-                .collect();
-            want.is_subset(&got)
-        })
-        .await;
-    assert!(
-        arrived,
-        "committed orders never arrived ({} committed), walhook {}:\n{}",
-        committed.len(),
-        if child.running() { "running" } else { "exited" },
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
-    assert!(
-        w.receiver
-            .received()
-            .iter()
-            .filter(|r| r.path == "orders")
-            .all(|r| r.verified == Some(true)),
-        "a webhook with a bad signature"
-    );
-    assert!(
-        child.running(),
-        "walhook exited instead of reconnecting:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    assert_every_order_arrives(&w, &mut child, &log, &acked).await;
     w.platform_sql = w
         .platform_pg
         .as_ref()
@@ -358,10 +315,7 @@ async fn a_dropped_slot_halts_capture_until_the_loss_is_accepted() {
     assert!(
         w.receiver
             .wait_until(Duration::from_secs(30), |all| {
-                all.iter().any(|r| {
-                    serde_json::from_slice::<serde_json::Value>(&r.body)
-                        .is_ok_and(|b| b["object_id"] == "3")
-                })
+                orders_at(all, "orders").contains("3")
             })
             .await,
         "nothing after the new slot arrived"
@@ -434,20 +388,9 @@ async fn network_faults_toward_receivers_lose_nothing() {
     let all_arrived = w
         .receiver
         .wait_until(Duration::from_secs(60), |all| {
-            paths.iter().all(|path| {
-                all.iter()
-                    .filter(|r| r.path == *path && r.status == 200)
-                    .filter_map(|r| {
-                        serde_json::from_slice::<serde_json::Value>(&r.body)
-                            .ok()?
-                            .get("object_id")?
-                            .as_str()
-                            .map(str::to_owned)
-                    })
-                    .collect::<BTreeSet<_>>()
-                    .len()
-                    == ORDERS as usize
-            })
+            paths
+                .iter()
+                .all(|path| orders_at(all, path).len() == ORDERS as usize)
         })
         .await;
     assert!(

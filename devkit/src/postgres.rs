@@ -632,6 +632,85 @@ impl LocalPostgres {
     }
 }
 
+/// A plain session to `url`, tried again every 100 ms for up to `within`
+/// (a server restarting after a crash refuses connections meanwhile).
+pub async fn connect_retrying(
+    url: &str,
+    within: Duration,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let deadline = Instant::now() + within;
+    loop {
+        match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(watch_connection(conn));
+                return Ok(client);
+            }
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A session that opens itself again after an error: for writers that
+/// outlive a server crash.
+pub struct Reconnecting {
+    url: String,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Reconnecting {
+    /// A session to `url`, opened at the first statement.
+    pub fn new(url: impl Into<String>) -> Self {
+        Reconnecting {
+            url: url.into(),
+            client: None,
+        }
+    }
+
+    /// Runs `sql`, connecting first when needed (for up to 60 s). After an
+    /// error the statement's outcome is unknown (it may have committed)
+    /// and the next call opens a new session.
+    pub async fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let client = match self.client.take() {
+            Some(c) => c,
+            None => connect_retrying(&self.url, Duration::from_secs(60)).await?,
+        };
+        let result = client.execute(sql, params).await;
+        if result.is_ok() {
+            self.client = Some(client);
+        }
+        result
+    }
+}
+
+/// Waits until a walsender reads `slot` (writes committed before a first
+/// start would not be captured); `false` after `within`.
+pub async fn wait_slot_active(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    within: Duration,
+) -> Result<bool, tokio_postgres::Error> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let active = client
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?
+            .map(|r| r.get::<_, bool>(0));
+        if active == Some(true) {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
 /// The processes whose parent is `pid` (from `/proc`).
 fn children_of(pid: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {

@@ -251,22 +251,14 @@ impl World {
     /// Waits until `walhook run` streams from the slot (writes before the
     /// slot exists are not captured).
     pub async fn wait_streaming(&self) {
-        for _ in 0..300 {
-            let active: Option<bool> = self
-                .shop
-                .query_opt(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'walhook'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .map(|r| r.get(0));
-            if active == Some(true) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("walhook did not start streaming within 30 s");
+        let active = walhook_devkit::postgres::wait_slot_active(
+            &self.shop,
+            "walhook",
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+        assert!(active, "walhook did not start streaming within 30 s");
     }
 
     /// Polls the platform database until `sql` (one `int8`) reaches `want`;

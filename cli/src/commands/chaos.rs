@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use walhook_devkit::faultproxy::{Fault, FaultProxy};
-use walhook_devkit::postgres::LocalPostgres;
+use walhook_devkit::postgres::{LocalPostgres, Reconnecting, connect_retrying, wait_slot_active};
 use walhook_devkit::receiver::Receiver;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::TenantId;
@@ -247,62 +247,6 @@ impl Drop for Walhook {
     }
 }
 
-/// Waits until the slot is read (writes before that would not be captured
-/// on a first start).
-async fn wait_streaming(shop: &tokio_postgres::Client) -> anyhow::Result<()> {
-    for _ in 0..600 {
-        let active = shop
-            .query_opt(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = 'walhook'",
-                &[],
-            )
-            .await?
-            .map(|r| r.get::<_, bool>(0));
-        if active == Some(true) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("walhook did not start streaming within 60 s")
-}
-
-/// A connection to `url` that is opened again after errors.
-struct Writer {
-    url: String,
-    client: Option<tokio_postgres::Client>,
-}
-
-impl Writer {
-    async fn exec(&mut self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) {
-        for _ in 0..600 {
-            if self.client.is_none() {
-                match tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await {
-                    Ok((c, conn)) => {
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                        self.client = Some(c);
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                }
-            }
-            let c = self.client.as_ref().expect("connected");
-            match c.execute(sql, params).await {
-                Ok(_) => return,
-                // The outcome of this write is unknown: the checker reads
-                // what the database kept, so it does not matter here.
-                Err(_) => {
-                    self.client = None;
-                    return;
-                }
-            }
-        }
-    }
-}
-
 /// Runs the chaos rounds.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let faults: Vec<String> = if args.faults.is_empty() || args.faults == ["all"] {
@@ -424,7 +368,12 @@ master_key_file = {key:?}
     let log = dir.path().join("walhook.log");
     let mut walhook = Walhook::start(&cfg, &log, None)?;
     let shop = pg.connect("shop").await?;
-    wait_streaming(&shop).await?;
+    if !wait_slot_active(&shop, "walhook", Duration::from_secs(60)).await? {
+        anyhow::bail!(
+            "walhook did not start streaming within 60 s; its log: {}",
+            log.display()
+        );
+    }
     drop(shop);
 
     let mut next_id = 0i64;
@@ -443,10 +392,9 @@ master_key_file = {key:?}
         let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
         let victim = rng.below(endpoints.len() as u64) as usize;
         let first_id = next_id + 1;
-        let mut writer = Writer {
-            url: pg.url("shop"),
-            client: None,
-        };
+        // A write's outcome may be unknown (a crash): the checker reads
+        // what the database kept, so errors do not matter here.
+        let mut writer = Reconnecting::new(pg.url("shop"));
         let mut restarted = false;
         for i in 0..args.writes {
             if i == kill_at {
@@ -474,8 +422,8 @@ master_key_file = {key:?}
             // Mostly new orders; now and then one of this round's is paid.
             if next_id >= first_id && rng.below(4) == 0 {
                 let id = first_id + rng.below((next_id - first_id + 1) as u64) as i64;
-                writer
-                    .exec(
+                let _ = writer
+                    .execute(
                         "UPDATE orders SET status = 'paid' WHERE id = $1 AND status <> 'paid'",
                         &[&id],
                     )
@@ -483,8 +431,8 @@ master_key_file = {key:?}
             } else {
                 next_id += 1;
                 let tenant = TENANTS[rng.below(TENANTS.len() as u64) as usize];
-                writer
-                    .exec(
+                let _ = writer
+                    .execute(
                         "INSERT INTO orders (id, tenant_id, total) VALUES ($1, $2, 9.99)",
                         &[&next_id, &tenant],
                     )
@@ -506,7 +454,7 @@ master_key_file = {key:?}
         let last_write = Instant::now();
 
         // What the business database kept of this round: the truth.
-        let shop = connect_retrying(&pg.url("shop")).await?;
+        let shop = connect_retrying(&pg.url("shop"), Duration::from_secs(30)).await?;
         let rows = shop
             .query(
                 "SELECT id, tenant_id, status FROM orders WHERE id >= $1 AND id <= $2",
@@ -569,7 +517,7 @@ master_key_file = {key:?}
     }
     bar.finish_and_clear();
     walhook.stop();
-    let platform_sql = connect_retrying(&pg.url("walhook")).await?;
+    let platform_sql = connect_retrying(&pg.url("walhook"), Duration::from_secs(30)).await?;
     let unknown: i64 = platform_sql
         .query_one(
             "SELECT count(*) FROM walhook.attempts WHERE note = 'previous_outcome_unknown'",
@@ -599,23 +547,6 @@ master_key_file = {key:?}
     } else {
         ExitCode::FAILURE
     })
-}
-
-async fn connect_retrying(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let mut last = None;
-    for _ in 0..300 {
-        match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
-            Ok((c, conn)) => {
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-                return Ok(c);
-            }
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(last.map_or_else(|| anyhow::anyhow!("cannot connect"), Into::into))
 }
 
 /// (endpoint path, event type, object id) of a received request.

@@ -524,7 +524,6 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         job: DeliveryJob,
         record_tx: &mpsc::Sender<Record>,
     ) {
-        self.refresh_directory(state);
         // A job kept in its object's order stays here: handed back, a later
         // delivery of its object could be claimed and sent before it.
         if let Circuit::Open { until, .. } = state.sched.circuit(&job.endpoint_id)

@@ -306,7 +306,10 @@ impl Scheduler {
 
     /// The chain an automatic job of an ordered endpoint belongs to.
     fn chain_key(&self, job: &DeliveryJob) -> Option<ChainKey> {
-        if job.replay.is_some() || !self.ordered.contains(&job.endpoint_id) {
+        if self.ordered.is_empty()
+            || job.replay.is_some()
+            || !self.ordered.contains(&job.endpoint_id)
+        {
             return None;
         }
         job.order
