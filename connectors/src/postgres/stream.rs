@@ -211,14 +211,28 @@ impl<'s> StreamState<'s> {
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let msg = pgoutput::decode(&data).map_err(CaptureError::Decode)?;
-                if let Message::Relation(rel) = &msg
-                    && rel
+                if let Message::Relation(rel) = &msg {
+                    // A type created since the stream started (a new
+                    // domain). Its transaction's commit can be decoded a
+                    // moment before other sessions see it (the commit record
+                    // is flushed before the transaction leaves the process
+                    // array), so read again until the type shows.
+                    let mut tries = 0;
+                    while rel
                         .columns
                         .iter()
                         .any(|c| self.types.is_unknown(c.type_oid))
-                {
-                    // A type created since the stream started (a new domain).
-                    self.types = TypeMap::load(sql).await?;
+                    {
+                        if tries == 50 {
+                            tracing::warn!(relation = %rel.name, "a column's type is still not in pg_type after 1 s; its values are written as text");
+                            break;
+                        }
+                        if tries > 0 {
+                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        }
+                        self.types = TypeMap::load(sql).await?;
+                        tries += 1;
+                    }
                 }
                 let relation = match &msg {
                     Message::Relation(rel) => Some(rel.rel_id),
