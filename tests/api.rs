@@ -1375,8 +1375,16 @@ async fn an_ordered_endpoint_gets_each_objects_events_in_commit_order() {
     };
     w.receiver.set_behaviour("ordered", fail_one.clone());
     w.receiver.set_behaviour("plain", fail_one);
-    w.receiver
-        .set_behaviour("strict", Behaviour::FailFirst { n: 1, status: 500 });
+    // The failing attempt takes a second, so that the transaction's other
+    // two deliveries are surely waiting behind it when it fails.
+    w.receiver.set_behaviour(
+        "strict",
+        Behaviour::FailFirstSlowly {
+            n: 1,
+            status: 500,
+            wait: Duration::from_secs(1),
+        },
+    );
     for id in [1i64, 2] {
         w.shop
             .execute(

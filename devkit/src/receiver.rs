@@ -41,6 +41,15 @@ pub enum Behaviour {
         /// The failing status.
         status: u16,
     },
+    /// The first `n` requests wait `wait`, then get `status`; the rest 200.
+    FailFirstSlowly {
+        /// How many requests fail.
+        n: u32,
+        /// The failing status.
+        status: u16,
+        /// How long each failing request waits for its answer.
+        wait: Duration,
+    },
     /// Every `n`-th request (1-based) gets `status`, the rest 200.
     FailEvery {
         /// The period.
@@ -256,6 +265,14 @@ async fn handle(
     let (status, extra): (u16, Option<(&'static str, String)>) = match behaviour {
         Behaviour::Status(s) => (s, None),
         Behaviour::FailFirst { n, status } => (if hit <= n { status } else { 200 }, None),
+        Behaviour::FailFirstSlowly { n, status, wait } => {
+            if hit <= n {
+                tokio::time::sleep(wait).await;
+                (status, None)
+            } else {
+                (200, None)
+            }
+        }
         Behaviour::FailEvery { n, status } => {
             (if n > 0 && hit % n == 0 { status } else { 200 }, None)
         }
