@@ -385,9 +385,11 @@ async fn network_faults_toward_receivers_lose_nothing() {
         p.set(Fault::None);
     }
     let paths: Vec<&str> = faults.iter().map(|(p, _)| *p).collect();
+    // Failing endpoints' circuits opened (30 s cool-down, longer after a
+    // failed probe on a loaded machine): wait for their probes.
     let all_arrived = w
         .receiver
-        .wait_until(Duration::from_secs(60), |all| {
+        .wait_until(Duration::from_secs(180), |all| {
             paths
                 .iter()
                 .all(|path| orders_at(all, path).len() == ORDERS as usize)
