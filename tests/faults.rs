@@ -458,7 +458,7 @@ async fn walhook_chaos_rounds_are_clean() {
     let out = crate::support::run(
         crate::support::walhook()
             .args([
-                "chaos", "--rounds", "8", "--seed", "1", "--writes", "60", "--json",
+                "chaos", "--rounds", "12", "--seed", "1", "--writes", "60", "--json",
             ])
             .arg(&json),
     );
@@ -470,12 +470,12 @@ async fn walhook_chaos_rounds_are_clean() {
     );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rounds = report["rounds"].as_array().unwrap();
-    assert_eq!(rounds.len(), 8);
+    assert_eq!(rounds.len(), 12);
     let faults: BTreeSet<&str> = rounds
         .iter()
         .map(|r| r["fault"].as_str().unwrap())
         .collect();
-    assert_eq!(faults.len(), 8, "every fault once: {faults:?}");
+    assert_eq!(faults.len(), 12, "every fault once: {faults:?}");
     for r in rounds {
         assert!(r["expected"].as_u64().unwrap() > 0, "{r}");
         for field in ["lost", "unexpected", "unstable_ids", "bad_signatures"] {
@@ -491,4 +491,92 @@ async fn walhook_chaos_rounds_are_clean() {
     }
     assert_eq!(report["clean"], true);
     assert!(text.contains("clean: nothing lost"), "{text}");
+}
+
+/// A short soak: every default soak fault once while orders stream, the
+/// samples and the report written, and nothing lost. (The drift verdict
+/// needs the long run's warm-up; a 45 s run is judged field by field.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_short_walhook_chaos_soak_samples_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let report_dir = dir.path().join("soak");
+    let out = crate::support::run(
+        crate::support::walhook()
+            .args([
+                "chaos",
+                "--soak",
+                "45s",
+                "--rate",
+                "150",
+                "--fault-every",
+                "5s",
+                "--sample-every",
+                "2s",
+                "--report",
+            ])
+            .arg(&report_dir),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(report_dir.join("soak.json"))
+            .unwrap_or_else(|e| panic!("{e}: {text}\n{}", crate::support::stderr(&out))),
+    )
+    .unwrap();
+    for field in [
+        "lost",
+        "unexpected",
+        "unstable_ids",
+        "bad_signatures",
+        "walhook_restarts",
+    ] {
+        assert_eq!(report[field], 0, "{field}: {text}");
+    }
+    assert!(
+        report["orders_committed"].as_u64().unwrap() > 3_000,
+        "{text}"
+    );
+    assert_eq!(
+        report["webhooks_expected"].as_u64().unwrap(),
+        4 * report["orders_committed"].as_u64().unwrap(),
+        "three endpoints per order.created, four per order.paid (every fourth order)"
+    );
+    let faults: BTreeSet<&str> = report["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        faults,
+        BTreeSet::from([
+            "postgres-kill",
+            "receiver-reset",
+            "pg-connection-limit",
+            "receiver-blackhole",
+            "pg-cancel-storm"
+        ])
+    );
+    let samples = report["samples"].as_array().unwrap();
+    assert!(samples.len() >= 15, "{}", samples.len());
+    let read = |s: &serde_json::Value, f: &str| s[f].as_f64();
+    assert!(
+        samples
+            .iter()
+            .all(|s| read(s, "rss_mib").is_some_and(|v| v > 1.0))
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| read(s, "history_tables_mib").is_some_and(|v| v > 0.0))
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| read(s, "pg_sessions").is_some_and(|v| v >= 2.0))
+    );
+    let html = std::fs::read_to_string(report_dir.join("soak.html")).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("walhook RSS") && html.contains("pg-cancel-storm")
+    );
+    assert!(report_dir.join("soak.svg").exists());
 }

@@ -193,6 +193,7 @@ where
         let events: Vec<Event> = records.into_iter().map(|r| r.message).collect();
         let (deliveries, jobs) = self.plan(&events);
         let mut incidents = self.unknown_tenants(&events);
+        failpoint::hit("fanout.before_materialize");
         let made = self
             .materialize_isolating(&events, &deliveries, &mut incidents, shutdown)
             .await?;
@@ -215,6 +216,8 @@ where
         }
         failpoint::hit("fanout.after_materialize");
         self.consumer.commit(Offset(last.0 + 1)).await?;
+        // The offset moved on; the jobs are not yet with dispatch.
+        failpoint::hit("fanout.after_commit");
         let now = Timestamp::now();
         for e in &events {
             self.observer.fanned_out(e.occurred_at, now);

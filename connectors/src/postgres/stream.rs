@@ -393,6 +393,8 @@ impl<'s> StreamState<'s> {
         tx.pending_bytes = 0;
         self.events += chunk.events.len() as u64;
         let receipt = sink.hand_off(chunk).await?;
+        // A part of a large transaction is handed off; its commit is not.
+        failpoint::hit("capture.mid_transaction");
         tx.receipts.push(receipt);
         Ok(())
     }

@@ -37,8 +37,11 @@ use walhook_sql::endpoints::NewEndpoint;
 /// Every fault `walhook chaos` can inject.
 pub const FAULTS: &[&str] = &[
     "capture.after_handoff",
+    "capture.mid_transaction",
     "capture.before_confirm",
+    "fanout.before_materialize",
     "fanout.after_materialize",
+    "fanout.after_commit",
     "dispatch.before_send",
     "dispatch.after_send",
     "dispatch.after_record",
@@ -46,7 +49,21 @@ pub const FAULTS: &[&str] = &[
     "postgres-kill",
     "receiver-reset",
     "receiver-blackhole",
+    "pg-connection-limit",
+    "pg-cancel-storm",
+    "lease-expiry",
 ];
+
+/// Orders in the large transaction of a `capture.mid_transaction` round:
+/// more than two of capture's 4,096-event parts.
+const LARGE_TX: i64 = 10_000;
+
+mod soak;
+mod storm;
+mod svg;
+
+/// How long a network fault or a Postgres storm lasts.
+const FAULT_HOLD: Duration = Duration::from_secs(3);
 
 /// Arguments of `walhook chaos`.
 #[derive(Debug, clap::Args)]
@@ -60,12 +77,20 @@ pub struct Args {
     #[arg(long)]
     pub seed: Option<u64>,
     /// The faults to inject, comma-separated (default: all):
-    /// capture.after_handoff, capture.before_confirm,
-    /// fanout.after_materialize, dispatch.before_send, dispatch.after_send,
+    /// capture.after_handoff, capture.mid_transaction (a part of a
+    /// 10,000-row transaction handed off, its commit not), capture.before_confirm,
+    /// fanout.before_materialize, fanout.after_materialize,
+    /// fanout.after_commit, dispatch.before_send, dispatch.after_send,
     /// dispatch.after_record (failpoints that abort walhook there), sigkill (of walhook at a random moment),
     /// postgres-kill (kill -9 of Postgres, restarted 0.5 s later),
     /// receiver-reset and receiver-blackhole (network faults toward one
-    /// endpoint for 3 s).
+    /// endpoint for 3 s), pg-connection-limit (walhook's role may open no
+    /// Postgres session for 3 s, its sessions ended) and pg-cancel-storm
+    /// (every statement walhook runs cancelled for 3 s, as a too-short
+    /// statement_timeout would), lease-expiry (walhook run frozen with
+    /// SIGSTOP for 13 s, longer than its 10 s lease, while a standby
+    /// `walhook dispatch` node takes over; then it goes on). With --soak
+    /// the default is the faults that leave the walhook process running.
     #[arg(long, value_delimiter = ',')]
     pub faults: Vec<String>,
     /// Business writes per round.
@@ -77,6 +102,27 @@ pub struct Args {
     /// How long to wait for a round's webhooks after its writes.
     #[arg(long, default_value = "120s", value_parser = walhook_pipeline::duration::parse)]
     pub settle: Duration,
+    /// Instead of rounds, a soak: write --rate orders a second for this
+    /// long (for example 1h), inject the next fault every --fault-every,
+    /// sample walhook's RSS, open descriptors, Postgres sessions, slot lag
+    /// and the hot tables' sizes, and judge everything at the end.
+    #[arg(long, value_parser = walhook_pipeline::duration::parse)]
+    pub soak: Option<Duration>,
+    /// Soak: orders written a second (each an order.created event to three
+    /// endpoints of its tenant; every fourth is paid 10 ms later, an
+    /// order.paid event to four: 1.25 events and 4 deliveries per order).
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Soak: the pause between two faults.
+    #[arg(long, default_value = "3m", value_parser = walhook_pipeline::duration::parse)]
+    pub fault_every: Duration,
+    /// Soak: how often to sample.
+    #[arg(long, default_value = "10s", value_parser = walhook_pipeline::duration::parse)]
+    pub sample_every: Duration,
+    /// Soak: the directory for the report (soak.json, soak.html with its
+    /// charts, soak.svg).
+    #[arg(long, default_value = "soak-report")]
+    pub report: PathBuf,
 }
 
 const SHOP: &str = "
@@ -196,12 +242,27 @@ struct Walhook {
 
 impl Walhook {
     fn start(cfg: &Path, log: &Path, failpoint: Option<&str>) -> anyhow::Result<Walhook> {
+        Walhook::spawn(&["run"], cfg, log, failpoint)
+    }
+
+    /// A standby dispatcher node next to `walhook run`.
+    fn start_standby(cfg: &Path, log: &Path) -> anyhow::Result<Walhook> {
+        Walhook::spawn(&["dispatch", "--node-id", "chaos-standby"], cfg, log, None)
+    }
+
+    fn spawn(
+        command: &[&str],
+        cfg: &Path,
+        log: &Path,
+        failpoint: Option<&str>,
+    ) -> anyhow::Result<Walhook> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)?;
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
-        cmd.args(["run", "--config"])
+        cmd.args(command)
+            .arg("--config")
             .arg(cfg)
             .env("WALHOOK_LOG", "warn")
             .env_remove("WALHOOK_FAILPOINTS")
@@ -215,6 +276,10 @@ impl Walhook {
         })
     }
 
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
@@ -224,15 +289,17 @@ impl Walhook {
         let _ = self.child.wait();
     }
 
+    /// Sends `signal` (a name `kill` knows: TERM, STOP, CONT).
+    fn signal(&self, signal: &str) {
+        signal_pid(self.child.id(), signal);
+    }
+
     /// SIGTERM, then up to 30 s for the drain.
     fn stop(&mut self) {
         if !self.running() {
             return;
         }
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        self.signal("TERM");
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.running() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -241,99 +308,117 @@ impl Walhook {
     }
 }
 
+fn signal_pid(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
 impl Drop for Walhook {
     fn drop(&mut self) {
         self.kill();
     }
 }
 
-/// Runs the chaos rounds.
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let faults: Vec<String> = if args.faults.is_empty() || args.faults == ["all"] {
-        FAULTS.iter().map(|s| (*s).to_owned()).collect()
-    } else {
-        for f in &args.faults {
-            if !FAULTS.contains(&f.as_str()) {
-                anyhow::bail!(
-                    "--faults: {f:?} is not a fault walhook chaos knows; give some of {}",
-                    FAULTS.join(", ")
-                );
+/// The throwaway world of a chaos run: Postgres with the shop and the
+/// platform, the receiver, the endpoints behind their fault proxies, and
+/// `walhook run`'s config.
+struct World {
+    dir: tempfile::TempDir,
+    pg: LocalPostgres,
+    cfg: PathBuf,
+    log: PathBuf,
+    receiver: Receiver,
+    endpoints: Vec<Ep>,
+    /// The platform database as walhook's own role.
+    platform_url: String,
+}
+
+impl World {
+    /// Sets the world up; each tenant gets `all_per_tenant` endpoints for
+    /// every type and one for `order.paid` only.
+    async fn start(all_per_tenant: usize) -> anyhow::Result<World> {
+        let dir = tempfile::tempdir()?;
+        let pg = LocalPostgres::start()
+            .await
+            .context("cannot start a throwaway Postgres")?;
+        let shop_url = pg.create_database("shop").await?;
+        pg.create_database("walhook").await?;
+        storm::create_app_role(&pg, "walhook").await?;
+        let platform_url = pg.url("walhook").replacen(
+            "postgres://postgres@",
+            &format!("postgres://{}@", storm::APP_ROLE),
+            1,
+        );
+        pg.connect("shop").await?.batch_execute(SHOP).await?;
+        walhook_sql::migrate::run(
+            &mut connect_retrying(&platform_url, Duration::from_secs(10)).await?,
+        )
+        .await?;
+        let key_file = dir.path().join("master.key");
+        std::fs::write(&key_file, walhook_sql::secrets::MasterKey::generate_text())?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+        }
+        let platform = Platform::new(&platform_url, 4)?.with_keyring(walhook_sql::Keyring::new(
+            walhook_sql::secrets::MasterKey::read_file(&key_file)?,
+            vec![],
+        ));
+        let receiver = Receiver::start().await?;
+        let mut endpoints = Vec::new();
+        for tenant in TENANTS {
+            let id = TenantId::new(*tenant)?;
+            platform.create_tenant(&id, tenant).await?;
+            let mut kinds: Vec<(String, &'static [&'static str])> = (0..all_per_tenant)
+                .map(|i| {
+                    let name = if i == 0 {
+                        "all".to_owned()
+                    } else {
+                        format!("all-{i}")
+                    };
+                    (name, &[][..])
+                })
+                .collect();
+            kinds.push(("paid".to_owned(), &["order.paid"][..]));
+            for (suffix, types) in kinds {
+                let path = format!("{tenant}-{suffix}");
+                let proxy = FaultProxy::start(receiver.addr()).await?;
+                let (_, secret) = platform
+                    .create_endpoint(
+                        &NewEndpoint {
+                            tenant_id: id.clone(),
+                            url: proxy.url(&path),
+                            event_types: types
+                                .iter()
+                                .map(|t| EventType::new(t))
+                                .collect::<Result<_, _>>()?,
+                            description: format!("chaos endpoint {path}"),
+                            rate_limit_per_sec: None,
+                            max_in_flight: None,
+                            enabled: true,
+                            retry: Default::default(),
+                            ordering: Default::default(),
+                            verify: false,
+                        },
+                        "chaos",
+                    )
+                    .await?;
+                receiver.set_secrets(&path, vec![secret.expose_text()]);
+                endpoints.push(Ep {
+                    tenant,
+                    path,
+                    types,
+                    proxy,
+                });
             }
         }
-        args.faults.clone()
-    };
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
-    let mut rng = Rng(seed);
-    println!(
-        "walhook chaos: {} rounds, seed {seed} (repeat with --seed {seed}), faults: {}",
-        args.rounds,
-        faults.join(", ")
-    );
-
-    let dir = tempfile::tempdir()?;
-    let mut pg = LocalPostgres::start()
-        .await
-        .context("cannot start a throwaway Postgres")?;
-    let shop_url = pg.create_database("shop").await?;
-    let platform_url = pg.create_database("walhook").await?;
-    pg.connect("shop").await?.batch_execute(SHOP).await?;
-    walhook_sql::migrate::run(&mut pg.connect("walhook").await?).await?;
-    let key_file = dir.path().join("master.key");
-    std::fs::write(&key_file, walhook_sql::secrets::MasterKey::generate_text())?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
-    }
-    let platform = Platform::new(&platform_url, 4)?.with_keyring(walhook_sql::Keyring::new(
-        walhook_sql::secrets::MasterKey::read_file(&key_file)?,
-        vec![],
-    ));
-    let receiver = Receiver::start().await?;
-    let mut endpoints = Vec::new();
-    for tenant in TENANTS {
-        let id = TenantId::new(*tenant)?;
-        platform.create_tenant(&id, tenant).await?;
-        for (suffix, types) in [("all", &[][..]), ("paid", &["order.paid"][..])] {
-            let path = format!("{tenant}-{suffix}");
-            let proxy = FaultProxy::start(receiver.addr()).await?;
-            let (_, secret) = platform
-                .create_endpoint(
-                    &NewEndpoint {
-                        tenant_id: id.clone(),
-                        url: proxy.url(&path),
-                        event_types: types
-                            .iter()
-                            .map(|t| EventType::new(t))
-                            .collect::<Result<_, _>>()?,
-                        description: format!("chaos endpoint {path}"),
-                        rate_limit_per_sec: None,
-                        max_in_flight: None,
-                        enabled: true,
-                        retry: Default::default(),
-                        ordering: Default::default(),
-                        verify: false,
-                    },
-                    "chaos",
-                )
-                .await?;
-            receiver.set_secrets(&path, vec![secret.expose_text()]);
-            endpoints.push(Ep {
-                tenant,
-                path,
-                types,
-                proxy,
-            });
-        }
-    }
-    let cfg = dir.path().join("walhook.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
+        let cfg = dir.path().join("walhook.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"
 [platform]
 url = "{platform_url}"
 
@@ -362,19 +447,101 @@ lease = "10s"
 [secrets]
 master_key_file = {key:?}
 {RULES}"#,
-            key = key_file.display().to_string()
-        ),
-    )?;
-    let log = dir.path().join("walhook.log");
-    let mut walhook = Walhook::start(&cfg, &log, None)?;
-    let shop = pg.connect("shop").await?;
-    if !wait_slot_active(&shop, "walhook", Duration::from_secs(60)).await? {
-        anyhow::bail!(
-            "walhook did not start streaming within 60 s; its log: {}",
-            log.display()
+                key = key_file.display().to_string()
+            ),
+        )?;
+        let log = dir.path().join("walhook.log");
+        Ok(World {
+            dir,
+            pg,
+            cfg,
+            log,
+            receiver,
+            endpoints,
+            platform_url,
+        })
+    }
+
+    /// Starts `walhook run` and waits until it reads the slot.
+    async fn start_walhook(&self) -> anyhow::Result<Walhook> {
+        let walhook = Walhook::start(&self.cfg, &self.log, None)?;
+        let shop = self.pg.connect("shop").await?;
+        if !wait_slot_active(&shop, "walhook", Duration::from_secs(60)).await? {
+            anyhow::bail!(
+                "walhook did not start streaming within 60 s; its log: {}",
+                self.log.display()
+            );
+        }
+        Ok(walhook)
+    }
+
+    /// Keeps the temporary directory (walhook's log) and says where.
+    fn keep_log(self) {
+        println!(
+            "\nwalhook's log is in {} (kept)",
+            self.dir.keep().join("walhook.log").display()
         );
     }
-    drop(shop);
+}
+
+/// The faults asked for, checked against `known`; `default` when none.
+fn chosen_faults(asked: &[String], default: &[&str]) -> anyhow::Result<Vec<String>> {
+    if asked.is_empty() {
+        return Ok(default.iter().map(|s| (*s).to_owned()).collect());
+    }
+    if asked == ["all"] {
+        return Ok(FAULTS.iter().map(|s| (*s).to_owned()).collect());
+    }
+    for f in asked {
+        if !FAULTS.contains(&f.as_str()) {
+            anyhow::bail!(
+                "--faults: {f:?} is not a fault walhook chaos knows; give some of {}",
+                FAULTS.join(", ")
+            );
+        }
+    }
+    Ok(asked.to_vec())
+}
+
+/// Starts a Postgres storm in the background (it runs while the writes go
+/// on); `None` for other faults.
+fn start_storm(
+    fault: &str,
+    pg: &LocalPostgres,
+) -> Option<tokio::task::JoinHandle<anyhow::Result<String>>> {
+    let admin = pg.url("postgres");
+    match fault {
+        "pg-connection-limit" => Some(tokio::spawn(async move {
+            storm::connection_limit(&admin, FAULT_HOLD).await
+        })),
+        "pg-cancel-storm" => Some(tokio::spawn(async move {
+            storm::cancel_storm(&admin, FAULT_HOLD).await
+        })),
+        _ => None,
+    }
+}
+
+/// Runs the chaos rounds, or the soak.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(length) = args.soak {
+        return soak::run(&args, length).await;
+    }
+    let faults = chosen_faults(&args.faults, FAULTS)?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let mut rng = Rng(seed);
+    println!(
+        "walhook chaos: {} rounds, seed {seed} (repeat with --seed {seed}), faults: {}",
+        args.rounds,
+        faults.join(", ")
+    );
+
+    let mut world = World::start(1).await?;
+    let mut walhook = world.start_walhook().await?;
+    let (cfg, log) = (world.cfg.clone(), world.log.clone());
 
     let mut next_id = 0i64;
     let mut results = Vec::new();
@@ -384,18 +551,31 @@ master_key_file = {key:?}
         let mut injected = String::new();
         // A failpoint needs walhook started with it.
         if fault.contains('.') {
-            let hit = 1 + rng.below(u64::from(args.writes / 10).max(1));
+            // Two or three parts of the large transaction; k writes elsewhere.
+            let hits = if fault == "capture.mid_transaction" {
+                2
+            } else {
+                u64::from(args.writes / 10).max(1)
+            };
+            let hit = 1 + rng.below(hits);
             injected = format!("{fault}=abort@{hit}");
             walhook.stop();
             walhook = Walhook::start(&cfg, &log, Some(&injected))?;
         }
         let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
-        let victim = rng.below(endpoints.len() as u64) as usize;
+        let victim = rng.below(world.endpoints.len() as u64) as usize;
         let first_id = next_id + 1;
         // A write's outcome may be unknown (a crash): the checker reads
         // what the database kept, so errors do not matter here.
-        let mut writer = Reconnecting::new(pg.url("shop"));
+        let mut writer = Reconnecting::new(world.pg.url("shop"));
         let mut restarted = false;
+        let mut storm = None;
+        let mut thaw = None;
+        let mut standby = if fault == "lease-expiry" {
+            Some(Walhook::start_standby(&cfg, &log)?)
+        } else {
+            None
+        };
         for i in 0..args.writes {
             if i == kill_at {
                 match fault.as_str() {
@@ -405,7 +585,10 @@ master_key_file = {key:?}
                     }
                     "postgres-kill" => {
                         injected = format!("kill -9 of Postgres after {i} writes");
-                        pg.crash_and_restart(Duration::from_millis(500)).await?;
+                        world
+                            .pg
+                            .crash_and_restart(Duration::from_millis(500))
+                            .await?;
                     }
                     "receiver-reset" | "receiver-blackhole" => {
                         let f = if fault == "receiver-reset" {
@@ -413,10 +596,31 @@ master_key_file = {key:?}
                         } else {
                             Fault::BlackHole
                         };
-                        injected = format!("{f:?} at {} for 3 s", endpoints[victim].path);
-                        endpoints[victim].proxy.set(f);
+                        injected = format!("{f:?} at {} for 3 s", world.endpoints[victim].path);
+                        world.endpoints[victim].proxy.set(f);
                     }
-                    _ => {}
+                    "capture.mid_transaction" => {
+                        let (first, last) = (next_id + 1, next_id + LARGE_TX);
+                        next_id = last;
+                        let _ = writer
+                            .execute(
+                                "INSERT INTO orders (id, tenant_id, total) \
+                                 SELECT g, (ARRAY['acme', 'globex', 'initech'])[1 + (g % 3)::int], 9.99 \
+                                 FROM generate_series($1::bigint, $2::bigint) g",
+                                &[&first, &last],
+                            )
+                            .await;
+                    }
+                    "lease-expiry" => {
+                        injected = format!("SIGSTOP of walhook run for 13 s after {i} writes");
+                        walhook.signal("STOP");
+                        let pid = walhook.pid();
+                        thaw = Some(tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(13)).await;
+                            signal_pid(pid, "CONT");
+                        }));
+                    }
+                    other => storm = start_storm(other, &world.pg),
                 }
             }
             // Mostly new orders; now and then one of this round's is paid.
@@ -448,13 +652,19 @@ master_key_file = {key:?}
             }
         }
         if fault.starts_with("receiver-") {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            endpoints[victim].proxy.set(Fault::None);
+            tokio::time::sleep(FAULT_HOLD).await;
+            world.endpoints[victim].proxy.set(Fault::None);
+        }
+        if let Some(storm) = storm {
+            injected = storm.await??;
+        }
+        if let Some(thaw) = thaw {
+            thaw.await?;
         }
         let last_write = Instant::now();
 
         // What the business database kept of this round: the truth.
-        let shop = connect_retrying(&pg.url("shop"), Duration::from_secs(30)).await?;
+        let shop = connect_retrying(&world.pg.url("shop"), Duration::from_secs(30)).await?;
         let rows = shop
             .query(
                 "SELECT id, tenant_id, status FROM orders WHERE id >= $1 AND id <= $2",
@@ -471,7 +681,7 @@ master_key_file = {key:?}
             }
             for t in types {
                 facts += 1;
-                for ep in endpoints.iter().filter(|e| e.wants(&tenant, t)) {
+                for ep in world.endpoints.iter().filter(|e| e.wants(&tenant, t)) {
                     expected.insert((ep.path.clone(), t.to_owned(), id.to_string()));
                 }
             }
@@ -487,13 +697,16 @@ master_key_file = {key:?}
                 restarted = true;
                 walhook = Walhook::start(&cfg, &log, None)?;
             }
-            let got = arrived(&receiver, &in_round);
+            let got = arrived(&world.receiver, &in_round);
             if expected.iter().all(|k| got.contains_key(k)) || Instant::now() >= deadline {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let settle_seconds = last_write.elapsed().as_secs_f64();
+        if let Some(mut node) = standby.take() {
+            node.stop();
+        }
         // A failpoint that did not fire must not leak into later rounds.
         if fault.contains('.') && !restarted {
             walhook.stop();
@@ -501,7 +714,7 @@ master_key_file = {key:?}
         }
         // Late duplicates show within a moment.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut result = judge(&receiver, &expected, &in_round);
+        let mut result = judge(&world.receiver, &expected, &in_round);
         result.round = round;
         result.fault = fault;
         result.injected = injected;
@@ -517,7 +730,7 @@ master_key_file = {key:?}
     }
     bar.finish_and_clear();
     walhook.stop();
-    let platform_sql = connect_retrying(&pg.url("walhook"), Duration::from_secs(30)).await?;
+    let platform_sql = connect_retrying(&world.platform_url, Duration::from_secs(30)).await?;
     let unknown: i64 = platform_sql
         .query_one(
             "SELECT count(*) FROM walhook.attempts WHERE note = 'previous_outcome_unknown'",
@@ -537,10 +750,7 @@ master_key_file = {key:?}
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if !report.clean {
-        println!(
-            "\nwalhook's log is in {} (kept)",
-            dir.keep().join("walhook.log").display()
-        );
+        world.keep_log();
     }
     Ok(if report.clean {
         ExitCode::SUCCESS
