@@ -110,6 +110,15 @@ async fn assert_every_order_arrives(
     (committed, got)
 }
 
+/// Crash rounds: two in CI; `WALHOOK_FAULT_ROUNDS=20` for the figures in
+/// docs/reliability.md.
+fn fault_rounds() -> u32 {
+    std::env::var("WALHOOK_FAULT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
 /// `kill -9` of Postgres under load, in rounds: walhook notices the lost connections,
 /// reconnects by itself with backoff (the replication stream resumes from
 /// its slot, which crash recovery keeps), and every order whose commit
@@ -126,12 +135,7 @@ async fn a_postgres_crash_under_load_loses_nothing() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(write_orders(w.pg.url("shop"), stop.clone()));
-    // Two rounds in CI; `WALHOOK_FAULT_ROUNDS=20` for the figure in
-    // docs/reliability.md.
-    let rounds: u32 = std::env::var("WALHOOK_FAULT_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let rounds = fault_rounds();
     let mut recoveries = Vec::new();
     for round in 0..rounds {
         // Deliveries flow again (after the previous crash) before the next.
@@ -172,7 +176,8 @@ async fn a_postgres_crash_under_load_loses_nothing() {
 
 /// The business and the platform database on clusters of their own, each
 /// killed with SIGKILL while the other stays up: capture alone loses its
-/// stream, or fan-out, dispatch and capture's ledger lose their database.
+/// stream, or fan-out, dispatch and capture's ledger lose their database
+/// (two crashes of each in CI; `WALHOOK_FAULT_ROUNDS=20`: twenty of each).
 /// walhook reconnects by itself each time and every committed order
 /// arrives once at least.
 #[tokio::test]
@@ -185,7 +190,8 @@ async fn either_database_crashing_alone_loses_nothing() {
     w.wait_streaming().await;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(write_orders(w.pg.url("shop"), stop.clone()));
-    for which in ["business", "platform", "business", "platform"] {
+    let rounds = fault_rounds();
+    for which in (0..rounds).flat_map(|_| ["business", "platform"]) {
         let floor = w.receiver.count();
         assert!(
             w.receiver
@@ -205,8 +211,16 @@ async fn either_database_crashing_alone_loses_nothing() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
-    let (acked, _) = writer.await.unwrap();
-    assert_every_order_arrives(&w, &mut child, &log, &acked).await;
+    let (acked, unknown) = writer.await.unwrap();
+    let (committed, got) = assert_every_order_arrives(&w, &mut child, &log, &acked).await;
+    eprintln!(
+        "{rounds} crashes of each database: {} orders committed ({} acknowledged, {} of unknown outcome), {} delivered, {} requests",
+        committed.len(),
+        acked.len(),
+        unknown.len(),
+        got.len(),
+        w.receiver.count()
+    );
     w.platform_sql = w
         .platform_pg
         .as_ref()
@@ -458,7 +472,7 @@ async fn walhook_chaos_rounds_are_clean() {
     let out = crate::support::run(
         crate::support::walhook()
             .args([
-                "chaos", "--rounds", "12", "--seed", "1", "--writes", "60", "--json",
+                "chaos", "--rounds", "20", "--seed", "1", "--writes", "60", "--json",
             ])
             .arg(&json),
     );
@@ -470,17 +484,18 @@ async fn walhook_chaos_rounds_are_clean() {
     );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rounds = report["rounds"].as_array().unwrap();
-    assert_eq!(rounds.len(), 12);
+    assert_eq!(rounds.len(), 20);
     let faults: BTreeSet<&str> = rounds
         .iter()
         .map(|r| r["fault"].as_str().unwrap())
         .collect();
-    assert_eq!(faults.len(), 12, "every fault once: {faults:?}");
+    assert_eq!(faults.len(), 20, "every fault once: {faults:?}");
     for r in rounds {
         assert!(r["expected"].as_u64().unwrap() > 0, "{r}");
         for field in ["lost", "unexpected", "unstable_ids", "bad_signatures"] {
             assert_eq!(r[field], 0, "{field}: {r}");
         }
+        assert!(r["slowest_attempt_ms"].as_i64().unwrap() <= 3_000, "{r}");
     }
     // The failpoints and the kill stopped walhook, and it was started again.
     for r in rounds.iter().filter(|r| {
@@ -535,10 +550,15 @@ async fn a_short_walhook_chaos_soak_samples_and_loses_nothing() {
         report["orders_committed"].as_u64().unwrap() > 3_000,
         "{text}"
     );
-    assert_eq!(
+    // Three endpoints per order.created, four per order.paid (every fourth
+    // order, paid on the next tick: the last tick's orders stay unpaid).
+    let (expected, orders) = (
         report["webhooks_expected"].as_u64().unwrap(),
-        4 * report["orders_committed"].as_u64().unwrap(),
-        "three endpoints per order.created, four per order.paid (every fourth order)"
+        report["orders_committed"].as_u64().unwrap(),
+    );
+    assert!(
+        expected <= 4 * orders && expected * 100 > 4 * orders * 99,
+        "{expected} for {orders} orders"
     );
     let faults: BTreeSet<&str> = report["faults"]
         .as_array()

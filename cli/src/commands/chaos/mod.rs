@@ -49,6 +49,10 @@ pub const FAULTS: &[&str] = &[
     "postgres-kill",
     "receiver-reset",
     "receiver-blackhole",
+    "receiver-latency",
+    "receiver-slowclose",
+    "receiver-trickle",
+    "receiver-flap",
     "pg-connection-limit",
     "pg-cancel-storm",
     "lease-expiry",
@@ -64,6 +68,23 @@ mod svg;
 
 /// How long a network fault or a Postgres storm lasts.
 const FAULT_HOLD: Duration = Duration::from_secs(3);
+
+/// `[egress] request_timeout` of the chaos config: no attempt may last
+/// longer than this and a second.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The proxy fault of a `receiver-*` fault.
+fn network_fault(fault: &str) -> Option<Fault> {
+    Some(match fault {
+        "receiver-reset" => Fault::ResetMidBody,
+        "receiver-blackhole" => Fault::BlackHole,
+        "receiver-latency" => Fault::Latency(Duration::from_millis(400)),
+        "receiver-slowclose" => Fault::SlowClose(Duration::from_secs(3)),
+        "receiver-trickle" => Fault::Trickle(Duration::from_millis(100)),
+        "receiver-flap" => Fault::Flap(Duration::from_millis(700)),
+        _ => return None,
+    })
+}
 
 /// Arguments of `walhook chaos`.
 #[derive(Debug, clap::Args)]
@@ -83,8 +104,10 @@ pub struct Args {
     /// fanout.after_commit, dispatch.before_send, dispatch.after_send,
     /// dispatch.after_record (failpoints that abort walhook there), sigkill (of walhook at a random moment),
     /// postgres-kill (kill -9 of Postgres, restarted 0.5 s later),
-    /// receiver-reset and receiver-blackhole (network faults toward one
-    /// endpoint for 3 s), pg-connection-limit (walhook's role may open no
+    /// receiver-reset, receiver-blackhole, receiver-latency (400 ms),
+    /// receiver-slowclose (3 s before the FIN), receiver-trickle (a byte
+    /// every 100 ms) and receiver-flap (up and refused every 700 ms):
+    /// network faults toward one endpoint for 3 s; pg-connection-limit (walhook's role may open no
     /// Postgres session for 3 s, its sessions ended) and pg-cancel-storm
     /// (every statement walhook runs cancelled for 3 s, as a too-short
     /// statement_timeout would), lease-expiry (walhook run frozen with
@@ -211,11 +234,18 @@ pub struct RoundResult {
     pub walhook_restarted: bool,
     /// Seconds from the round's last write until its last webhook arrived.
     pub settle_seconds: f64,
+    /// The longest attempt started in the round (ms): at most the request
+    /// timeout and a second.
+    pub slowest_attempt_ms: i64,
 }
 
 impl RoundResult {
     fn clean(&self) -> bool {
-        self.lost == 0 && self.unexpected == 0 && self.unstable_ids == 0 && self.bad_signatures == 0
+        self.lost == 0
+            && self.unexpected == 0
+            && self.unstable_ids == 0
+            && self.bad_signatures == 0
+            && self.slowest_attempt_ms <= (REQUEST_TIMEOUT.as_millis() + 1_000) as i64
     }
 }
 
@@ -438,7 +468,7 @@ max_attempts = 100
 [egress]
 # Loopback receivers in plain http; production configs never set this.
 allow_http_loopback = true
-request_timeout = "2s"
+request_timeout = "{timeout}s"
 
 [dispatch]
 sweep_interval = "200ms"
@@ -447,7 +477,8 @@ lease = "10s"
 [secrets]
 master_key_file = {key:?}
 {RULES}"#,
-                key = key_file.display().to_string()
+                key = key_file.display().to_string(),
+                timeout = REQUEST_TIMEOUT.as_secs()
             ),
         )?;
         let log = dir.path().join("walhook.log");
@@ -565,6 +596,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
         let victim = rng.below(world.endpoints.len() as u64) as usize;
         let first_id = next_id + 1;
+        let round_started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         // A write's outcome may be unknown (a crash): the checker reads
         // what the database kept, so errors do not matter here.
         let mut writer = Reconnecting::new(world.pg.url("shop"));
@@ -590,12 +624,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                             .crash_and_restart(Duration::from_millis(500))
                             .await?;
                     }
-                    "receiver-reset" | "receiver-blackhole" => {
-                        let f = if fault == "receiver-reset" {
-                            Fault::ResetMidBody
-                        } else {
-                            Fault::BlackHole
-                        };
+                    network if network.starts_with("receiver-") => {
+                        let f = network_fault(network).unwrap_or(Fault::None);
                         injected = format!("{f:?} at {} for 3 s", world.endpoints[victim].path);
                         world.endpoints[victim].proxy.set(f);
                     }
@@ -715,6 +745,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Late duplicates show within a moment.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let mut result = judge(&world.receiver, &expected, &in_round);
+        result.slowest_attempt_ms = connect_retrying(&world.platform_url, Duration::from_secs(30))
+            .await?
+            .query_one(
+                "SELECT coalesce(max(latency_ms), 0)::int8 FROM walhook.attempts \
+                 WHERE started_at >= to_timestamp($1)",
+                &[&round_started],
+            )
+            .await?
+            .get(0);
         result.round = round;
         result.fault = fault;
         result.injected = injected;
@@ -824,7 +863,7 @@ fn print_summary(report: &ChaosReport) {
         by_fault.entry(&r.fault).or_default().push(r);
     }
     println!(
-        "\n  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9}",
+        "\n  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9} {:>10}",
         "fault",
         "rounds",
         "webhooks",
@@ -833,7 +872,8 @@ fn print_summary(report: &ChaosReport) {
         "unstable",
         "bad sig",
         "dup sends",
-        "settle s"
+        "settle s",
+        "slowest ms"
     );
     for (fault, rounds) in &by_fault {
         let sum = |f: fn(&RoundResult) -> u64| rounds.iter().map(|r| f(r)).sum::<u64>();
@@ -842,7 +882,7 @@ fn print_summary(report: &ChaosReport) {
             .map(|r| r.settle_seconds)
             .fold(0.0f64, f64::max);
         println!(
-            "  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9.1}",
+            "  {:<26} {:>6} {:>8} {:>5} {:>10} {:>8} {:>8} {:>9} {:>9.1} {:>10}",
             fault,
             rounds.len(),
             sum(|r| r.expected),
@@ -851,7 +891,12 @@ fn print_summary(report: &ChaosReport) {
             sum(|r| r.unstable_ids),
             sum(|r| r.bad_signatures),
             sum(|r| r.duplicate_sends),
-            settle
+            settle,
+            rounds
+                .iter()
+                .map(|r| r.slowest_attempt_ms)
+                .max()
+                .unwrap_or(0)
         );
     }
     println!(
@@ -861,7 +906,7 @@ fn print_summary(report: &ChaosReport) {
     println!(
         "  {}",
         if report.clean {
-            "clean: nothing lost, no unexpected webhook, stable ids, every signature verified"
+            "clean: nothing lost, no unexpected webhook, stable ids, every signature verified, no attempt past the request timeout + 1 s"
         } else {
             "NOT CLEAN: see the rounds above"
         }

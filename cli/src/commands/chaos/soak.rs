@@ -23,7 +23,7 @@ use walhook_devkit::postgres::{Reconnecting, connect_retrying};
 use walhook_devkit::receiver::Received;
 
 use super::svg::{Series, small_multiples};
-use super::{Args, FAULT_HOLD, Walhook, World, chosen_faults, start_storm, storm};
+use super::{Args, FAULT_HOLD, Walhook, World, chosen_faults, network_fault, start_storm, storm};
 
 /// The faults a soak injects unless told otherwise.
 pub const SOAK_FAULTS: &[&str] = &[
@@ -407,12 +407,8 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
                         .await?;
                     "kill -9 of Postgres, started again 0.5 s later".to_owned()
                 }
-                "receiver-reset" | "receiver-blackhole" => {
-                    let f = if fault == "receiver-reset" {
-                        Fault::ResetMidBody
-                    } else {
-                        Fault::BlackHole
-                    };
+                network if network.starts_with("receiver-") => {
+                    let f = network_fault(network).unwrap_or(Fault::None);
                     world.endpoints[victim].proxy.set(f);
                     heal_at = Some((Instant::now() + FAULT_HOLD, victim));
                     format!(
