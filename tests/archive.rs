@@ -284,11 +284,13 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     );
     assert!(objects(&crashed_store).is_empty());
 
-    // Crash after a part, after a manifest, before a drop, then finish.
+    // Crash after a part, after a manifest, before and after a drop, then
+    // finish.
     for fp in [
         "archive.after_part=abort@2",
         "archive.after_manifest=abort@2",
         "archive.before_drop=abort@3",
+        "archive.after_drop=abort@1",
     ] {
         let out = archive(&crashed_cfg, &later, &[("WALHOOK_FAILPOINTS", fp)]);
         assert!(

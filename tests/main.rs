@@ -7,6 +7,7 @@ mod api;
 mod archive;
 mod capture;
 mod cli;
+mod console;
 mod egress;
 mod engine;
 mod fairness;

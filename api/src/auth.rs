@@ -128,7 +128,12 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
 
 /// Authenticates the request.
 pub async fn authenticate(parts: &Parts, state: &ApiState) -> Result<Principal, ApiError> {
-    let token = bearer(parts)?;
+    principal_of(bearer(parts)?, state).await
+}
+
+/// Who `token` (the operator token or a tenant's API key) is; 401 when it
+/// is neither a live key nor the operator token.
+pub async fn principal_of(token: &str, state: &ApiState) -> Result<Principal, ApiError> {
     if constant_time_eq(
         token.as_bytes(),
         state.settings.operator_token.expose().as_bytes(),

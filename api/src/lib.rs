@@ -5,6 +5,7 @@
 //!  tenant API key ──▶ /v1/webhook-endpoints[/{id}[/versions|/rotate-secret|/recover|/test]]
 //!                     /v1/webhook-deliveries[/{id}[/replay|/cancel]], /v1/event-types, /v1/audit-log
 //!  anyone        ──▶ /healthz, /readyz, /metrics, /openapi.json
+//!  browser       ──▶ /console (pages over the routes above; see [`console`])
 //!                          │
 //!                          ▼
 //!        platform Postgres (walhook-sql): endpoints + versions, secrets, deliveries,
@@ -32,6 +33,7 @@
 
 pub mod auth;
 pub mod cache;
+pub mod console;
 pub mod cursor;
 pub mod error;
 pub mod extract;
@@ -98,6 +100,7 @@ pub(crate) struct Guards {
     pub(crate) readiness: cache::TtlCache<Result<(), String>>,
     /// Prefixes of live API keys: made-up keys cost no query.
     pub(crate) key_prefixes: keys::KnownPrefixes,
+    pub(crate) console: console::Console,
 }
 
 impl ApiState {
@@ -113,6 +116,7 @@ impl ApiState {
                 test_events: quota::PerMinute::new(limits.test_events_per_minute),
                 readiness: cache::TtlCache::default(),
                 key_prefixes: keys::KnownPrefixes::default(),
+                console: console::Console::default(),
             }),
             cold: None,
         }

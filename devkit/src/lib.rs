@@ -15,6 +15,7 @@
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
 
+pub mod browser;
 pub mod faultproxy;
 pub mod fluvio;
 pub mod postgres;

@@ -8,16 +8,12 @@
 //! them the test fails, unless `WALHOOK_SKIP_BROWSER=1` says to skip it.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
 use base64::Engine as _;
 use futures::FutureExt as _;
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{Child, Command};
+use serde_json::json;
+use walhook_devkit::browser::{Driver, Session, tool};
 use walhook_reconcile::html;
 use walhook_reconcile::report::{
     ArchiveDay, CaptureRow, Explained, Explanation, FORMAT, Funnel, Gap, GapClass, Parameters,
@@ -26,9 +22,6 @@ use walhook_reconcile::report::{
 
 /// A tenant id written by an attacker: it must show as text, never run.
 const HOSTILE: &str = "<script>alert(1)</script>\"'&amp;";
-
-/// W3C WebDriver's key for an element reference.
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// The funnel's stages in the order the chart draws them.
 const STAGES: [&str; 10] = [
@@ -262,174 +255,6 @@ fn report() -> Report {
     };
     report.seal();
     report
-}
-
-/// A binary from an environment variable or its Debian path.
-fn tool(var: &str, default: &str) -> Option<PathBuf> {
-    let path = std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
-    path.is_file().then_some(path)
-}
-
-/// chromedriver on a free loopback port, killed when dropped.
-struct Driver {
-    _child: Child,
-    base: String,
-}
-
-impl Driver {
-    async fn start(binary: &Path) -> Driver {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let mut child = Command::new(binary)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        // chromedriver says when it listens; wait for that line rather than
-        // polling, then keep draining its output so it never blocks on a
-        // full pipe.
-        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        let ready = async {
-            while let Some(line) = lines.next_line().await.expect("chromedriver's output") {
-                eprintln!("chromedriver: {line}");
-                if line.contains("started successfully") {
-                    return true;
-                }
-            }
-            false
-        };
-        let ready = tokio::time::timeout(Duration::from_secs(30), ready).await;
-        assert!(
-            matches!(ready, Ok(true)),
-            "chromedriver did not start on port {port} within 30 s"
-        );
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("chromedriver: {line}");
-            }
-        });
-        Driver {
-            _child: child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-/// One WebDriver session.
-struct Session {
-    http: reqwest::Client,
-    url: String,
-}
-
-impl Session {
-    async fn new(driver: &Driver, chromium: &Path, profile: &Path) -> Session {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("an HTTP client");
-        let capabilities = json!({"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": chromium,
-                "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--window-size=1280,2000",
-                    format!("--user-data-dir={}", profile.display()),
-                ],
-            },
-        }}});
-        let response = http
-            .post(format!("{}/session", driver.base))
-            .json(&capabilities)
-            .send()
-            .await
-            .expect("chromedriver answers");
-        let body: Value = response.json().await.expect("a JSON answer");
-        let id = body["value"]["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no WebDriver session: {body}"))
-            .to_owned();
-        Session {
-            http,
-            url: format!("{}/session/{id}", driver.base),
-        }
-    }
-
-    /// The `value` of a WebDriver answer, failing on a WebDriver error.
-    async fn call(&self, request: reqwest::RequestBuilder, what: &str) -> Value {
-        let response = request
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let status = response.status();
-        let body: Value = response
-            .json()
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(status.is_success(), "{what}: {status} {body}");
-        body["value"].clone()
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        self.call(self.http.get(format!("{}{path}", self.url)), path)
-            .await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        self.call(
-            self.http.post(format!("{}{path}", self.url)).json(&body),
-            path,
-        )
-        .await
-    }
-
-    /// Element ids for a CSS selector.
-    async fn find(&self, css: &str) -> Vec<String> {
-        let found = self
-            .post("/elements", json!({"using": "css selector", "value": css}))
-            .await;
-        found
-            .as_array()
-            .expect("a list of elements")
-            .iter()
-            .map(|e| {
-                e[ELEMENT]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("not an element: {e}"))
-                    .to_owned()
-            })
-            .collect()
-    }
-
-    async fn text(&self, element: &str) -> String {
-        let text = self.get(&format!("/element/{element}/text")).await;
-        text.as_str().expect("text").to_owned()
-    }
-
-    async fn attribute(&self, element: &str, name: &str) -> String {
-        let value = self
-            .get(&format!("/element/{element}/attribute/{name}"))
-            .await;
-        value
-            .as_str()
-            .unwrap_or_else(|| panic!("no {name} on {element}"))
-            .to_owned()
-    }
-
-    /// The element's rendered rectangle: x, y, width, height in CSS pixels.
-    async fn rect(&self, element: &str) -> [f64; 4] {
-        let r = self.get(&format!("/element/{element}/rect")).await;
-        ["x", "y", "width", "height"].map(|k| r[k].as_f64().expect("a number"))
-    }
-
-    async fn close(self) {
-        let _closed = self.http.delete(&self.url).send().await;
-    }
 }
 
 /// Where the report and its screenshot go: the workspace's

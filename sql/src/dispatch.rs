@@ -611,6 +611,18 @@ impl DispatchStore for Platform {
             )
             .await
             .map_err(StoreError::query("register the dispatcher node"))?;
+        // A new process holds none of the replays its predecessor claimed:
+        // they may be claimed again at once (by this node or another).
+        client
+            .execute(
+                "UPDATE walhook.replay_requests SET claimed_until = NULL \
+                 WHERE done_at IS NULL AND claimed_by = $1 AND claimed_until IS NOT NULL",
+                &[&node],
+            )
+            .await
+            .map_err(StoreError::query(
+                "release the replays of the node's previous run",
+            ))?;
         Ok(row.get(0))
     }
 
@@ -641,6 +653,17 @@ impl DispatchStore for Platform {
             )
             .await
             .map_err(StoreError::query("renew the node's lease"))?;
+        // Replays this node claimed and still holds (one may wait long
+        // behind an open circuit) stay its own while it lives: a lapsed
+        // claim would be claimed again and sent twice.
+        client
+            .execute(
+                "UPDATE walhook.replay_requests SET claimed_until = now() + $2 * interval '1 millisecond' \
+                 WHERE done_at IS NULL AND claimed_by = $1 AND claimed_until IS NOT NULL",
+                &[&node, &(lease.as_millis() as f64)],
+            )
+            .await
+            .map_err(StoreError::query("renew the node's replay claims"))?;
         Ok(())
     }
 

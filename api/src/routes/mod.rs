@@ -38,7 +38,7 @@ pub fn router(state: ApiState) -> Router {
     use deliveries::*;
     use endpoints::*;
     use tenants::*;
-    Router::new()
+    let api = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -114,6 +114,11 @@ pub fn router(state: ApiState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state.clone());
+    // The console calls these routes in-process, past the request limit and
+    // the metrics (its own request was limited and counted once).
+    state.guards.console.set_api(api.clone());
+    api.merge(crate::console::router().with_state(state.clone()))
         // Inside the metrics layer, so that refusals for load are counted.
         .layer(axum::middleware::from_fn_with_state(
             state.guards.requests.clone(),
@@ -123,5 +128,4 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             crate::metrics::track,
         ))
-        .with_state(state)
 }

@@ -233,6 +233,9 @@ struct RunState {
     /// finishes it is recorded (as history: the cancel moved the lease on)
     /// and never rescheduled.
     cancelled: std::collections::HashSet<crate::ids::DeliveryId>,
+    /// Replay requests accepted and not yet attempted or refused: one
+    /// request makes one attempt, even when claimed again.
+    replays: std::collections::HashSet<i64>,
 }
 
 fn health_of(outcome: &AttemptOutcome) -> Health {
@@ -336,6 +339,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             in_flight: HashMap::new(),
             weights_epoch: None,
             cancelled: Default::default(),
+            replays: Default::default(),
         };
         self.restore_health(&mut state).await;
         let (claimed_tx, mut claimed_rx) = mpsc::channel::<Claimed>(4);
@@ -425,6 +429,16 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     }
                     Claimed::Replays(batch) => {
                         for job in batch {
+                            if let Some(replay) = job.replay
+                                && !state.replays.insert(replay.request_id)
+                            {
+                                // Claimed again while this node holds it
+                                // (claims are renewed while the node lives;
+                                // this is the belt): one request, one attempt.
+                                tracing::debug!(request = replay.request_id, "a replay request this node holds was claimed again; ignored");
+                                continue;
+                            }
+                            state.numbering.expect(job.delivery_id);
                             state.sched.add_manual(job);
                         }
                     }
@@ -615,6 +629,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     Some(_) => "the endpoint has no active secret",
                 };
                 if let Some(replay) = manual {
+                    state.replays.remove(&replay.request_id);
+                    let held = state.sched.holds(&job.delivery_id);
+                    state.numbering.unexpect(job.delivery_id, held);
                     self.observer.replay_refused(&job);
                     send(
                         record_tx,
@@ -798,8 +815,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             },
             first_write: job.first_write(),
         };
-        if manual.is_some() {
+        if let Some(replay) = manual {
             // A replay leaves the automatic schedule as it is.
+            state.replays.remove(&replay.request_id);
             self.counters.manual.fetch_add(1, Ordering::Relaxed);
             let held = state.sched.holds(&job.delivery_id);
             state.numbering.finish(job.delivery_id, held);

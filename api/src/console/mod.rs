@@ -1,0 +1,551 @@
+//! The web console: server-rendered pages under `/console` for tenants
+//! (their endpoints, deliveries, event types and audit log) and for the
+//! operator (the pipeline, tenants).
+//!
+//! The console is a client of the REST API inside the process: every page
+//! reads, and every form acts, through the API's own routes with the
+//! caller's credential, so authorisation, validation, idempotency and the
+//! audit trail are the API's and cannot drift apart. The credential (an API
+//! key or the operator token) stays on the server, in a session of at most
+//! [`SESSION_TTL`]; the browser holds a random session id in an `HttpOnly`,
+//! `Secure`, `SameSite=Strict` cookie scoped to `/console`. Every form
+//! carries the session's CSRF token (the sign-in form a token of its own,
+//! double-submitted in a cookie), and a POST without it changes nothing.
+//! Pages are escaped by the template engine (payloads, URLs and
+//! descriptions are hostile input), served with a strict
+//! Content-Security-Policy and no script at all; the stylesheet ships in
+//! the binary.
+
+mod operator;
+mod pages;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use maud::{DOCTYPE, Markup, html};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+use crate::ApiState;
+
+/// How long a console session lasts after sign-in.
+pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
+
+/// Sessions kept at most; the oldest go first beyond.
+const MAX_SESSIONS: usize = 10_000;
+
+const COOKIE: &str = "walhook_console";
+const LOGIN_COOKIE: &str = "walhook_console_login";
+
+/// The console's state inside the API: its sessions and the API router it
+/// calls.
+#[derive(Default)]
+pub(crate) struct Console {
+    sessions: Mutex<HashMap<String, Session>>,
+    api: OnceLock<Router>,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console")
+            .field("sessions", &self.sessions.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Console {
+    /// Hands the console the API routes it calls (set once, when the router
+    /// is built).
+    pub(crate) fn set_api(&self, api: Router) {
+        let _ = self.api.set(api);
+    }
+}
+
+/// Who signed in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Who {
+    Tenant(String),
+    Operator,
+}
+
+/// A signed-in browser.
+#[derive(Clone)]
+pub(crate) struct Session {
+    credential: String,
+    pub(crate) who: Who,
+    pub(crate) csrf: String,
+    expires: Instant,
+}
+
+fn random_token() -> String {
+    URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+}
+
+fn same(a: &str, b: &str) -> bool {
+    let (ha, hb) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    ha.iter()
+        .zip(hb.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+}
+
+fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!(
+        "{name}={value}; Path=/console; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+impl FromRequestParts<ApiState> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
+        let id = cookie(&parts.headers, COOKIE).unwrap_or_default();
+        let mut sessions = state.guards.console.sessions.lock();
+        match sessions.get(id) {
+            Some(s) if s.expires > Instant::now() => Ok(s.clone()),
+            Some(_) => {
+                sessions.remove(id);
+                Err(Redirect::to("/console/login").into_response())
+            }
+            None => Err(Redirect::to("/console/login").into_response()),
+        }
+    }
+}
+
+/// A session of the tenant console (the operator gets a 404 page).
+pub(crate) struct TenantSession(pub(crate) Session);
+
+impl FromRequestParts<ApiState> for TenantSession {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
+        let s = Session::from_request_parts(parts, state).await?;
+        match s.who {
+            Who::Tenant(_) => Ok(TenantSession(s)),
+            Who::Operator => Err(not_found(
+                &s,
+                "This page belongs to a tenant's console; the operator's pages are Pipeline and Tenants.",
+            )),
+        }
+    }
+}
+
+/// A session of the operator (tenants get a 404 page).
+pub(crate) struct OperatorSession(pub(crate) Session);
+
+impl FromRequestParts<ApiState> for OperatorSession {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
+        let s = Session::from_request_parts(parts, state).await?;
+        match s.who {
+            Who::Operator => Ok(OperatorSession(s)),
+            Who::Tenant(_) => Err(not_found(&s, "No such page.")),
+        }
+    }
+}
+
+/// The fields of a posted form (`application/x-www-form-urlencoded`), in
+/// order; repeated names (checkboxes) repeat.
+pub(crate) struct Form(pub(crate) Vec<(String, String)>);
+
+impl Form {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The refusal of a form without the session's CSRF token; `None`
+    /// when it carries it.
+    pub(crate) fn refused(&self, s: &Session) -> Option<Response> {
+        match self.get("csrf") {
+            Some(t) if same(t, &s.csrf) => None,
+            _ => Some(forbidden_form(Some(s))),
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Form {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
+            .map(Form)
+            .map_err(|_| forbidden_form(None))
+    }
+}
+
+fn forbidden_form(s: Option<&Session>) -> Response {
+    let body = html! {
+        h1 { "The form was refused" }
+        p { "It did not carry this console's form token (CSRF), so nothing was changed. Reload the page and send the form again." }
+    };
+    (StatusCode::FORBIDDEN, page("Refused", s, None, body)).into_response()
+}
+
+pub(crate) fn not_found(s: &Session, detail: &str) -> Response {
+    let body = html! { h1 { "Not found" } p { (detail) } };
+    (
+        StatusCode::NOT_FOUND,
+        page("Not found", Some(s), None, body),
+    )
+        .into_response()
+}
+
+/// The API's answer to an in-process call.
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: serde_json::Value,
+}
+
+impl Answer {
+    pub(crate) fn ok(&self) -> bool {
+        self.status.is_success()
+    }
+
+    /// The problem's sentence (`detail`, with the fields it names).
+    pub(crate) fn problem(&self) -> String {
+        let mut text = self.body["detail"]
+            .as_str()
+            .unwrap_or("the request failed")
+            .to_owned();
+        if let Some(errors) = self.body["errors"].as_array() {
+            for e in errors {
+                text.push_str(&format!(
+                    " {}: {}",
+                    e["field"].as_str().unwrap_or("?"),
+                    e["message"].as_str().unwrap_or("")
+                ));
+            }
+        }
+        text
+    }
+}
+
+/// Calls the API's route `uri` with the session's credential.
+pub(crate) async fn call(
+    state: &ApiState,
+    credential: &str,
+    method: Method,
+    uri: &str,
+    body: Option<serde_json::Value>,
+) -> Answer {
+    use tower::ServiceExt;
+    let Some(api) = state.guards.console.api.get().cloned() else {
+        return Answer {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: serde_json::json!({"detail": "the console is not connected to the API"}),
+        };
+    };
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {credential}"));
+    let body = match body {
+        Some(b) => {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+            Body::from(b.to_string())
+        }
+        None => Body::empty(),
+    };
+    let Ok(request) = request.body(body) else {
+        return Answer {
+            status: StatusCode::BAD_REQUEST,
+            body: serde_json::json!({"detail": "the console could not form the request"}),
+        };
+    };
+    let response = match api.oneshot(request).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
+        .await
+        .unwrap_or_default();
+    Answer {
+        status,
+        body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+impl Session {
+    /// Calls the API as this session's caller.
+    pub(crate) async fn call(
+        &self,
+        state: &ApiState,
+        method: Method,
+        uri: &str,
+        body: Option<serde_json::Value>,
+    ) -> Answer {
+        call(state, &self.credential, method, uri, body).await
+    }
+
+    /// A hidden field with the session's CSRF token, for every form.
+    pub(crate) fn csrf_field(&self) -> Markup {
+        html! { input type="hidden" name="csrf" value=(self.csrf); }
+    }
+}
+
+/// A page of the console: the layout around `body`, with a notice.
+pub(crate) fn page(
+    title: &str,
+    s: Option<&Session>,
+    notice: Option<Markup>,
+    body: Markup,
+) -> axum::response::Html<String> {
+    axum::response::Html(layout(title, s, notice, body).into_string())
+}
+
+fn layout(title: &str, s: Option<&Session>, notice: Option<Markup>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · walhook" }
+                link rel="stylesheet" href="/console/static/console.css";
+            }
+            body {
+                a class="skip" href="#main" { "Skip to content" }
+                header {
+                    span class="brand" { "walhook" }
+                    @if let Some(s) = s {
+                        nav aria-label="Console" {
+                            @match &s.who {
+                                Who::Tenant(t) => {
+                                    a href="/console/endpoints" { "Endpoints" }
+                                    a href="/console/deliveries" { "Deliveries" }
+                                    a href="/console/event-types" { "Event types" }
+                                    a href="/console/audit-log" { "Audit log" }
+                                    span class="who" { "tenant " (t) }
+                                }
+                                Who::Operator => {
+                                    a href="/console/pipeline" { "Pipeline" }
+                                    a href="/console/tenants" { "Tenants" }
+                                    span class="who" { "operator" }
+                                }
+                            }
+                            form method="post" action="/console/logout" class="inline" {
+                                (s.csrf_field())
+                                button type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main id="main" {
+                    @if let Some(n) = notice { div class="notice" role="status" { (n) } }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// A page as a response.
+pub(crate) fn respond(title: &str, s: &Session, notice: Option<Markup>, body: Markup) -> Response {
+    page(title, Some(s), notice, body).into_response()
+}
+
+const CSS: &str = include_str!("console.css");
+
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        CSS,
+    )
+        .into_response()
+}
+
+/// Headers of every console response: a strict CSP (no script, no
+/// third-party anything), no framing, no sniffing, no caching of pages.
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+async fn index(s: Session) -> Response {
+    match s.who {
+        Who::Tenant(_) => Redirect::to("/console/endpoints").into_response(),
+        Who::Operator => Redirect::to("/console/pipeline").into_response(),
+    }
+}
+
+fn login_page(token: &str, error: Option<&str>) -> Response {
+    let body = html! {
+        h1 { "Sign in" }
+        p { "Tenants sign in with an API key (" code { "whk_…" } "); the operator with the operator token of " code { "[api]" } "." }
+        @if let Some(e) = error { p class="error" role="alert" { (e) } }
+        form method="post" action="/console/login" {
+            input type="hidden" name="csrf" value=(token);
+            label for="key" { "API key or operator token" }
+            input id="key" name="key" type="password" autocomplete="off" required autofocus;
+            button type="submit" { "Sign in" }
+        }
+    };
+    let status = if error.is_some() {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        [(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, token, 3600))],
+        page("Sign in", None, None, body),
+    )
+        .into_response()
+}
+
+async fn login_form() -> Response {
+    login_page(&random_token(), None)
+}
+
+async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) -> Response {
+    // Double submit: the form's token must match the cookie set with it.
+    let fresh = random_token();
+    match (form.get("csrf"), cookie(&headers, LOGIN_COOKIE)) {
+        (Some(a), Some(b)) if same(a, b) => {}
+        _ => return forbidden_form(None),
+    }
+    let key = form.get("key").unwrap_or_default().trim().to_owned();
+    if key.is_empty() {
+        return login_page(&fresh, Some("Give an API key or the operator token."));
+    }
+    let who = match crate::auth::principal_of(&key, &state).await {
+        Ok(crate::auth::Principal::Operator) => Who::Operator,
+        Ok(crate::auth::Principal::Tenant { tenant, .. }) => Who::Tenant(tenant.to_string()),
+        Err(crate::ApiError::Unauthorized(_)) => {
+            return login_page(
+                &fresh,
+                Some(
+                    "That key was not accepted: it is unknown or revoked, or its tenant is disabled.",
+                ),
+            );
+        }
+        Err(e) => return e.into_response(),
+    };
+    let id = random_token();
+    let session = Session {
+        credential: key,
+        who,
+        csrf: random_token(),
+        expires: Instant::now() + SESSION_TTL,
+    };
+    {
+        let mut sessions = state.guards.console.sessions.lock();
+        let now = Instant::now();
+        sessions.retain(|_, s| s.expires > now);
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(k, _)| k.clone())
+        {
+            sessions.remove(&oldest);
+        }
+        sessions.insert(id.clone(), session);
+    }
+    let mut response = Redirect::to("/console").into_response();
+    let h = response.headers_mut();
+    h.append(
+        header::SET_COOKIE,
+        set_cookie(COOKIE, &id, SESSION_TTL.as_secs()),
+    );
+    h.append(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, "", 0));
+    response
+}
+
+async fn logout(
+    State(state): State<ApiState>,
+    s: Session,
+    headers: HeaderMap,
+    form: Form,
+) -> Response {
+    if let Some(r) = form.refused(&s) {
+        return r;
+    }
+    if let Some(id) = cookie(&headers, COOKIE) {
+        state.guards.console.sessions.lock().remove(id);
+    }
+    let mut response = Redirect::to("/console/login").into_response();
+    response
+        .headers_mut()
+        .append(header::SET_COOKIE, set_cookie(COOKIE, "", 0));
+    response
+}
+
+/// The console's routes (mounted by [`crate::routes::router`]).
+pub(crate) fn router() -> Router<ApiState> {
+    Router::new()
+        .route("/console", get(index))
+        .route("/console/", get(index))
+        .route("/console/static/console.css", get(stylesheet))
+        .route("/console/login", get(login_form).post(login))
+        .route("/console/logout", post(logout))
+        .route(
+            "/console/endpoints",
+            get(pages::endpoints).post(pages::create_endpoint),
+        )
+        .route("/console/endpoints/{id}", get(pages::endpoint))
+        .route("/console/endpoints/{id}/rotate", post(pages::rotate))
+        .route("/console/endpoints/{id}/recover", post(pages::recover))
+        .route("/console/deliveries", get(pages::deliveries))
+        .route("/console/deliveries/{id}", get(pages::delivery))
+        .route("/console/deliveries/{id}/replay", post(pages::replay))
+        .route("/console/event-types", get(pages::event_types))
+        .route("/console/audit-log", get(pages::audit_log))
+        .route("/console/pipeline", get(operator::pipeline))
+        .route("/console/tenants", get(operator::tenants))
+        .layer(axum::middleware::from_fn(security_headers))
+}

@@ -1,0 +1,157 @@
+//! The operator's pages: the pipeline at a glance (refreshed every 5 s
+//! without script), and the tenants.
+
+use std::fmt::Write;
+
+use axum::extract::State;
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, PreEscaped, html};
+
+use super::{OperatorSession, respond};
+use crate::ApiState;
+
+fn secs(v: f64) -> String {
+    if v < 1.0 {
+        format!("{:.0} ms", v * 1000.0)
+    } else {
+        format!("{v:.1} s")
+    }
+}
+
+/// Attempts per minute over the last hour as an inline SVG bar chart
+/// (succeeded in green over the failed remainder).
+fn chart(minutes: &[(f64, i64, i64)]) -> Markup {
+    let (w, h) = (600.0f64, 120.0f64);
+    let now = minutes.last().map_or(0.0, |m| m.0);
+    let max = minutes.iter().map(|m| m.1).max().unwrap_or(0).max(1) as f64;
+    let bar = w / 60.0;
+    let mut svg = format!(
+        r#"<svg class="chart" width="{w}" height="{}" viewBox="0 0 {w} {}" role="img" aria-label="Attempts per minute over the last hour">"#,
+        h + 16.0,
+        h + 16.0
+    );
+    for (minute, all, ok) in minutes {
+        let slot = 59.0 - ((now - minute) / 60.0).round();
+        if !(0.0..60.0).contains(&slot) {
+            continue;
+        }
+        let x = slot * bar;
+        let total = h * (*all as f64) / max;
+        let good = h * (*ok as f64) / max;
+        let _ = write!(
+            svg,
+            r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{total:.1}" fill="#c44"><title>{all} attempts, {ok} succeeded</title></rect><rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{good:.1}" fill="#3a3"/>"##,
+            h - total,
+            bar - 1.0,
+            h - good,
+            bar - 1.0,
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<text x="0" y="{}" font-size="11">60 min ago</text><text x="{w}" y="{}" font-size="11" text-anchor="end">now · peak {max:.0}/min</text></svg>"#,
+        h + 13.0,
+        h + 13.0
+    );
+    // Only numbers are interpolated: nothing to escape.
+    PreEscaped(svg)
+}
+
+/// The pipeline: pending work and its age, capture checkpoints, circuits,
+/// attempts over the last hour, open incidents.
+pub(crate) async fn pipeline(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+) -> Response {
+    let (gauges, minutes, incidents) = tokio::join!(
+        state.platform.pipeline_gauges(),
+        state.platform.attempts_by_minute(),
+        state.platform.open_incidents()
+    );
+    let body = match (gauges, minutes, incidents) {
+        (Ok(g), Ok(m), Ok(i)) => html! {
+            h1 { "Pipeline" }
+            p class="muted" { "Refreshed every 5 seconds." }
+            div class="tiles" {
+                div class="tile" { span class="label" { "Pending deliveries" } span class="value" id="pending" { (g.pending) } }
+                div class="tile" { span class="label" { "Oldest pending" } span class="value" { (secs(g.oldest_pending_age_secs)) } }
+                div class="tile" { span class="label" { "Oldest due, new" } span class="value" { (secs(g.oldest_due_new_secs)) } }
+                div class="tile" { span class="label" { "Oldest due, retry" } span class="value" { (secs(g.oldest_due_retry_secs)) } }
+                div class="tile" { span class="label" { "Due, unheld" } span class="value" { (g.overdue_unleased) } }
+                div class="tile" { span class="label" { "Attempts, last hour" } span class="value" id="attempts-hour" { (m.iter().map(|x| x.1).sum::<i64>()) } }
+            }
+            h2 { "Attempts per minute" }
+            (chart(&m))
+            h2 { "Capture" }
+            table {
+                thead { tr { th { "Source" } th { "Slot lag" } th { "Checkpoint age" } } }
+                tbody {
+                    @for (source, lag, age) in &g.capture {
+                        tr { td { (source) } td { @if let Some(l) = lag { (l / 1024) " KiB" } @else { "unknown" } } td { (secs(*age)) } }
+                    }
+                }
+            }
+            h2 { "Circuits" }
+            p { @for (state, n) in &g.circuits { (state) ": " (n) "  " } }
+            h2 { "Open incidents" }
+            @if i.is_empty() { p { "None." } } @else {
+                table {
+                    thead { tr { th { "Stage" } th { "Kind" } th { "Subject" } th { "Occurrences" } th { "Detail" } } }
+                    tbody { @for x in &i { tr { td { (x.stage) } td { (x.kind) } td { (x.subject) } td { (x.occurrences) } td { (x.detail) } } } }
+                }
+            }
+        },
+        (g, m, i) => {
+            let error = g
+                .err()
+                .or(m.err())
+                .or(i.err())
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            html! { h1 { "Pipeline" } p class="error" role="alert" { "The platform database did not answer: " (error) } }
+        }
+    };
+    let mut response = respond("Pipeline", &s, None, body);
+    response.headers_mut().insert(
+        axum::http::HeaderName::from_static("refresh"),
+        axum::http::HeaderValue::from_static("5"),
+    );
+    response
+}
+
+/// The tenants.
+pub(crate) async fn tenants(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+) -> Response {
+    let list = s
+        .call(&state, Method::GET, "/v1/tenants?limit=250", None)
+        .await;
+    if !list.ok() {
+        return respond(
+            "Tenants",
+            &s,
+            None,
+            html! { p class="error" { (list.problem()) } },
+        )
+        .into_response();
+    }
+    let body = html! {
+        h1 { "Tenants" }
+        table {
+            thead { tr { th { "Id" } th { "Name" } th { "State" } th { "Created" } } }
+            tbody {
+                @for t in list.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
+                    tr {
+                        td { code { (t["id"].as_str().unwrap_or_default()) } }
+                        td { (t["name"].as_str().unwrap_or_default()) }
+                        td { @if t["enabled"].as_bool().unwrap_or(true) { "enabled" } @else { "disabled" } }
+                        td { (t["created_at"].as_str().unwrap_or_default()) }
+                    }
+                }
+            }
+        }
+    };
+    respond("Tenants", &s, None, body)
+}
