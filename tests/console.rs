@@ -446,6 +446,28 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
             .await;
         b.goto(&format!("{}/console/tenants", api.base)).await;
         assert!(b.text_of("main table").await.contains("acme"));
+
+        // A reconciliation of the load's window, and its report from the
+        // console (the report's own page, styled inline).
+        let since = (chrono::Utc::now() - chrono::Duration::minutes(10)).to_rfc3339();
+        let until = chrono::Utc::now().to_rfc3339();
+        let out = crate::support::run(
+            crate::support::walhook()
+                .args(["reconcile", "--config"])
+                .arg(w.config(""))
+                .args(["--since", &since, "--until", &until]),
+        );
+        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+        b.goto(&format!("{}/console/reconciliations", api.base))
+            .await;
+        b.click_and_wait(&b.one("main table a").await).await;
+        assert!(b.current_url().await.ends_with("/report.html"));
+        assert!(
+            !b.find("svg#funnel").await.is_empty(),
+            "the report's funnel chart"
+        );
+        b.save_screenshot(&dir.join("10-reconciliation-report.png"))
+            .await;
     })
     .await;
     drop(child);

@@ -250,20 +250,22 @@ impl Answer {
     }
 }
 
-/// Calls the API's route `uri` with the session's credential.
-pub(crate) async fn call(
+/// Sends a request to the API's route `uri` with `credential`; the API's
+/// response as it is.
+async fn send(
     state: &ApiState,
     credential: &str,
     method: Method,
     uri: &str,
     body: Option<serde_json::Value>,
-) -> Answer {
+) -> Response {
     use tower::ServiceExt;
     let Some(api) = state.guards.console.api.get().cloned() else {
-        return Answer {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            body: serde_json::json!({"detail": "the console is not connected to the API"}),
-        };
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the console is not connected to the API",
+        )
+            .into_response();
     };
     let mut request = Request::builder()
         .method(method)
@@ -277,15 +279,27 @@ pub(crate) async fn call(
         None => Body::empty(),
     };
     let Ok(request) = request.body(body) else {
-        return Answer {
-            status: StatusCode::BAD_REQUEST,
-            body: serde_json::json!({"detail": "the console could not form the request"}),
-        };
+        return (
+            StatusCode::BAD_REQUEST,
+            "the console could not form the request",
+        )
+            .into_response();
     };
-    let response = match api.oneshot(request).await {
+    match api.oneshot(request).await {
         Ok(r) => r,
         Err(never) => match never {},
-    };
+    }
+}
+
+/// Calls the API's route `uri` with `credential`; its JSON answer.
+pub(crate) async fn call(
+    state: &ApiState,
+    credential: &str,
+    method: Method,
+    uri: &str,
+    body: Option<serde_json::Value>,
+) -> Answer {
+    let response = send(state, credential, method, uri, body).await;
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
         .await
@@ -306,6 +320,12 @@ impl Session {
         body: Option<serde_json::Value>,
     ) -> Answer {
         call(state, &self.credential, method, uri, body).await
+    }
+
+    /// The API's response to this session's caller, as it is (an HTML
+    /// report keeps its own headers).
+    pub(crate) async fn send(&self, state: &ApiState, uri: &str) -> Response {
+        send(state, &self.credential, Method::GET, uri, None).await
     }
 
     /// A hidden field with the session's CSRF token, for every form.
@@ -346,11 +366,13 @@ fn layout(title: &str, s: Option<&Session>, notice: Option<Markup>, body: Markup
                                     a href="/console/deliveries" { "Deliveries" }
                                     a href="/console/event-types" { "Event types" }
                                     a href="/console/audit-log" { "Audit log" }
+                                    a href="/console/reconciliations" { "Reconciliation" }
                                     span class="who" { "tenant " (t) }
                                 }
                                 Who::Operator => {
                                     a href="/console/pipeline" { "Pipeline" }
                                     a href="/console/tenants" { "Tenants" }
+                                    a href="/console/reconciliations" { "Reconciliation" }
                                     span class="who" { "operator" }
                                 }
                             }
@@ -393,13 +415,17 @@ async fn stylesheet() -> Response {
 async fn security_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; \
-             frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
+    // A page passed on from the API (the reconciliation report, styled
+    // inline) keeps the policy it came with.
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; \
+                 frame-ancestors 'none'; base-uri 'none'",
+            ),
+        );
+    }
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -547,5 +573,10 @@ pub(crate) fn router() -> Router<ApiState> {
         .route("/console/audit-log", get(pages::audit_log))
         .route("/console/pipeline", get(operator::pipeline))
         .route("/console/tenants", get(operator::tenants))
+        .route("/console/reconciliations", get(operator::reconciliations))
+        .route(
+            "/console/reconciliations/{id}/report.html",
+            get(operator::reconciliation_report),
+        )
         .layer(axum::middleware::from_fn(security_headers))
 }

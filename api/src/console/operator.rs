@@ -3,12 +3,12 @@
 
 use std::fmt::Write;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, PreEscaped, html};
 
-use super::{OperatorSession, respond};
+use super::{OperatorSession, Session, respond};
 use crate::ApiState;
 
 fn secs(v: f64) -> String {
@@ -92,6 +92,13 @@ pub(crate) async fn pipeline(
                     }
                 }
             }
+            h2 { "Archive" }
+            @if g.archive.is_empty() { p { "Nothing archived yet." } } @else {
+                table {
+                    thead { tr { th { "Table" } th { "Rows archived" } th { "Parquet bytes" } th { "Failed verifications" } th { "Oldest hot day" } } }
+                    tbody { @for a in &g.archive { tr { td { (a.table) } td { (a.rows) } td { (a.bytes) } td { (a.verification_failures) } td { (secs(a.oldest_hot_age_secs)) } } } }
+                }
+            }
             h2 { "Circuits" }
             p { @for (state, n) in &g.circuits { (state) ": " (n) "  " } }
             h2 { "Open incidents" }
@@ -154,4 +161,64 @@ pub(crate) async fn tenants(
         }
     };
     respond("Tenants", &s, None, body)
+}
+
+/// The reconciliation runs the caller may see (the operator every one, a
+/// tenant its own), each linked to its HTML report.
+pub(crate) async fn reconciliations(State(state): State<ApiState>, s: Session) -> Response {
+    let list = s
+        .call(&state, Method::GET, "/v1/reconciliations?limit=100", None)
+        .await;
+    if !list.ok() {
+        return respond(
+            "Reconciliation",
+            &s,
+            None,
+            html! { p class="error" { (list.problem()) } },
+        );
+    }
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let body = html! {
+        h1 { "Reconciliation" }
+        p { "Each run compares every stage for its window; its report is a page an auditor can read." }
+        table {
+            thead { tr { th { "Run" } th { "Window" } th { "Tenant" } th { "Verdict" } th { "Open gaps" } th { "Finished" } } }
+            tbody {
+                @for r in list.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
+                    tr {
+                        td { a href={ "/console/reconciliations/" (text(&r["id"])) "/report.html" } { "#" (text(&r["id"])) } }
+                        td { (text(&r["since"])) " – " (text(&r["until"])) }
+                        td { @if r["tenant_id"].is_null() { "every tenant" } @else { (text(&r["tenant_id"])) } }
+                        td { @if r["clean"].as_bool().unwrap_or(false) { span class="ok" { "clean" } } @else { span class="bad" { "gaps" } } }
+                        td { (text(&r["open_gaps"])) }
+                        td { (text(&r["finished_at"])) }
+                    }
+                }
+            }
+        }
+    };
+    respond("Reconciliation", &s, None, body)
+}
+
+/// A run's HTML report, as the API renders it (with its own policy).
+pub(crate) async fn reconciliation_report(
+    State(state): State<ApiState>,
+    s: Session,
+    Path(id): Path<String>,
+) -> Response {
+    let id: i64 = match id.parse() {
+        Ok(n) => n,
+        Err(_) => return super::not_found(&s, "No such reconciliation run."),
+    };
+    let response = s
+        .send(&state, &format!("/v1/reconciliations/{id}/report.html"))
+        .await;
+    if response.status().is_success() {
+        response
+    } else {
+        super::not_found(&s, "No such reconciliation run, or not one of yours.")
+    }
 }
