@@ -107,3 +107,36 @@ async fn add(w: &World, id: i64) {
         .await
         .unwrap();
 }
+
+/// walhook's log cannot be written (stderr is `/dev/full`: every write
+/// fails with "no space left on device", as when the log's disk fills):
+/// log lines are lost, nothing else. Before, the logger's own error report
+/// (`eprintln!`) panicked, and the panics ended fan-out and dispatch.
+#[tokio::test]
+async fn an_unwritable_log_loses_log_lines_not_deliveries() {
+    let w = World::new().await;
+    w.endpoint("acme", "orders", &["order.created"]).await;
+    let cfg = w.config("");
+    let mut child = Child::run_with(
+        &cfg,
+        &[("WALHOOK_LOG", "debug")],
+        &[],
+        std::path::Path::new("/dev/full"),
+    );
+    w.wait_streaming().await;
+    for id in 1..=20i64 {
+        w.shop
+            .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&id])
+            .await
+            .unwrap();
+    }
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(60), |all| all.len() >= 20)
+            .await,
+        "{} of 20 orders arrived with the log unwritable",
+        w.receiver.count()
+    );
+    assert!(child.running(), "walhook ended with its log unwritable");
+    assert!(child.terminate().success());
+}

@@ -84,8 +84,13 @@ fn init_logging(format: &str, default: &str) {
         .unwrap_or_else(|_| default.into());
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A log line that cannot be written (the log's disk is full, stderr is
+    // a closed pipe) is lost, never a panic: tracing-subscriber reports its
+    // own write errors with `eprintln!`, which panics when stderr fails,
+    // and that panic ended walhook's tasks in a soak whose disk filled.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();

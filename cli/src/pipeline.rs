@@ -442,7 +442,8 @@ async fn start_on<L: Log + Closable>(
         }
     };
 
-    let task = tokio::spawn(async move {
+    let watchdog = (failed.clone(), supervisor.clone());
+    let orderly = async move {
         // Capture runs until shutdown, or until it or another task fails.
         let mut capture_task = capture_task;
         let capture_ended = tokio::select! {
@@ -483,6 +484,34 @@ async fn start_on<L: Log + Closable>(
             (None, Some(e)) => Err(e),
             (None, None) => Ok(()),
         }
+    };
+    let task = tokio::spawn(async move {
+        // Once a task failed the process stops in bounded time, even when a
+        // part of the orderly stop waits for what the failed task would
+        // have done (seen in a soak: the stop hung and walhook sat idle);
+        // what was not confirmed is read again after the restart.
+        let (failed, supervisor) = watchdog;
+        tokio::pin!(orderly);
+        tokio::select! {
+            done = &mut orderly => done,
+            _ = async {
+                failed.cancelled().await;
+                tokio::time::sleep(FAILED_STOP_DEADLINE).await;
+            } => {
+                tracing::error!(
+                    deadline_secs = FAILED_STOP_DEADLINE.as_secs(),
+                    "a task failed and the orderly stop did not finish in time; exiting without it"
+                );
+                Err(match supervisor.take_failure() {
+                    Some(e) => anyhow::Error::new(e),
+                    None => anyhow::anyhow!("a task failed"),
+                }
+                .context(format!(
+                    "the orderly stop after the failure did not finish within {} s",
+                    FAILED_STOP_DEADLINE.as_secs()
+                )))
+            }
+        }
     });
     Ok(Running {
         counters,
@@ -490,6 +519,10 @@ async fn start_on<L: Log + Closable>(
         task,
     })
 }
+
+/// How long the orderly stop after a task's failure may take before the
+/// process exits without it.
+const FAILED_STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs capture into `events` until `stop` or a definite error, restarting
 /// it after transient errors with a pause that grows while restarts fail
