@@ -477,17 +477,29 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
     );
 
     // The backlog drains; judged every 5 s until nothing is missing.
+    // Judging reads every order, so it waits until requests stopped
+    // arriving for two seconds (or the settle time is up).
+    let mut quiet_since = (world.receiver.count(), Instant::now());
     loop {
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         if !walhook.running() {
             restarts += 1;
             walhook = Walhook::start(&world.cfg, &world.log, None)?;
         }
         tally.fold(&paths, world.receiver.drain());
+        let count = world.receiver.count();
+        if count != quiet_since.0 {
+            quiet_since = (count, Instant::now());
+        }
+        let out_of_time = writes_ended.elapsed() >= args.settle;
+        if quiet_since.1.elapsed() < Duration::from_secs(2) && !out_of_time {
+            continue;
+        }
         let (_, _, lost, ..) = judge(&world, &tally).await?;
-        if lost == 0 || writes_ended.elapsed() >= args.settle {
+        if lost == 0 || out_of_time {
             break;
         }
+        quiet_since = (world.receiver.count(), Instant::now());
     }
     let drained_seconds = writes_ended.elapsed().as_secs_f64();
     // Late duplicates show within a moment.
