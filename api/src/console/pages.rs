@@ -46,6 +46,26 @@ fn failed(s: &Session, a: &Answer) -> Response {
     }
 }
 
+/// A button's action: the form's CSRF token checked, then `POST {}` to the
+/// API's `uri`; the API's answer, or the page to show instead (refused,
+/// failed).
+async fn act(
+    state: &ApiState,
+    s: &Session,
+    form: &Form,
+    uri: &str,
+) -> Result<Answer, Box<Response>> {
+    if let Some(r) = form.refused(s) {
+        return Err(Box::new(r));
+    }
+    let a = s.call(state, Method::POST, uri, Some(json!({}))).await;
+    if a.ok() {
+        Ok(a)
+    } else {
+        Err(Box::new(failed(s, &a)))
+    }
+}
+
 /// A path segment or query value, percent-encoded.
 fn enc(s: &str) -> String {
     serde_urlencoded::to_string([("v", s)])
@@ -257,20 +277,17 @@ pub(crate) async fn rotate(
     Path(id): Path<String>,
     form: Form,
 ) -> Response {
-    if let Some(r) = form.refused(&s) {
-        return r;
-    }
-    let a = s
-        .call(
-            &state,
-            Method::POST,
-            &format!("/v1/webhook-endpoints/{}/rotate-secret", enc(&id)),
-            Some(json!({})),
-        )
-        .await;
-    if !a.ok() {
-        return failed(&s, &a);
-    }
+    let a = match act(
+        &state,
+        &s,
+        &form,
+        &format!("/v1/webhook-endpoints/{}/rotate-secret", enc(&id)),
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(page) => return *page,
+    };
     let notice = html! {
         p { "The secret was rotated (version " (text(&a.body["secret_version"])) "); the previous one keeps signing alongside during the overlap. The new secret, shown this once:" }
         p { code class="secret" { (text(&a.body["secret"])) } }
@@ -285,20 +302,17 @@ pub(crate) async fn recover(
     Path(id): Path<String>,
     form: Form,
 ) -> Response {
-    if let Some(r) = form.refused(&s) {
-        return r;
-    }
-    let a = s
-        .call(
-            &state,
-            Method::POST,
-            &format!("/v1/webhook-endpoints/{}/recover", enc(&id)),
-            Some(json!({})),
-        )
-        .await;
-    if !a.ok() {
-        return failed(&s, &a);
-    }
+    let a = match act(
+        &state,
+        &s,
+        &form,
+        &format!("/v1/webhook-endpoints/{}/recover", enc(&id)),
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(page) => return *page,
+    };
     let notice = html! { p { "Recovery queued: " (pretty(&a.body)) } };
     endpoint_page(&state, &s, &id, Some(notice)).await
 }
@@ -469,19 +483,9 @@ pub(crate) async fn replay(
     Path(id): Path<String>,
     form: Form,
 ) -> Response {
-    if let Some(r) = form.refused(&s) {
-        return r;
-    }
-    let a = s
-        .call(
-            &state,
-            Method::POST,
-            &format!("/v1/webhook-deliveries/{}/replay", enc(&id)),
-            Some(json!({})),
-        )
-        .await;
-    if !a.ok() {
-        return failed(&s, &a);
+    let uri = format!("/v1/webhook-deliveries/{}/replay", enc(&id));
+    if let Err(page) = act(&state, &s, &form, &uri).await {
+        return *page;
     }
     Redirect::to(&format!("/console/deliveries/{}?replayed=1", enc(&id))).into_response()
 }

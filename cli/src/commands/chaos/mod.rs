@@ -175,6 +175,11 @@ object_id_column = "id"
 
 const TENANTS: &[&str] = &["acme", "globex", "initech"];
 
+/// Orders `$1` to `$2` in one statement, the tenants taking turns.
+const INSERT_ORDERS: &str = "INSERT INTO orders (id, tenant_id, total) \
+     SELECT g, (ARRAY['acme', 'globex', 'initech'])[1 + (g % 3)::int], 9.99 \
+     FROM generate_series($1::bigint, $2::bigint) g";
+
 /// One endpoint of the workload.
 struct Ep {
     tenant: &'static str,
@@ -632,14 +637,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     "capture.mid_transaction" => {
                         let (first, last) = (next_id + 1, next_id + LARGE_TX);
                         next_id = last;
-                        let _ = writer
-                            .execute(
-                                "INSERT INTO orders (id, tenant_id, total) \
-                                 SELECT g, (ARRAY['acme', 'globex', 'initech'])[1 + (g % 3)::int], 9.99 \
-                                 FROM generate_series($1::bigint, $2::bigint) g",
-                                &[&first, &last],
-                            )
-                            .await;
+                        let _ = writer.execute(INSERT_ORDERS, &[&first, &last]).await;
                     }
                     "lease-expiry" => {
                         injected = format!("SIGSTOP of walhook run for 13 s after {i} writes");

@@ -23,7 +23,10 @@ use walhook_devkit::postgres::{Reconnecting, connect_retrying};
 use walhook_devkit::receiver::Received;
 
 use super::svg::{Series, small_multiples};
-use super::{Args, FAULT_HOLD, Walhook, World, chosen_faults, network_fault, start_storm, storm};
+use super::{
+    Args, FAULT_HOLD, INSERT_ORDERS, Walhook, World, chosen_faults, network_fault, start_storm,
+    storm,
+};
 
 /// The faults a soak injects unless told otherwise.
 pub const SOAK_FAULTS: &[&str] = &[
@@ -222,14 +225,7 @@ async fn write_orders(url: String, rate: u32, stop: Arc<AtomicBool>, last: Arc<A
             continue;
         }
         let (first, end) = (next, upto - 1);
-        let _ = writer
-            .execute(
-                "INSERT INTO orders (id, tenant_id, total) \
-                 SELECT g, (ARRAY['acme', 'globex', 'initech'])[1 + (g % 3)::int], 9.99 \
-                 FROM generate_series($1::bigint, $2::bigint) g",
-                &[&first, &end],
-            )
-            .await;
+        let _ = writer.execute(INSERT_ORDERS, &[&first, &end]).await;
         last.store(end, Ordering::Relaxed);
         next = upto;
         if let Some((a, b)) = previous {
