@@ -409,7 +409,7 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
         .set_secrets("load", vec![created["secret"].as_str().unwrap().to_owned()]);
     wait_verified(&api, &key, created["endpoint"]["id"].as_str().unwrap()).await;
     let dir = shots();
-    let (w, api, dir): (&World, &Http, &PathBuf) = (&w, &api, &dir);
+    let (w, api, dir, key): (&World, &Http, &PathBuf, &str) = (&w, &api, &dir, &key);
     with_browser(async move |b: &Session| {
         sign_in(b, api, OPERATOR).await;
         assert!(b.current_url().await.ends_with("/console/pipeline"));
@@ -444,8 +444,22 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
         );
         b.save_screenshot(&dir.join("09-pipeline-after-load.png"))
             .await;
+        let page = b.text_of("main").await;
+        for section in [
+            "Quarantined endpoints",
+            "Capture incidents",
+            "Archive",
+            "Open incidents",
+        ] {
+            assert!(page.contains(section), "{section}: {page}");
+        }
         b.goto(&format!("{}/console/tenants", api.base)).await;
         assert!(b.text_of("main table").await.contains("acme"));
+        // The tenant's page lists its keys by prefix, never the key.
+        b.click_and_wait(&b.one("main table a[href$='/acme']").await)
+            .await;
+        let keys = b.text_of("main table").await;
+        assert!(keys.contains(&key[..12]) && !keys.contains(&key), "{keys}");
 
         // A reconciliation of the load's window, and its report from the
         // console (the report's own page, styled inline).

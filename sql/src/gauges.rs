@@ -191,4 +191,54 @@ impl Platform {
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect())
     }
+
+    /// The latest capture incidents (what capture saw that did not become
+    /// an event), newest first: source, kind, commit LSN, rule, table,
+    /// detail, Unix seconds seen.
+    pub async fn recent_capture_incidents(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<CaptureIncidentRow>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT source, kind, commit_lsn::text, rule, table_name, detail, \
+                        extract(epoch FROM seen_at)::float8 \
+                 FROM walhook.capture_incidents ORDER BY id DESC LIMIT $1",
+                &[&limit],
+            )
+            .await
+            .map_err(StoreError::query("read capture incidents"))?;
+        Ok(rows
+            .iter()
+            .map(|r| CaptureIncidentRow {
+                source: r.get(0),
+                kind: r.get(1),
+                commit_lsn: r.get(2),
+                rule: r.get(3),
+                table: r.get(4),
+                detail: r.get(5),
+                seen_at: r.get(6),
+            })
+            .collect())
+    }
+}
+
+/// A capture incident as the console lists it.
+#[derive(Debug, Clone)]
+pub struct CaptureIncidentRow {
+    /// The capture source.
+    pub source: String,
+    /// What happened (`truncate`, `schema_change`, `slot_reset`, …).
+    pub kind: String,
+    /// The transaction's commit LSN, when there is one.
+    pub commit_lsn: Option<String>,
+    /// The rule concerned.
+    pub rule: Option<String>,
+    /// The table concerned.
+    pub table: Option<String>,
+    /// The sentence for the operator.
+    pub detail: String,
+    /// When it was seen (Unix seconds).
+    pub seen_at: f64,
 }

@@ -573,6 +573,7 @@ pub(crate) fn router() -> Router<ApiState> {
         .route("/console/audit-log", get(pages::audit_log))
         .route("/console/pipeline", get(operator::pipeline))
         .route("/console/tenants", get(operator::tenants))
+        .route("/console/tenants/{id}", get(operator::tenant))
         .route("/console/reconciliations", get(operator::reconciliations))
         .route(
             "/console/reconciliations/{id}/report.html",

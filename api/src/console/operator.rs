@@ -64,13 +64,14 @@ pub(crate) async fn pipeline(
     State(state): State<ApiState>,
     OperatorSession(s): OperatorSession,
 ) -> Response {
-    let (gauges, minutes, incidents) = tokio::join!(
+    let (gauges, minutes, incidents, captured) = tokio::join!(
         state.platform.pipeline_gauges(),
         state.platform.attempts_by_minute(),
-        state.platform.open_incidents()
+        state.platform.open_incidents(),
+        state.platform.recent_capture_incidents(20)
     );
-    let body = match (gauges, minutes, incidents) {
-        (Ok(g), Ok(m), Ok(i)) => html! {
+    let body = match (gauges, minutes, incidents, captured) {
+        (Ok(g), Ok(m), Ok(i), Ok(c)) => html! {
             h1 { "Pipeline" }
             p class="muted" { "Refreshed every 5 seconds." }
             div class="tiles" {
@@ -101,6 +102,30 @@ pub(crate) async fn pipeline(
             }
             h2 { "Circuits" }
             p { @for (state, n) in &g.circuits { (state) ": " (n) "  " } }
+            h2 { "Quarantined endpoints" }
+            @let quarantined: Vec<_> = i.iter().filter(|x| x.kind == "endpoint_quarantined").collect();
+            @if quarantined.is_empty() { p { "None: every endpoint's configuration loads." } } @else {
+                table {
+                    thead { tr { th { "Endpoint" } th { "Why its deliveries wait" } } }
+                    tbody { @for x in &quarantined { tr { td { code { (x.subject) } } td { (x.detail) } } } }
+                }
+            }
+            h2 { "Capture incidents (latest 20)" }
+            @if c.is_empty() { p { "None: every captured change became an event." } } @else {
+                table {
+                    thead { tr { th { "Seen" } th { "Source" } th { "Kind" } th { "Table" } th { "Rule" } th { "Commit LSN" } th { "Detail" } } }
+                    tbody {
+                        @for x in &c {
+                            tr {
+                                td { (chrono::DateTime::from_timestamp(x.seen_at as i64, 0).map(|t| t.to_rfc3339()).unwrap_or_default()) }
+                                td { (x.source) } td { (x.kind) }
+                                td { (x.table.as_deref().unwrap_or("")) } td { (x.rule.as_deref().unwrap_or("")) }
+                                td { (x.commit_lsn.as_deref().unwrap_or("")) } td { (x.detail) }
+                            }
+                        }
+                    }
+                }
+            }
             h2 { "Open incidents" }
             @if i.is_empty() { p { "None." } } @else {
                 table {
@@ -109,11 +134,12 @@ pub(crate) async fn pipeline(
                 }
             }
         },
-        (g, m, i) => {
+        (g, m, i, c) => {
             let error = g
                 .err()
                 .or(m.err())
                 .or(i.err())
+                .or(c.err())
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             html! { h1 { "Pipeline" } p class="error" role="alert" { "The platform database did not answer: " (error) } }
@@ -151,7 +177,7 @@ pub(crate) async fn tenants(
             tbody {
                 @for t in list.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
                     tr {
-                        td { code { (t["id"].as_str().unwrap_or_default()) } }
+                        td { a href={ "/console/tenants/" (t["id"].as_str().unwrap_or_default()) } { code { (t["id"].as_str().unwrap_or_default()) } } }
                         td { (t["name"].as_str().unwrap_or_default()) }
                         td { @if t["enabled"].as_bool().unwrap_or(true) { "enabled" } @else { "disabled" } }
                         td { (t["created_at"].as_str().unwrap_or_default()) }
@@ -221,4 +247,59 @@ pub(crate) async fn reconciliation_report(
     } else {
         super::not_found(&s, "No such reconciliation run, or not one of yours.")
     }
+}
+
+/// One tenant and its API keys (prefixes only: a key is shown once, when
+/// issued over the API).
+pub(crate) async fn tenant(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+    Path(id): Path<String>,
+) -> Response {
+    let id = serde_urlencoded::to_string([("v", id.as_str())])
+        .map(|q| q[2..].to_owned())
+        .unwrap_or_default();
+    let t = s
+        .call(&state, Method::GET, &format!("/v1/tenants/{id}"), None)
+        .await;
+    if !t.ok() {
+        return super::not_found(&s, "No such tenant.");
+    }
+    let keys = s
+        .call(
+            &state,
+            Method::GET,
+            &format!("/v1/tenants/{id}/api-keys"),
+            None,
+        )
+        .await;
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let body = html! {
+        h1 { "Tenant " code { (text(&t.body["id"])) } }
+        dl {
+            dt { "Name" } dd { (text(&t.body["name"])) }
+            dt { "State" } dd { @if t.body["enabled"].as_bool().unwrap_or(true) { "enabled" } @else { "disabled" } }
+            dt { "Created" } dd { (text(&t.body["created_at"])) }
+        }
+        h2 { "API keys" }
+        table {
+            thead { tr { th { "Key" } th { "Name" } th { "Prefix" } th { "Created" } th { "Revoked" } } }
+            tbody {
+                @for k in keys.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
+                    tr {
+                        td { code { (text(&k["id"])) } }
+                        td { (text(&k["name"])) }
+                        td { code { (text(&k["prefix"])) "…" } }
+                        td { (text(&k["created_at"])) }
+                        td { (text(&k["revoked_at"])) }
+                    }
+                }
+            }
+        }
+    };
+    respond("Tenant", &s, None, body)
 }
