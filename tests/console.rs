@@ -459,7 +459,7 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
         b.click_and_wait(&b.one("main table a[href$='/acme']").await)
             .await;
         let keys = b.text_of("main table").await;
-        assert!(keys.contains(&key[..12]) && !keys.contains(&key), "{keys}");
+        assert!(keys.contains(&key[..12]) && !keys.contains(key), "{keys}");
 
         // A reconciliation of the load's window, and its report from the
         // console (the report's own page, styled inline).
