@@ -495,7 +495,10 @@ async fn walhook_chaos_rounds_are_clean() {
         for field in ["lost", "unexpected", "unstable_ids", "bad_signatures"] {
             assert_eq!(r[field], 0, "{field}: {r}");
         }
-        assert!(r["slowest_attempt_ms"].as_i64().unwrap() <= 3_000, "{r}");
+        // A frozen walhook's attempt lasts as long as the freeze.
+        if r["fault"] != "lease-expiry" {
+            assert!(r["slowest_attempt_ms"].as_i64().unwrap() <= 3_000, "{r}");
+        }
     }
     // The failpoints and the kill stopped walhook, and it was started again.
     for r in rounds.iter().filter(|r| {
