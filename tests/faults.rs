@@ -559,8 +559,11 @@ async fn a_short_walhook_chaos_soak_samples_and_loses_nothing() {
         report["webhooks_expected"].as_u64().unwrap(),
         report["orders_committed"].as_u64().unwrap(),
     );
+    // (Ids whose insert a fault cut off leave gaps, so "every fourth" is
+    // about a quarter of the orders kept, not exactly.)
+    let ratio = expected as f64 / orders as f64;
     assert!(
-        expected <= 4 * orders && expected * 100 > 4 * orders * 99,
+        (3.95..4.05).contains(&ratio),
         "{expected} for {orders} orders"
     );
     let faults: BTreeSet<&str> = report["faults"]

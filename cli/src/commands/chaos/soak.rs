@@ -292,25 +292,37 @@ async fn judge(world: &World, tally: &Tally) -> anyhow::Result<(u64, u64, u64, u
     ))
 }
 
-/// Mean of `f` over the samples with `t` in `[from, to)`.
+/// How a window of samples is summed up.
+#[derive(Clone, Copy)]
+enum Summary {
+    Mean,
+    Median,
+    Max,
+}
+
+/// `how` of `f` over the samples with `t` in `[from, to)` (0 when none).
 fn window<T: Into<f64> + Copy>(
     samples: &[Sample],
     from: f64,
     to: f64,
     f: impl Fn(&Sample) -> Option<T>,
-    max: bool,
+    how: Summary,
 ) -> f64 {
-    let values: Vec<f64> = samples
+    let mut values: Vec<f64> = samples
         .iter()
         .filter(|s| s.t >= from && s.t < to)
         .filter_map(|s| f(s).map(Into::into))
         .collect();
     if values.is_empty() {
-        0.0
-    } else if max {
-        values.iter().copied().fold(0.0, f64::max)
-    } else {
-        values.iter().sum::<f64>() / values.len() as f64
+        return 0.0;
+    }
+    match how {
+        Summary::Mean => values.iter().sum::<f64>() / values.len() as f64,
+        Summary::Max => values.iter().copied().fold(0.0, f64::max),
+        Summary::Median => {
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        }
     }
 }
 
@@ -515,43 +527,46 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
     // Drift: the first fifth after a tenth of warm-up against the last fifth.
     let len = length.as_secs_f64();
     let (warm, early_end, late) = (0.1 * len, 0.3 * len, 0.8 * len);
-    let rss_first = window(&samples, warm, early_end, |s| s.rss_mib, false);
-    let rss_last = window(&samples, late, len + 1.0, |s| s.rss_mib, false);
+    let rss_first = window(&samples, warm, early_end, |s| s.rss_mib, Summary::Mean);
+    let rss_last = window(&samples, late, len + 1.0, |s| s.rss_mib, Summary::Mean);
     let fds_first = window(
         &samples,
         warm,
         early_end,
         |s| s.open_fds.map(|v| v as f64),
-        true,
+        Summary::Median,
     ) as u64;
     let fds_last = window(
         &samples,
         late,
         len + 1.0,
         |s| s.open_fds.map(|v| v as f64),
-        true,
+        Summary::Median,
     ) as u64;
     let sessions_first = window(
         &samples,
         warm,
         early_end,
         |s| s.pg_sessions.map(|v| v as f64),
-        true,
+        Summary::Median,
     ) as i64;
     let sessions_last = window(
         &samples,
         late,
         len + 1.0,
         |s| s.pg_sessions.map(|v| v as f64),
-        true,
+        Summary::Median,
     ) as i64;
     let rss_drift = if rss_first > 0.0 {
         rss_last / rss_first - 1.0
     } else {
         0.0
     };
-    // Descriptors and sessions move with the traffic (connections to
-    // receivers, the pool's size); growth is more than 10 % and 2 above.
+    // Descriptors and sessions move with the traffic (the HTTP pool grows
+    // in the burst after a fault and shrinks as idle connections expire):
+    // a leak raises the middle of the window, a burst only its top, so
+    // the windows' medians are compared; growth is more than 10 % and 2
+    // above.
     let grew = |first: f64, last: f64| last > (first * 1.1).max(first + 2.0);
     let clean = lost == 0
         && unexpected == 0
@@ -581,8 +596,14 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
         open_fds_at_end: fds_last,
         pg_sessions_after_warmup: sessions_first,
         pg_sessions_at_end: sessions_last,
-        slot_lag_mib_max: window(&samples, 0.0, len + 1.0, |s| s.slot_lag_mib, true),
-        queue_tables_mib_max: window(&samples, 0.0, len + 1.0, |s| s.queue_tables_mib, true),
+        slot_lag_mib_max: window(&samples, 0.0, len + 1.0, |s| s.slot_lag_mib, Summary::Max),
+        queue_tables_mib_max: window(
+            &samples,
+            0.0,
+            len + 1.0,
+            |s| s.queue_tables_mib,
+            Summary::Max,
+        ),
         clean,
         faults: marks,
         samples,
@@ -676,14 +697,14 @@ fn write_report(dir: &std::path::Path, report: &SoakReport) -> anyhow::Result<()
             ),
         ),
         row(
-            "open descriptors after warm-up → at end (max)",
+            "open descriptors after warm-up → at end (medians)",
             format!(
                 "{} → {}",
                 report.open_fds_after_warmup, report.open_fds_at_end
             ),
         ),
         row(
-            "Postgres sessions after warm-up → at end (max)",
+            "Postgres sessions after warm-up → at end (medians)",
             format!(
                 "{} → {}",
                 report.pg_sessions_after_warmup, report.pg_sessions_at_end
