@@ -589,11 +589,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let mut injected = String::new();
         // A failpoint needs walhook started with it.
         if fault.contains('.') {
-            // Two or three parts of the large transaction; k writes elsewhere.
-            let hits = if fault == "capture.mid_transaction" {
-                2
-            } else {
-                u64::from(args.writes / 10).max(1)
+            // Points hit once per batch (a part of the large transaction, a
+            // fan-out chunk, a recorder batch, a slot confirmation) are hit
+            // only a few times in a round, the more rarely the busier the
+            // machine (bigger batches): k is 1 to 3 there; the points hit
+            // per transaction or attempt take k up to a tenth of the writes.
+            let hits = match fault.as_str() {
+                "capture.mid_transaction" => 2,
+                "capture.before_confirm"
+                | "fanout.before_materialize"
+                | "fanout.after_materialize"
+                | "fanout.after_commit"
+                | "dispatch.after_record" => 3,
+                _ => u64::from(args.writes / 10).max(1),
             };
             let hit = 1 + rng.below(hits);
             injected = format!("{fault}=abort@{hit}");
