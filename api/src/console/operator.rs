@@ -8,6 +8,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, PreEscaped, html};
 
+use super::pages::{enc, text};
 use super::{OperatorSession, Session, respond};
 use crate::ApiState;
 
@@ -203,10 +204,6 @@ pub(crate) async fn reconciliations(State(state): State<ApiState>, s: Session) -
             html! { p class="error" { (list.problem()) } },
         );
     }
-    let text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
     let body = html! {
         h1 { "Reconciliation" }
         p { "Each run compares every stage for its window; its report is a page an auditor can read." }
@@ -256,9 +253,7 @@ pub(crate) async fn tenant(
     OperatorSession(s): OperatorSession,
     Path(id): Path<String>,
 ) -> Response {
-    let id = serde_urlencoded::to_string([("v", id.as_str())])
-        .map(|q| q[2..].to_owned())
-        .unwrap_or_default();
+    let id = enc(&id);
     let t = s
         .call(&state, Method::GET, &format!("/v1/tenants/{id}"), None)
         .await;
@@ -273,11 +268,6 @@ pub(crate) async fn tenant(
             None,
         )
         .await;
-    let text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => String::new(),
-        other => other.to_string(),
-    };
     let body = html! {
         h1 { "Tenant " code { (text(&t.body["id"])) } }
         dl {

@@ -11,7 +11,7 @@ use super::{Answer, Form, Session, TenantSession, not_found, respond};
 use crate::ApiState;
 
 /// Text of a JSON value: strings as they are, others as JSON.
-fn text(v: &Value) -> String {
+pub(crate) fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
@@ -67,7 +67,7 @@ async fn act(
 }
 
 /// A path segment or query value, percent-encoded.
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     serde_urlencoded::to_string([("v", s)])
         .map(|q| q[2..].to_owned())
         .unwrap_or_default()

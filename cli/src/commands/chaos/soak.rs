@@ -529,34 +529,17 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
     let (warm, early_end, late) = (0.1 * len, 0.3 * len, 0.8 * len);
     let rss_first = window(&samples, warm, early_end, |s| s.rss_mib, Summary::Mean);
     let rss_last = window(&samples, late, len + 1.0, |s| s.rss_mib, Summary::Mean);
-    let fds_first = window(
-        &samples,
-        warm,
-        early_end,
-        |s| s.open_fds.map(|v| v as f64),
-        Summary::Median,
-    ) as u64;
-    let fds_last = window(
-        &samples,
-        late,
-        len + 1.0,
-        |s| s.open_fds.map(|v| v as f64),
-        Summary::Median,
-    ) as u64;
-    let sessions_first = window(
-        &samples,
-        warm,
-        early_end,
-        |s| s.pg_sessions.map(|v| v as f64),
-        Summary::Median,
-    ) as i64;
-    let sessions_last = window(
-        &samples,
-        late,
-        len + 1.0,
-        |s| s.pg_sessions.map(|v| v as f64),
-        Summary::Median,
-    ) as i64;
+    // Medians of the early and the late window.
+    let early_late = |f: fn(&Sample) -> Option<f64>| {
+        (
+            window(&samples, warm, early_end, f, Summary::Median),
+            window(&samples, late, len + 1.0, f, Summary::Median),
+        )
+    };
+    let (fds_first, fds_last) = early_late(|s| s.open_fds.map(|v| v as f64));
+    let (fds_first, fds_last) = (fds_first as u64, fds_last as u64);
+    let (sessions_first, sessions_last) = early_late(|s| s.pg_sessions.map(|v| v as f64));
+    let (sessions_first, sessions_last) = (sessions_first as i64, sessions_last as i64);
     let rss_drift = if rss_first > 0.0 {
         rss_last / rss_first - 1.0
     } else {
