@@ -222,6 +222,50 @@ async fn a_customer_manages_webhooks_over_the_api() {
     )
     .await;
 
+    // Stats: each endpoint's attempts hour by hour, its success rate and
+    // circuit; tallied by the statement that records the attempts, so
+    // they agree with the deliveries just read.
+    let (s, broken) = api
+        .get(&key, &format!("/v1/webhook-endpoints/{failing}/stats"))
+        .await;
+    assert_eq!(s, 200, "{broken}");
+    assert_eq!(
+        (
+            &broken["attempts"],
+            &broken["succeeded"],
+            &broken["success_rate"]
+        ),
+        (&json!(3), &json!(0), &json!(0.0)),
+        "{broken}"
+    );
+    let hours = broken["hours"].as_array().unwrap();
+    assert_eq!(hours.len(), 24, "the default window is 24 hours: {broken}");
+    assert_eq!(hours.last().unwrap()["attempts"], 3, "{broken}");
+    assert!(
+        ["closed", "open", "half_open"].contains(&broken["circuit"]["state"].as_str().unwrap()),
+        "{broken}"
+    );
+    let (_, good) = api
+        .get(&key, &format!("/v1/webhook-endpoints/{ep}/stats?hours=48"))
+        .await;
+    assert_eq!(good["hours"].as_array().unwrap().len(), 48, "{good}");
+    assert_eq!(good["success_rate"], 1.0, "{good}");
+    assert!(
+        good["attempts"].as_i64().unwrap() >= 4,
+        "the test event and three orders: {good}"
+    );
+    assert_eq!(good["circuit"]["state"], "closed", "{good}");
+    let (s, bad) = api
+        .get(&key, &format!("/v1/webhook-endpoints/{ep}/stats?hours=0"))
+        .await;
+    assert_eq!(s, 422, "{bad}");
+    assert_eq!(bad["errors"][0]["field"], "query.hours", "{bad}");
+    let other = onboard(&w, &api, "globex").await;
+    let (s, _) = api
+        .get(&other, &format!("/v1/webhook-endpoints/{ep}/stats"))
+        .await;
+    assert_eq!(s, 404, "another tenant's endpoint stats");
+
     // Replay: accepted with a request id (the dispatcher's manual attempt
     // is checked in `replays_and_recovery_make_manual_attempts`).
     let (s, replay) = api

@@ -234,6 +234,23 @@ async fn a_tenant_works_in_the_console_and_sees_only_its_own() {
         b.goto(&format!("{}/console/endpoints/{endpoint}", api.base))
             .await;
         assert!(!b.text_of("main").await.contains(&rotated));
+        // Its attempts of the last 24 hours: the failures and the manual
+        // success, as a rate and hour bars; and its circuit.
+        let rate = b.text_of("#success-rate").await;
+        assert!(rate.contains('%') && rate.contains(" of "), "{rate}");
+        assert!(
+            !rate.starts_with("100.0"),
+            "a failed attempt was made: {rate}"
+        );
+        let circuit = b.text_of("#circuit").await;
+        assert!(
+            ["closed", "open", "half_open"]
+                .iter()
+                .any(|c| circuit.starts_with(c)),
+            "{circuit}"
+        );
+        assert!(!b.find("svg.chart rect").await.is_empty(), "the hour bars");
+        b.save_screenshot(&dir.join("06b-endpoint-stats.png")).await;
 
         // The operator's pages are not the tenant's.
         b.goto(&format!("{}/console/pipeline", api.base)).await;
@@ -440,8 +457,11 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
         }
         assert!(
             b.find("svg.chart rect").await.len() >= 2,
-            "the chart has bars"
+            "the charts have bars"
         );
+        // The 100 first attempts' latency from commit is shown.
+        let p99 = b.text_of("#first-p99").await;
+        assert!(p99.starts_with('≤') && p99.ends_with('s'), "{p99}");
         b.save_screenshot(&dir.join("09-pipeline-after-load.png"))
             .await;
         let page = b.text_of("main").await;
@@ -460,6 +480,38 @@ async fn the_operator_watches_the_pipeline_while_load_runs() {
             .await;
         let keys = b.text_of("main table").await;
         assert!(keys.contains(&key[..12]) && !keys.contains(key), "{keys}");
+        // The operator issues a key from the page (shown once, and it
+        // works), then revokes it from the page (it stops working).
+        b.type_into(&b.one("#key-name").await, "billing job").await;
+        b.click_and_wait(&b.one("form[action$='/keys'] button").await)
+            .await;
+        let issued = b.text_of("code.secret").await;
+        assert!(issued.starts_with("whk_"), "{issued}");
+        let (s, _) = api.get(&issued, "/v1/webhook-endpoints").await;
+        assert_eq!(s, 200, "the issued key works");
+        let listed = b.text_of("main table").await;
+        assert!(
+            listed.contains("billing job") && !listed.contains(&issued),
+            "{listed}"
+        );
+        b.save_screenshot(&dir.join("09b-key-issued.png")).await;
+        b.goto(&format!("{}/console/tenants/acme", api.base)).await;
+        assert!(!b.text_of("main").await.contains(&issued), "shown once");
+        let (_, keys) = api.get(OPERATOR, "/v1/tenants/acme/api-keys").await;
+        let id = keys["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == "billing job")
+            .expect("the issued key is listed")["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        b.click_and_wait(&b.one(&format!("form[action$='/{id}/revoke'] button")).await)
+            .await;
+        assert!(b.text_of("main").await.contains("revoked"));
+        let (s, _) = api.get(&issued, "/v1/webhook-endpoints").await;
+        assert_eq!(s, 401, "a revoked key stops working");
 
         // A reconciliation of the load's window, and its report from the
         // console (the report's own page, styled inline).

@@ -25,7 +25,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
         tenants::create_tenant, tenants::list_tenants, tenants::get_tenant, tenants::patch_tenant,
         tenants::create_api_key, tenants::list_api_keys, tenants::revoke_api_key,
         endpoints::create_endpoint, endpoints::list_endpoints, endpoints::get_endpoint,
-        endpoints::patch_endpoint, endpoints::delete_endpoint, endpoints::endpoint_versions,
+        endpoints::patch_endpoint, endpoints::delete_endpoint, endpoints::endpoint_versions, endpoints::endpoint_stats,
         endpoints::rotate_secret, endpoints::verify_endpoint, endpoints::recover_endpoint, endpoints::test_endpoint,
         deliveries::list_deliveries, deliveries::get_delivery, deliveries::replay_delivery,
         deliveries::cancel_delivery,

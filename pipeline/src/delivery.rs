@@ -261,6 +261,9 @@ pub struct AttemptRecord {
     pub endpoint_config_version: i32,
     /// The versions of the secrets that signed it, newest first.
     pub secret_versions: Vec<i32>,
+    /// When the event committed (first-attempt latency is measured from
+    /// it).
+    pub event_occurred_at: Timestamp,
     /// When the request started.
     pub started_at: Timestamp,
     /// When the outcome was known.

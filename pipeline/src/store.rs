@@ -220,6 +220,12 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
         async { Ok(()) }
     }
 
+    /// Drops attempt tallies (the console's charts) past their keeping
+    /// time; returns how many rows. A store without them does nothing.
+    fn expire_tallies(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { Ok(0) }
+    }
+
     /// Deliveries cancelled through the API after position `after` (at
     /// most `limit`, in order) and the position to ask after next; with
     /// `after = None`, none and the current last position. A store without

@@ -171,27 +171,6 @@ impl Platform {
         })
     }
 
-    /// Attempts of the last hour per minute (Unix seconds of the minute,
-    /// attempts, succeeded), oldest first: the console's throughput chart.
-    /// Reads only the attempts partitions of the last hour.
-    pub async fn attempts_by_minute(&self) -> Result<Vec<(f64, i64, i64)>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT extract(epoch FROM date_trunc('minute', started_at))::float8 AS minute, \
-                        count(*), count(*) FILTER (WHERE outcome = 'succeeded') \
-                 FROM walhook.attempts WHERE started_at > now() - interval '1 hour' \
-                 GROUP BY 1 ORDER BY 1",
-                &[],
-            )
-            .await
-            .map_err(StoreError::query("read attempts per minute"))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
-    }
-
     /// The latest capture incidents (what capture saw that did not become
     /// an event), newest first: source, kind, commit LSN, rule, table,
     /// detail, Unix seconds seen.

@@ -35,6 +35,7 @@ pub mod replay;
 pub mod rotation;
 pub mod schemas;
 pub mod secrets;
+pub mod tallies;
 pub mod tenants;
 pub mod verification;
 

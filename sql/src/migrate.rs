@@ -119,6 +119,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "delivery_order",
         sql: include_str!("../migrations/0019_delivery_order.sql"),
     },
+    Migration {
+        version: 20,
+        name: "attempt_tallies",
+        sql: include_str!("../migrations/0020_attempt_tallies.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -121,6 +121,7 @@ fn success(job: &DeliveryJob) -> AttemptRecord {
         trigger: Trigger::Auto,
         endpoint_config_version: job.endpoint_config_version,
         secret_versions: vec![1],
+        event_occurred_at: job.event_occurred_at,
         started_at: now,
         finished_at: now,
         http_status: Some(200),
@@ -380,4 +381,96 @@ async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_lates
     assert_eq!(row.get::<_, i32>(1), 2);
     assert_eq!(w.count("walhook.attempts").await, 2);
     assert_eq!(w.count("walhook.pending").await, 0);
+}
+
+#[tokio::test]
+async fn attempts_are_tallied_once_even_when_a_batch_is_recorded_again() {
+    let w = world().await;
+    w.plan(2_000, Some("a"), Duration::ZERO).await;
+    let (mut jobs, _) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    jobs.sort_by_key(|j| j.endpoint_id);
+    let failed = AttemptRecord {
+        outcome: "rejected",
+        http_status: Some(400),
+        status: DeliveryStatus::Failed,
+        ..success(&jobs[2])
+    };
+    let batch = [success(&jobs[0]), success(&jobs[1]), failed];
+    w.platform.record(&batch).await.unwrap();
+    // A redo (the write committed, its answer was lost): the careful path
+    // inserts nothing and so tallies nothing.
+    w.platform.record(&batch).await.unwrap();
+    assert_eq!(w.count("walhook.attempts").await, 3);
+    let sum = |sql: &str| {
+        let sql = sql.to_owned();
+        let client = &w.sql;
+        async move {
+            let row = client.query_one(&sql, &[]).await.unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        }
+    };
+    assert_eq!(
+        sum("SELECT sum(attempts)::int8, sum(succeeded)::int8 FROM walhook.endpoint_hours").await,
+        (3, 2)
+    );
+    assert_eq!(
+        sum("SELECT sum(attempts)::int8, sum(first_attempts)::int8 FROM walhook.attempt_minutes")
+            .await,
+        (3, 3)
+    );
+    assert_eq!(
+        sum("SELECT sum(attempts)::int8, count(*) FROM walhook.first_attempt_latency").await,
+        (3, 1),
+        "three first attempts, committed at one time and started together"
+    );
+
+    // Read back: the failing endpoint's window ends with this hour.
+    let acme = TenantId::new("acme").unwrap();
+    let (hours, circuit) = w
+        .platform
+        .endpoint_tallies(&acme, jobs[2].endpoint_id, 24)
+        .await
+        .unwrap()
+        .expect("acme's endpoint");
+    assert_eq!(hours.len(), 24, "every hour of the window");
+    let last = hours.last().unwrap();
+    assert_eq!((last.attempts, last.succeeded), (1, 0));
+    assert!(hours[..23].iter().all(|h| h.attempts == 0));
+    assert!(last.hour <= std::time::SystemTime::now());
+    assert_eq!(circuit, None, "no health recorded yet");
+    let other = TenantId::new("other").unwrap();
+    assert!(
+        w.platform
+            .endpoint_tallies(&other, jobs[2].endpoint_id, 24)
+            .await
+            .unwrap()
+            .is_none(),
+        "another tenant's endpoint is not found"
+    );
+    let hour = w.platform.attempts_by_minute().await.unwrap();
+    assert_eq!(hour.minutes.iter().map(|m| m.attempts).sum::<i64>(), 3);
+    let (p50, p99) = hour.first_latency_ms.expect("first attempts were made");
+    // Committed at the plan's fixed time (Nov 2026): days, not seconds.
+    let truth = Timestamp::now()
+        .since(Timestamp(1_796_000_000_000_000 + 2_000))
+        .as_millis() as f64;
+    assert!(
+        p50 == p99 && p99 >= truth && p99 < truth * 1.2,
+        "{p99} vs {truth}"
+    );
+
+    // Tallies past their keeping time go; recent ones stay.
+    w.sql
+        .execute(
+            "INSERT INTO walhook.attempt_minutes VALUES (now() - interval '3 days', 1, 1, 0)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.platform.drop_old_tallies().await.unwrap(), 1);
+    assert_eq!(w.count("walhook.attempt_minutes").await, 1);
 }

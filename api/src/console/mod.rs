@@ -16,6 +16,7 @@
 //! Content-Security-Policy and no script at all; the stylesheet ships in
 //! the binary.
 
+mod charts;
 mod operator;
 mod pages;
 
@@ -574,6 +575,11 @@ pub(crate) fn router() -> Router<ApiState> {
         .route("/console/pipeline", get(operator::pipeline))
         .route("/console/tenants", get(operator::tenants))
         .route("/console/tenants/{id}", get(operator::tenant))
+        .route("/console/tenants/{id}/keys", post(operator::issue_key))
+        .route(
+            "/console/tenants/{id}/keys/{key}/revoke",
+            post(operator::revoke_key),
+        )
         .route("/console/reconciliations", get(operator::reconciliations))
         .route(
             "/console/reconciliations/{id}/report.html",

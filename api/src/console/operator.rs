@@ -1,62 +1,94 @@
 //! The operator's pages: the pipeline at a glance (refreshed every 5 s
 //! without script), and the tenants.
 
-use std::fmt::Write;
-
 use axum::extract::{Path, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-use maud::{Markup, PreEscaped, html};
+use maud::{Markup, html};
+use walhook_sql::tallies::MinuteTally;
 
+use super::charts::{Axis, Bar, bars};
 use super::pages::{enc, text};
-use super::{OperatorSession, Session, respond};
+use super::{Form, OperatorSession, Session, respond};
 use crate::ApiState;
+use serde_json::json;
 
 fn secs(v: f64) -> String {
     if v < 1.0 {
         format!("{:.0} ms", v * 1000.0)
-    } else {
+    } else if v < 120.0 {
         format!("{v:.1} s")
+    } else if v < 7200.0 {
+        format!("{:.0} min", v / 60.0)
+    } else if v < 172_800.0 {
+        format!("{:.1} h", v / 3600.0)
+    } else {
+        format!("{:.1} days", v / 86_400.0)
     }
 }
 
-/// Attempts per minute over the last hour as an inline SVG bar chart
-/// (succeeded in green over the failed remainder).
-fn chart(minutes: &[(f64, i64, i64)]) -> Markup {
-    let (w, h) = (600.0f64, 120.0f64);
-    let now = minutes.last().map_or(0.0, |m| m.0);
-    let max = minutes.iter().map(|m| m.1).max().unwrap_or(0).max(1) as f64;
-    let bar = w / 60.0;
-    let mut svg = format!(
-        r#"<svg class="chart" width="{w}" height="{}" viewBox="0 0 {w} {}" role="img" aria-label="Attempts per minute over the last hour">"#,
-        h + 16.0,
-        h + 16.0
-    );
-    for (minute, all, ok) in minutes {
-        let slot = 59.0 - ((now - minute) / 60.0).round();
-        if !(0.0..60.0).contains(&slot) {
-            continue;
+/// The last hour's minutes as one slot each (oldest first), the current
+/// minute last.
+fn last_hour<T>(
+    minutes: &[MinuteTally],
+    bar: impl Fn(&MinuteTally) -> Option<T>,
+) -> Vec<Option<T>> {
+    let now = minutes.last().map_or(0.0, |m| m.minute);
+    let mut slots: Vec<Option<T>> = (0..60).map(|_| None).collect();
+    for m in minutes {
+        let slot = 59.0 - ((now - m.minute) / 60.0).round();
+        if (0.0..60.0).contains(&slot) {
+            slots[slot as usize] = bar(m);
         }
-        let x = slot * bar;
-        let total = h * (*all as f64) / max;
-        let good = h * (*ok as f64) / max;
-        let _ = write!(
-            svg,
-            r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{total:.1}" fill="#c44"><title>{all} attempts, {ok} succeeded</title></rect><rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{good:.1}" fill="#3a3"/>"##,
-            h - total,
-            bar - 1.0,
-            h - good,
-            bar - 1.0,
-        );
     }
-    let _ = write!(
-        svg,
-        r#"<text x="0" y="{}" font-size="11">60 min ago</text><text x="{w}" y="{}" font-size="11" text-anchor="end">now · peak {max:.0}/min</text></svg>"#,
-        h + 13.0,
-        h + 13.0
-    );
-    // Only numbers are interpolated: nothing to escape.
-    PreEscaped(svg)
+    slots
+}
+
+/// Attempts per minute (succeeded in green over the failed rest) and the
+/// commit -> first attempt p99 per minute, over the last hour.
+fn hour_charts(minutes: &[MinuteTally]) -> Markup {
+    let attempts = last_hour(minutes, |m| {
+        Some(Bar {
+            total: m.attempts as f64,
+            good: m.succeeded as f64,
+            title: format!("{} attempts, {} succeeded", m.attempts, m.succeeded),
+        })
+    });
+    let latency = last_hour(minutes, |m| {
+        m.first_latency_ms.map(|(p50, p99)| Bar {
+            total: p99,
+            good: p99,
+            title: format!(
+                "{} first attempts: p50 ≤ {}, p99 ≤ {}",
+                m.first_attempts,
+                ms(p50),
+                ms(p99)
+            ),
+        })
+    });
+    let peak = minutes.iter().map(|m| m.attempts).max().unwrap_or(0);
+    let worst = minutes
+        .iter()
+        .filter_map(|m| m.first_latency_ms.map(|l| l.1))
+        .fold(0.0, f64::max);
+    html! {
+        h2 { "Attempts per minute" }
+        (bars(&attempts, 600.0, 120.0, &Axis {
+            label: "Attempts per minute over the last hour",
+            left: "60 min ago",
+            right: &format!("now · peak {peak}/min"),
+        }))
+        h2 { "Commit to first attempt, p99 per minute" }
+        (bars(&latency, 600.0, 80.0, &Axis {
+            label: "First-attempt latency (p99) per minute over the last hour",
+            left: "60 min ago",
+            right: &format!("now · worst {}", ms(worst)),
+        }))
+    }
+}
+
+fn ms(v: f64) -> String {
+    secs(v / 1000.0)
 }
 
 /// The pipeline: pending work and its age, capture checkpoints, circuits,
@@ -81,10 +113,11 @@ pub(crate) async fn pipeline(
                 div class="tile" { span class="label" { "Oldest due, new" } span class="value" { (secs(g.oldest_due_new_secs)) } }
                 div class="tile" { span class="label" { "Oldest due, retry" } span class="value" { (secs(g.oldest_due_retry_secs)) } }
                 div class="tile" { span class="label" { "Due, unheld" } span class="value" { (g.overdue_unleased) } }
-                div class="tile" { span class="label" { "Attempts, last hour" } span class="value" id="attempts-hour" { (m.iter().map(|x| x.1).sum::<i64>()) } }
+                div class="tile" { span class="label" { "Attempts, last hour" } span class="value" id="attempts-hour" { (m.minutes.iter().map(|x| x.attempts).sum::<i64>()) } }
+                div class="tile" { span class="label" { "First attempt p99, last hour" } span class="value" id="first-p99" {
+                    @if let Some((_, p99)) = m.first_latency_ms { "≤ " (ms(p99)) } @else { "none" } } }
             }
-            h2 { "Attempts per minute" }
-            (chart(&m))
+            (hour_charts(&m.minutes))
             h2 { "Capture" }
             table {
                 thead { tr { th { "Source" } th { "Slot lag" } th { "Checkpoint age" } } }
@@ -102,7 +135,8 @@ pub(crate) async fn pipeline(
                 }
             }
             h2 { "Circuits" }
-            p { @for (state, n) in &g.circuits { (state) ": " (n) "  " } }
+            @if g.circuits.is_empty() { p { "None recorded yet: no endpoint has had an attempt." } }
+            @else { p { @for (state, n) in &g.circuits { (state) ": " (n) "  " } } }
             h2 { "Quarantined endpoints" }
             @let quarantined: Vec<_> = i.iter().filter(|x| x.kind == "endpoint_quarantined").collect();
             @if quarantined.is_empty() { p { "None: every endpoint's configuration loads." } } @else {
@@ -246,23 +280,17 @@ pub(crate) async fn reconciliation_report(
     }
 }
 
-/// One tenant and its API keys (prefixes only: a key is shown once, when
-/// issued over the API).
-pub(crate) async fn tenant(
-    State(state): State<ApiState>,
-    OperatorSession(s): OperatorSession,
-    Path(id): Path<String>,
-) -> Response {
-    let id = enc(&id);
+async fn tenant_page(state: &ApiState, s: &Session, id: &str, notice: Option<Markup>) -> Response {
+    let id = enc(id);
     let t = s
-        .call(&state, Method::GET, &format!("/v1/tenants/{id}"), None)
+        .call(state, Method::GET, &format!("/v1/tenants/{id}"), None)
         .await;
     if !t.ok() {
-        return super::not_found(&s, "No such tenant.");
+        return super::not_found(s, "No such tenant.");
     }
     let keys = s
         .call(
-            &state,
+            state,
             Method::GET,
             &format!("/v1/tenants/{id}/api-keys"),
             None,
@@ -277,7 +305,7 @@ pub(crate) async fn tenant(
         }
         h2 { "API keys" }
         table {
-            thead { tr { th { "Key" } th { "Name" } th { "Prefix" } th { "Created" } th { "Revoked" } } }
+            thead { tr { th { "Key" } th { "Name" } th { "Prefix" } th { "Created" } th { "Revoked" } th { span class="sr-only" { "Action" } } } }
             tbody {
                 @for k in keys.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
                     tr {
@@ -286,10 +314,89 @@ pub(crate) async fn tenant(
                         td { code { (text(&k["prefix"])) "…" } }
                         td { (text(&k["created_at"])) }
                         td { (text(&k["revoked_at"])) }
+                        td {
+                            @if k["revoked_at"].is_null() {
+                                form method="post" action={ "/console/tenants/" (id) "/keys/" (enc(&text(&k["id"]))) "/revoke" } {
+                                    (s.csrf_field())
+                                    button type="submit" class="danger" aria-label={ "Revoke key " (text(&k["id"])) } { "Revoke" }
+                                }
+                            }
+                        }
                     }
                 }
             }
         }
+        h2 { "Issue a key" }
+        form method="post" action={ "/console/tenants/" (id) "/keys" } {
+            (s.csrf_field())
+            label for="key-name" { "Name (where the key will be used)" }
+            input id="key-name" name="name" type="text" maxlength="256";
+            button type="submit" { "Issue key" }
+        }
     };
-    respond("Tenant", &s, None, body)
+    respond("Tenant", s, notice, body)
+}
+
+/// A tenant: its API keys, with forms to issue and revoke them.
+pub(crate) async fn tenant(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+    Path(id): Path<String>,
+) -> Response {
+    tenant_page(&state, &s, &id, None).await
+}
+
+/// Issues a key for a tenant; the key is shown once.
+pub(crate) async fn issue_key(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+    Path(id): Path<String>,
+    form: Form,
+) -> Response {
+    if let Some(r) = form.refused(&s) {
+        return r;
+    }
+    let made = s
+        .call(
+            &state,
+            Method::POST,
+            &format!("/v1/tenants/{}/api-keys", enc(&id)),
+            Some(json!({ "name": form.get("name").unwrap_or_default() })),
+        )
+        .await;
+    let notice = if made.ok() {
+        html! {
+            p { "Key " code { (text(&made.body["api_key"]["id"])) } " issued. The key, shown this once (give it to the tenant):" }
+            p { code class="secret" { (text(&made.body["key"])) } }
+        }
+    } else {
+        html! { p class="error" role="alert" { "Not issued: " (made.problem()) } }
+    };
+    tenant_page(&state, &s, &id, Some(notice)).await
+}
+
+/// Revokes one of a tenant's keys: it stops authenticating at once.
+pub(crate) async fn revoke_key(
+    State(state): State<ApiState>,
+    OperatorSession(s): OperatorSession,
+    Path((id, key)): Path<(String, String)>,
+    form: Form,
+) -> Response {
+    if let Some(r) = form.refused(&s) {
+        return r;
+    }
+    let done = s
+        .call(
+            &state,
+            Method::DELETE,
+            &format!("/v1/tenants/{}/api-keys/{}", enc(&id), enc(&key)),
+            None,
+        )
+        .await;
+    let notice = if done.ok() {
+        html! { p { "Key " code { (key) } " revoked: it no longer signs in or calls the API." } }
+    } else {
+        html! { p class="error" role="alert" { "Not revoked: " (done.problem()) } }
+    };
+    tenant_page(&state, &s, &id, Some(notice)).await
 }

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde_json::{Value, json};
 
+use super::charts::{Axis, Bar, bars};
 use super::{Answer, Form, Session, TenantSession, not_found, respond};
 use crate::ApiState;
 
@@ -84,9 +85,92 @@ fn state_of(e: &Value) -> Markup {
     }
 }
 
+/// The stats (`…/stats`) of each endpoint of a listing, in its order
+/// (Null where they could not be read: the page shows the rest).
+async fn stats_of(state: &ApiState, s: &Session, list: &Value) -> Vec<Value> {
+    use futures::StreamExt;
+    let ids: Vec<String> = rows(list).iter().map(|e| text(&e["id"])).collect();
+    futures::stream::iter(ids)
+        .map(|id| async move {
+            let a = s
+                .call(
+                    state,
+                    Method::GET,
+                    &format!("/v1/webhook-endpoints/{}/stats", enc(&id)),
+                    None,
+                )
+                .await;
+            if a.ok() { a.body } else { Value::Null }
+        })
+        .buffered(8)
+        .collect()
+        .await
+}
+
+/// The hours of `…/stats` as bars (succeeded in green over the failed
+/// rest).
+fn hours_chart(stats: &Value, width: f64, height: f64) -> Markup {
+    let hours = stats["hours"].as_array().map_or(&[][..], Vec::as_slice);
+    let slots: Vec<Option<Bar>> = hours
+        .iter()
+        .map(|h| {
+            let (all, ok) = (
+                h["attempts"].as_i64().unwrap_or(0),
+                h["succeeded"].as_i64().unwrap_or(0),
+            );
+            (all > 0).then(|| Bar {
+                total: all as f64,
+                good: ok as f64,
+                title: format!("{}: {all} attempts, {ok} succeeded", text(&h["hour"])),
+            })
+        })
+        .collect();
+    let label = format!("Attempts per hour over the last {} hours", hours.len());
+    bars(
+        &slots,
+        width,
+        height,
+        &Axis {
+            label: &label,
+            left: &format!("{} h ago", hours.len()),
+            right: "now",
+        },
+    )
+}
+
+/// Success rate and attempts of `…/stats`.
+fn rate_of(stats: &Value) -> Markup {
+    html! {
+        @match stats["success_rate"].as_f64() {
+            Some(r) => {
+                span class=(if r >= 0.99 { "ok" } else { "bad" }) { (format!("{:.1} %", r * 100.0)) }
+                " of " (text(&stats["attempts"]))
+            }
+            None => span class="muted" { "no attempts" },
+        }
+    }
+}
+
+/// The circuit of `…/stats`.
+fn circuit_of(stats: &Value) -> Markup {
+    let c = &stats["circuit"];
+    html! {
+        @match c["state"].as_str() {
+            Some("closed") => span class="ok" { "closed" },
+            Some(other) => {
+                span class="bad" { (other) }
+                @if let Some(until) = c["open_until"].as_str() { " until " (until) }
+                " (" (text(&c["consecutive_failures"])) " failures in a row)"
+            }
+            None => span class="muted" { "unknown" },
+        }
+    }
+}
+
 fn endpoints_page(
     s: &Session,
     list: &Value,
+    stats: &[Value],
     notice: Option<Markup>,
     form: Option<&Form>,
     status: StatusCode,
@@ -102,15 +186,21 @@ fn endpoints_page(
             p { "No endpoint yet: add the first below." }
         } @else {
             table {
-                thead { tr { th { "URL" } th { "Description" } th { "Event types" } th { "State" } th { "Ownership" } } }
+                thead { tr {
+                    th { "URL" } th { "Description" } th { "Event types" } th { "State" } th { "Circuit" }
+                    th { "Ownership" } th { "Success, 24 h" } th { "Attempts per hour, 24 h" }
+                } }
                 tbody {
-                    @for e in rows(list) {
+                    @for (e, st) in rows(list).iter().zip(stats.iter().chain(std::iter::repeat(&Value::Null))) {
                         tr {
                             td { a href={ "/console/endpoints/" (text(&e["id"])) } { (text(&e["url"])) } }
                             td { (text(&e["description"])) }
                             td { (e["event_types"].as_array().map(|t| t.iter().map(text).collect::<Vec<_>>().join(", ")).unwrap_or_default()) }
-                            td { (state_of(e)) }
-                            td { (text(&e["verification"]["state"])) }
+                            td class="nowrap" { (state_of(e)) }
+                            td class="nowrap" { (circuit_of(st)) }
+                            td class="nowrap" { (text(&e["verification"]["state"])) }
+                            td class="nowrap" { (rate_of(st)) }
+                            td { (hours_chart(st, 120.0, 24.0)) }
                         }
                     }
                 }
@@ -142,7 +232,8 @@ pub(crate) async fn endpoints(
     if !list.ok() {
         return failed(&s, &list);
     }
-    endpoints_page(&s, &list.body, None, None, StatusCode::OK)
+    let stats = stats_of(&state, &s, &list.body).await;
+    endpoints_page(&s, &list.body, &stats, None, None, StatusCode::OK)
 }
 
 /// Adds an endpoint; its secret is shown once.
@@ -177,17 +268,32 @@ pub(crate) async fn create_endpoint(
     let list = s
         .call(&state, Method::GET, "/v1/webhook-endpoints?limit=250", None)
         .await;
+    let stats = stats_of(&state, &s, &list.body).await;
     if created.ok() {
         let notice = html! {
             p { "Endpoint " a href={ "/console/endpoints/" (text(&created.body["endpoint"]["id"])) } { (text(&created.body["endpoint"]["url"])) } " added. Its signing secret, shown this once:" }
             p { code class="secret" { (text(&created.body["secret"])) } }
         };
-        endpoints_page(&s, &list.body, Some(notice), None, StatusCode::CREATED)
+        endpoints_page(
+            &s,
+            &list.body,
+            &stats,
+            Some(notice),
+            None,
+            StatusCode::CREATED,
+        )
     } else if created.status == StatusCode::UNAUTHORIZED {
         failed(&s, &created)
     } else {
         let notice = html! { p class="error" role="alert" { "Not added: " (created.problem()) } };
-        endpoints_page(&s, &list.body, Some(notice), Some(&form), created.status)
+        endpoints_page(
+            &s,
+            &list.body,
+            &stats,
+            Some(notice),
+            Some(&form),
+            created.status,
+        )
     }
 }
 
@@ -216,7 +322,16 @@ async fn endpoint_page(
             None,
         )
         .await;
+    let stats = s
+        .call(
+            state,
+            Method::GET,
+            &format!("/v1/webhook-endpoints/{}/stats", enc(id)),
+            None,
+        )
+        .await;
     let e = &e.body;
+    let stats = &stats.body;
     let body = html! {
         h1 { "Endpoint" }
         dl {
@@ -229,7 +344,11 @@ async fn endpoint_page(
             dt { "Ordering" } dd { (text(&e["ordering"])) }
             dt { "Config version" } dd { (text(&e["config_version"])) }
             dt { "Secret version" } dd { (text(&e["secret_version"])) }
+            dt { "Circuit" } dd id="circuit" { (circuit_of(stats)) }
+            dt { "Success, 24 h" } dd id="success-rate" { (rate_of(stats)) }
         }
+        h2 { "Attempts per hour" }
+        (hours_chart(stats, 480.0, 80.0))
         p { a href={ "/console/deliveries?endpoint_id=" (enc(&text(&e["id"]))) } { "Deliveries to this endpoint" } }
         div class="actions" {
             form method="post" action={ "/console/endpoints/" (enc(id)) "/rotate" } {

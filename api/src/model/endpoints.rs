@@ -355,6 +355,73 @@ pub struct EndpointVersionList {
     pub data: Vec<EndpointVersion>,
 }
 
+/// An endpoint's attempts hour by hour, and its circuit.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EndpointStats {
+    /// The endpoint.
+    pub endpoint_id: String,
+    /// Attempts over the window (automatic and manual).
+    pub attempts: i64,
+    /// Of them, answered 2xx.
+    pub succeeded: i64,
+    /// `succeeded / attempts`; null without attempts.
+    pub success_rate: Option<f64>,
+    /// Every hour of the window (UTC), oldest first, the current
+    /// (unfinished) hour last; hours without attempts count 0.
+    pub hours: Vec<HourStats>,
+    /// The endpoint's circuit breaker, as dispatch last recorded it.
+    pub circuit: Circuit,
+}
+
+/// One hour of an endpoint's attempts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HourStats {
+    /// The hour's start.
+    pub hour: DateTime<Utc>,
+    /// Attempts started in the hour.
+    pub attempts: i64,
+    /// Of them, answered 2xx.
+    pub succeeded: i64,
+}
+
+/// A circuit breaker's state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Circuit {
+    /// `closed` (sending), `open` (holding deliveries until `open_until`),
+    /// `half_open` (one probe decides).
+    pub state: String,
+    /// Failed attempts in a row.
+    pub consecutive_failures: i32,
+    /// The first failure of the current run of failures.
+    pub failing_since: Option<DateTime<Utc>>,
+    /// When the circuit last opened.
+    pub opened_at: Option<DateTime<Utc>>,
+    /// Until when an open circuit holds deliveries (then a probe goes).
+    pub open_until: Option<DateTime<Utc>>,
+}
+
+impl Circuit {
+    /// The circuit recorded for an endpoint, or closed when none is.
+    pub fn from_row(row: Option<walhook_sql::tallies::CircuitRow>) -> Self {
+        match row {
+            Some(c) => Circuit {
+                state: c.state,
+                consecutive_failures: c.consecutive_failures,
+                failing_since: c.failing_since.map(ts),
+                opened_at: c.opened_at.map(ts),
+                open_until: c.open_until.map(ts),
+            },
+            None => Circuit {
+                state: "closed".into(),
+                consecutive_failures: 0,
+                failing_since: None,
+                opened_at: None,
+                open_until: None,
+            },
+        }
+    }
+}
+
 /// A secret rotation.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -321,6 +321,55 @@ pub async fn endpoint_versions(
     .into_response())
 }
 
+/// The window of `…/stats`, in hours.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StatsQuery {
+    /// Hours back from now, 1 to 192 (default 24): the current hour and
+    /// the `hours - 1` before it.
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 192)]
+    pub hours: Option<String>,
+}
+
+/// An endpoint's attempts hour by hour (kept 8 days) with its success
+/// rate, and its circuit breaker: what a dashboard charts.
+#[utoipa::path(get, path = "/v1/webhook-endpoints/{endpoint_id}/stats", tag = "endpoints",
+    params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)"), StatsQuery),
+    responses((status = 200, description = "The endpoint's hours and circuit", body = EndpointStats), ErrorResponses),
+    security(("tenant_key" = [])))]
+pub async fn endpoint_stats(
+    caller: TenantCaller,
+    State(state): State<ApiState>,
+    PathParams(id): PathParams<String>,
+    QueryParams(q): QueryParams<StatsQuery>,
+) -> Result<Response, ApiError> {
+    let hours = validate::count("query.hours", q.hours.as_deref(), 24, 192)?;
+    let eid = endpoint_id(&id)?;
+    let (tallies, circuit) = state
+        .platform
+        .endpoint_tallies(&caller.tenant, eid, hours as u32)
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    let attempts: i64 = tallies.iter().map(|h| h.attempts).sum();
+    let succeeded: i64 = tallies.iter().map(|h| h.succeeded).sum();
+    Ok(axum::Json(EndpointStats {
+        endpoint_id: eid.to_string(),
+        attempts,
+        succeeded,
+        success_rate: (attempts > 0).then(|| succeeded as f64 / attempts as f64),
+        hours: tallies
+            .into_iter()
+            .map(|h| HourStats {
+                hour: ts(h.hour),
+                attempts: h.attempts,
+                succeeded: h.succeeded,
+            })
+            .collect(),
+        circuit: Circuit::from_row(circuit),
+    })
+    .into_response())
+}
+
 /// Makes a new signing secret (shown once: a replay with the same
 /// `Idempotency-Key` answers `secret: null`, `secret_withheld: true`); the
 /// previous ones keep signing for the overlap.

@@ -71,6 +71,10 @@ pub fn router(state: ApiState) -> Router {
             get(endpoint_versions),
         )
         .route(
+            "/v1/webhook-endpoints/{endpoint_id}/stats",
+            get(endpoint_stats),
+        )
+        .route(
             "/v1/webhook-endpoints/{endpoint_id}/rotate-secret",
             post(rotate_secret),
         )

@@ -197,13 +197,18 @@ pub fn unsafe_text(value: &str, lines: Lines) -> Option<String> {
 
 /// The page size: 1 to `max`, `default` when absent.
 pub fn limit(value: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
+    count("query.limit", value, default, max)
+}
+
+/// A whole number from 1 to `max` in `field`, `default` when absent.
+pub fn count(field: &str, value: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
     let Some(text) = value else {
         return Ok(default);
     };
     match text.trim().parse::<i64>() {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(ApiError::field(
-            "query.limit",
+            field,
             format!("is {text:?}; give a whole number from 1 to {max}"),
         )),
     }

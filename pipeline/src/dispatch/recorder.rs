@@ -22,8 +22,10 @@ use crate::incident::{IncidentKind, Stage, StageIncident};
 use crate::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
 use crate::time::Timestamp;
 
-/// One thing to write.
+/// One thing to write. Nearly every record is an attempt: boxing it would
+/// add an allocation per attempt to spare the rare others some bytes.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Record {
     /// An attempt and the delivery's state after it.
     Attempt(AttemptRecord),

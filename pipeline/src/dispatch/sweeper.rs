@@ -141,6 +141,9 @@ pub async fn run<S: DispatchStore>(
                 Ok(n) => tracing::debug!(count = n, "removed finished fan-out plans"),
                 Err(e) => tracing::warn!(error = %e, "could not remove finished fan-out plans"),
             }
+            if let Err(e) = store.expire_tallies().await {
+                tracing::warn!(error = %e, "could not drop old attempt tallies");
+            }
             last_tidy = std::time::Instant::now();
         }
         if last_clean.elapsed() >= CLEAN_EVERY {
