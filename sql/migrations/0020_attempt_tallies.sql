@@ -37,12 +37,12 @@ CREATE TABLE walhook.first_attempt_latency (
 -- latency is not known for them: the event's commit time is not kept on
 -- the attempt).
 INSERT INTO walhook.endpoint_hours (endpoint_id, hour, tenant_id, attempts, succeeded)
-SELECT endpoint_id, to_timestamp(floor(extract(epoch FROM started_at) / 3600) * 3600),
+SELECT endpoint_id, date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
        min(tenant_id), count(*), count(*) FILTER (WHERE outcome = 'succeeded')
 FROM walhook.attempts WHERE started_at > now() - interval '25 hours'
 GROUP BY 1, 2;
 INSERT INTO walhook.attempt_minutes (minute, attempts, succeeded, first_attempts)
-SELECT to_timestamp(floor(extract(epoch FROM started_at) / 60) * 60),
+SELECT date_trunc('minute', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
        count(*), count(*) FILTER (WHERE outcome = 'succeeded'),
        count(*) FILTER (WHERE number = 1 AND trigger = 'auto')
 FROM walhook.attempts WHERE started_at > now() - interval '2 hours'

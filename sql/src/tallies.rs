@@ -112,11 +112,11 @@ impl Platform {
         let span = i32::try_from(hours.max(1)).unwrap_or(i32::MAX) - 1;
         let rows = client
             .query(
-                "WITH now_hour AS (SELECT to_timestamp(floor(extract(epoch FROM now()) / 3600) * 3600) AS h) \
+                &format!("WITH now_hour AS (SELECT {} AS h) \
                  SELECT s.hour, coalesce(t.attempts, 0), coalesce(t.succeeded, 0) \
                  FROM now_hour, generate_series(now_hour.h - make_interval(hours => $2::int4), now_hour.h, interval '1 hour') AS s(hour) \
                  LEFT JOIN walhook.endpoint_hours t ON t.endpoint_id = $1 AND t.hour = s.hour \
-                 ORDER BY s.hour",
+                 ORDER BY s.hour", crate::dispatch::bin("now()", "hour")),
                 &[&uid, &span],
             )
             .await
@@ -237,5 +237,22 @@ mod tests {
         assert_eq!(quantile(&h, 0.91), Some(1024.0));
         assert_eq!(quantile(&h, 0.99), Some(1024.0));
         assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn a_latency_falls_in_a_bucket_at_most_19_percent_above_it() {
+        use crate::dispatch::latency_bucket;
+        for ms in [
+            0u64, 1, 2, 3, 5, 7, 10, 99, 100, 101, 1_000, 65_432, 86_400_000,
+        ] {
+            let bound = latency_bucket_bound_ms(latency_bucket(ms));
+            let ms = ms.max(1) as f64;
+            assert!(
+                bound >= ms - 1e-9 && bound < ms * 1.19 + 1e-9,
+                "{ms} ms -> {bound}"
+            );
+        }
+        // Beyond 2^30 ms (12 days) everything shares the last bucket.
+        assert_eq!(latency_bucket(u64::MAX), 120);
     }
 }
