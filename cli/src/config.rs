@@ -243,11 +243,19 @@ impl LogConfig {
 pub struct FanoutConfig {
     /// Events per database transaction.
     pub batch_size: usize,
+    /// After a batch of fewer than [`walhook_pipeline::fanout::LINGER_BELOW`]
+    /// events, how long to wait before reading the next one: fewer, larger
+    /// transactions under load, for at most this much latency.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub linger: std::time::Duration,
 }
 
 impl Default for FanoutConfig {
     fn default() -> Self {
-        FanoutConfig { batch_size: 500 }
+        FanoutConfig {
+            batch_size: 500,
+            linger: walhook_pipeline::fanout::DEFAULT_LINGER,
+        }
     }
 }
 
@@ -445,6 +453,12 @@ impl Config {
                 cfg.egress.request_timeout
             );
         }
+        if cfg.fanout.linger > std::time::Duration::from_secs(1) {
+            bail!(
+                "[fanout].linger is {:?}; at most 1s (it delays every event of a quiet moment; 0s turns it off)",
+                cfg.fanout.linger
+            );
+        }
         if cfg.fanout.batch_size == 0 {
             bail!("[fanout].batch_size must be at least 1");
         }
@@ -467,7 +481,17 @@ mod tests {
 
     #[test]
     fn the_example_config_is_valid() {
-        let cfg = Config::parse(include_str!("../../walhook.example.toml")).unwrap();
+        let example = include_str!("../../walhook.example.toml");
+        let cfg = Config::parse(example).unwrap();
+        assert_eq!(cfg.fanout.linger, walhook_pipeline::fanout::DEFAULT_LINGER);
+        // A linger that would hold every event of a quiet moment for long
+        // is refused, naming the field and the bound.
+        let slow = example.replace("linger = \"10ms\"", "linger = \"2s\"");
+        let err = format!("{:#}", Config::parse(&slow).unwrap_err());
+        assert!(
+            err.contains("[fanout].linger") && err.contains("at most 1s"),
+            "{err}"
+        );
         assert_eq!(cfg.rules.len(), 3);
         assert!(!cfg.egress.allow_http_loopback);
         assert!(cfg.api.is_none(), "the example keeps [api] commented out");

@@ -370,6 +370,7 @@ async fn start_on<L: Log + Closable>(
                 capacity: cfg.log.capacity,
                 fanout: FanoutSettings {
                     batch_size: cfg.fanout.batch_size,
+                    linger: cfg.fanout.linger,
                     deadline: cfg.retry.deadline,
                     lease_owner: None,
                     lease: cfg.dispatch.lease,

@@ -46,11 +46,25 @@ const MAX_DELIVERIES_PER_TX: usize = 2000;
 /// of large ones must not become one huge statement.
 const MAX_EVENT_BYTES_PER_TX: usize = 32 << 20;
 
+/// A batch smaller than this is followed by [`FanoutSettings::linger`]
+/// before the next read.
+pub const LINGER_BELOW: usize = 32;
+
+/// The default of [`FanoutSettings::linger`].
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(10);
+
 /// Fan-out settings.
 #[derive(Debug, Clone)]
 pub struct FanoutSettings {
     /// Events per batch (one database transaction).
     pub batch_size: usize,
+    /// After a batch smaller than [`LINGER_BELOW`], how long to wait before
+    /// reading the next: each transaction costs the database a round trip,
+    /// a statement start and a commit whatever its size, so that under
+    /// load fewer, larger ones are cheaper; a quiet moment's event waits at
+    /// most this long. The wait is before the read, never during it (a
+    /// read abandoned half-way could lose its records on some logs).
+    pub linger: Duration,
     /// When automatic retries stop, from creation.
     pub deadline: Duration,
     /// The dispatcher node in this process: deliveries are made already
@@ -130,10 +144,17 @@ where
         counters: Arc<FanoutCounters>,
         shutdown: CancellationToken,
     ) -> Result<(), FanoutError> {
+        let mut small = false;
         loop {
             // Supervision tests end the operator here.
             if failpoint::hit("fanout.poll") {
                 return Ok(());
+            }
+            if small && !self.settings.linger.is_zero() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(self.settings.linger) => {}
+                }
             }
             let records = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -143,6 +164,7 @@ where
                     Err(e) => return Err(e.into()),
                 },
             };
+            small = records.len() < LINGER_BELOW;
             // Every endpoint change committed before these events' commits
             // was committed before this instant.
             let polled_at = std::time::Instant::now();

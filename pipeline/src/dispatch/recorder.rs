@@ -44,10 +44,15 @@ pub enum Record {
 const BATCH: usize = 1000;
 
 /// A batch smaller than this waits up to [`LINGER`] for more records.
-const LINGER_BELOW: usize = 64;
+const LINGER_BELOW: usize = 256;
 
-/// How long a small batch waits for more records.
-const LINGER: Duration = Duration::from_millis(2);
+/// How long a small batch waits for more records. At 12,000 attempts/s,
+/// 10 ms (up to 256 records) instead of 2 ms (up to 64) made a quarter as
+/// many record statements and cut Postgres's time per delivery by an
+/// eighth (docs/performance.md); it delays only the durability of results
+/// that are already known (a crash in between repeats those attempts,
+/// noted `previous_outcome_unknown`, as before).
+const LINGER: Duration = Duration::from_millis(10);
 
 /// How long a delivery whose result could not be stored waits before it is
 /// attempted again.
