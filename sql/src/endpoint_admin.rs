@@ -136,6 +136,22 @@ fn record(r: &tokio_postgres::Row) -> EndpointRecord {
     }
 }
 
+/// Whether endpoint `id` is `tenant`'s and not deleted.
+pub(crate) async fn is_tenants(
+    client: &impl deadpool_postgres::GenericClient,
+    tenant: &TenantId,
+    id: Uuid,
+) -> Result<bool, StoreError> {
+    Ok(client
+        .query_opt(
+            "SELECT 1 FROM walhook.endpoints WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
+            &[&id, &tenant.as_str()],
+        )
+        .await
+        .map_err(StoreError::query("read an endpoint"))?
+        .is_some())
+}
+
 fn uid(id: EndpointId) -> Uuid {
     Uuid::from_bytes(id.0)
 }

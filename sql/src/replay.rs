@@ -179,14 +179,7 @@ impl Platform {
     ) -> Result<Option<i64>, StoreError> {
         let mut client = self.client().await?;
         let uid = Uuid::from_bytes(endpoint.0);
-        let owned = client
-            .query_opt(
-                "SELECT 1 FROM walhook.endpoints WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
-                &[&uid, &tenant.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("read an endpoint"))?;
-        if owned.is_none() {
+        if !crate::endpoint_admin::is_tenants(&client, tenant, uid).await? {
             return Ok(None);
         }
         let mut count = 0i64;

@@ -99,14 +99,7 @@ impl Platform {
     ) -> Result<Option<(Vec<HourTally>, Option<CircuitRow>)>, StoreError> {
         let client = self.client().await?;
         let uid = uuid::Uuid::from_bytes(id.0);
-        let owned = client
-            .query_opt(
-                "SELECT 1 FROM walhook.endpoints WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
-                &[&uid, &tenant.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("read an endpoint"))?;
-        if owned.is_none() {
+        if !crate::endpoint_admin::is_tenants(&client, tenant, uid).await? {
             return Ok(None);
         }
         let span = i32::try_from(hours.max(1)).unwrap_or(i32::MAX) - 1;
