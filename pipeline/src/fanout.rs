@@ -46,8 +46,8 @@ const MAX_DELIVERIES_PER_TX: usize = 2000;
 /// of large ones must not become one huge statement.
 const MAX_EVENT_BYTES_PER_TX: usize = 32 << 20;
 
-/// A batch smaller than this is followed by [`FanoutSettings::linger`]
-/// before the next read.
+/// A batch of two or more records but fewer than this is followed by
+/// [`FanoutSettings::linger`] before the next read.
 pub const LINGER_BELOW: usize = 32;
 
 /// The default of [`FanoutSettings::linger`].
@@ -58,8 +58,8 @@ pub const DEFAULT_LINGER: Duration = Duration::from_millis(10);
 pub struct FanoutSettings {
     /// Events per batch (one database transaction).
     pub batch_size: usize,
-    /// After a batch smaller than [`LINGER_BELOW`], how long to wait before
-    /// reading the next: each transaction costs the database a round trip,
+    /// After a batch of 2 to [`LINGER_BELOW`] − 1 events, how long to wait
+    /// before reading the next: each transaction costs the database a round trip,
     /// a statement start and a commit whatever its size, so that under
     /// load fewer, larger ones are cheaper; a quiet moment's event waits at
     /// most this long. The wait is before the read, never during it (a
@@ -164,7 +164,11 @@ where
                     Err(e) => return Err(e.into()),
                 },
             };
-            small = records.len() < LINGER_BELOW;
+            // A single record says nothing was waiting behind it: no load
+            // to gather, so the next read goes at once (a quiet stream
+            // keeps its latency); two or more say events arrive faster
+            // than they are written.
+            small = (2..LINGER_BELOW).contains(&records.len());
             // Every endpoint change committed before these events' commits
             // was committed before this instant.
             let polled_at = std::time::Instant::now();
