@@ -13,21 +13,14 @@ use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, Transition};
 use walhook_pipeline::time::Timestamp;
 
+use crate::tallies::{bin, latency_bucket};
 use crate::{Platform, StoreError};
 
 /// The number of parameters (arrays) of [`attempts_sql`]: 16 columns and
-/// the bucket ([`latency_bucket`]) of each attempt's commit -> start
+/// the bucket ([`crate::tallies::latency_bucket`]) of each attempt's commit -> start
 /// latency when it is a delivery's first automatic attempt (NULL
 /// otherwise).
 const ATTEMPT_PARAMS: usize = 17;
-
-/// The start of the UTC `unit` (`hour`, `minute`) that `t` falls in, the
-/// same in every session time zone (timestamp arithmetic only: `extract`
-/// would go through `numeric`, slow enough to show in the record
-/// statement's time).
-pub(crate) fn bin(t: &str, unit: &str) -> String {
-    format!("(date_trunc('{unit}', {t} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')")
-}
 
 /// The CTEs `a` (the attempts, inserted; `careful` skips those already
 /// there) and `tallied`, `eh`, `am`, `fl`: what `a` inserted, added to the
@@ -79,21 +72,6 @@ fn attempts_sql(careful: bool) -> String {
         hour = bin("started_at", "hour"),
         minute = bin("started_at", "minute"),
     )
-}
-
-/// The bucket of `ms` in `walhook.first_attempt_latency`: four per
-/// doubling (the bucket's upper bound is `2^(b/4)` ms), so that a
-/// quantile read from it is at most 19 % above the truth. Computed here,
-/// not in the statement: Postgres's logarithms are slow enough to show in
-/// the record statement's time.
-pub fn latency_bucket(ms: u64) -> i16 {
-    let b = (4.0 * (ms.max(1) as f64).log2()).ceil();
-    b.clamp(0.0, 120.0) as i16
-}
-
-/// The upper bound (ms) of a bucket of `walhook.first_attempt_latency`.
-pub fn latency_bucket_bound_ms(bucket: i16) -> f64 {
-    2f64.powf(f64::from(bucket) / 4.0)
 }
 
 /// The attempts alone (the careful path), skipping those already there.

@@ -9,9 +9,10 @@ use walhook_sql::tallies::MinuteTally;
 
 use super::charts::{Axis, Bar, bars};
 use super::pages::{enc, text};
+use serde_json::json;
+
 use super::{Form, OperatorSession, Session, respond};
 use crate::ApiState;
-use serde_json::json;
 
 fn secs(v: f64) -> String {
     if v < 1.0 {
@@ -28,12 +29,15 @@ fn secs(v: f64) -> String {
 }
 
 /// The last hour's minutes as one slot each (oldest first), the current
-/// minute last.
+/// minute last (empty after a quiet spell: the chart's "now" is now).
 fn last_hour<T>(
     minutes: &[MinuteTally],
     bar: impl Fn(&MinuteTally) -> Option<T>,
 ) -> Vec<Option<T>> {
-    let now = minutes.last().map_or(0.0, |m| m.minute);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let now = (secs - secs % 60) as f64;
     let mut slots: Vec<Option<T>> = (0..60).map(|_| None).collect();
     for m in minutes {
         let slot = 59.0 - ((now - m.minute) / 60.0).round();
@@ -212,8 +216,8 @@ pub(crate) async fn tenants(
             tbody {
                 @for t in list.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
                     tr {
-                        td { a href={ "/console/tenants/" (t["id"].as_str().unwrap_or_default()) } { code { (t["id"].as_str().unwrap_or_default()) } } }
-                        td { (t["name"].as_str().unwrap_or_default()) }
+                        td { a href={ "/console/tenants/" (enc(&text(&t["id"]))) } { code { (text(&t["id"])) } } }
+                        td { (text(&t["name"])) }
                         td { @if t["enabled"].as_bool().unwrap_or(true) { "enabled" } @else { "disabled" } }
                         td { (t["created_at"].as_str().unwrap_or_default()) }
                     }
