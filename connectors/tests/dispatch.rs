@@ -13,13 +13,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walhook_connectors::http::{EgressSettings, HttpEgress};
 use walhook_devkit::receiver::{Behaviour, Receiver};
-use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus};
+use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, ObjectOrder};
 use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
 use walhook_pipeline::dispatch::policy::RetryPolicy;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
-use walhook_pipeline::endpoint::{Directory, EndpointConfig, SubscriptionCache};
-use walhook_pipeline::event::EventType;
-use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::endpoint::{DeliveryOrder, Directory, EndpointConfig, SubscriptionCache};
+use walhook_pipeline::event::{EventKey, EventType};
+use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::incident::{IncidentStore, StageIncident};
 use walhook_pipeline::signing::SigningSecret;
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
@@ -141,6 +141,9 @@ struct Harness {
     jobs: mpsc::Sender<DeliveryJob>,
     stop: CancellationToken,
     endpoint: EndpointId,
+    /// The directory the dispatcher reads, and the endpoint's config in it.
+    directory: Arc<SubscriptionCache>,
+    config: EndpointConfig,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -159,29 +162,27 @@ impl Harness {
         receiver.set_secrets(path, vec![secret.expose_text()]);
         let endpoint = EndpointId([9; 16]);
         let directory = Arc::new(SubscriptionCache::default());
-        directory.replace(Directory::new(
-            1,
-            vec![EndpointConfig {
-                id: endpoint,
-                tenant_id: TenantId::new("acme").unwrap(),
-                url: receiver.url(path),
-                event_types: vec![],
-                enabled: true,
-                config_version: 1,
-                rate_limit_per_sec: None,
-                max_in_flight: None,
-                secrets: std::sync::Arc::from([walhook_pipeline::signing::VersionedSecret {
-                    version: 1,
-                    secret,
-                }]),
-                retry: Default::default(),
-                verification: None,
-                ordering: Default::default(),
-                created_at: Timestamp(0),
-                quarantine: None,
-                history: vec![],
-            }],
-        ));
+        let config = EndpointConfig {
+            id: endpoint,
+            tenant_id: TenantId::new("acme").unwrap(),
+            url: receiver.url(path),
+            event_types: vec![],
+            enabled: true,
+            config_version: 1,
+            rate_limit_per_sec: None,
+            max_in_flight: None,
+            secrets: std::sync::Arc::from([walhook_pipeline::signing::VersionedSecret {
+                version: 1,
+                secret,
+            }]),
+            retry: Default::default(),
+            verification: None,
+            ordering: Default::default(),
+            created_at: Timestamp(0),
+            quarantine: None,
+            history: vec![],
+        };
+        directory.replace(Directory::new(1, vec![config.clone()]));
         let clock = ManualClock::new(Timestamp::now());
         let store = Arc::new(Memory::default());
         let egress = HttpEgress::new(EgressSettings {
@@ -215,7 +216,7 @@ impl Harness {
         let dispatcher = Dispatcher::new(
             Arc::new(egress),
             store.clone(),
-            directory,
+            directory.clone(),
             settings,
             Arc::new(DispatchCounters::default()),
         );
@@ -228,38 +229,47 @@ impl Harness {
             jobs,
             stop,
             endpoint,
+            directory,
+            config,
             task,
         }
     }
 
     async fn send(&self, n: u8) -> DeliveryId {
+        self.send_job(self.job(n)).await
+    }
+
+    async fn send_job(&self, job: DeliveryJob) -> DeliveryId {
+        let id = job.delivery_id;
+        self.jobs.send(job).await.unwrap();
+        id
+    }
+
+    /// Delivery `n` of an event of its own, due now.
+    fn job(&self, n: u8) -> DeliveryJob {
         let id = DeliveryId([n; 16]);
         let now = self.clock.now();
-        self.jobs
-            .send(DeliveryJob {
-                delivery_id: id,
-                event_id: EventId([n; 16]),
-                endpoint_id: self.endpoint,
-                tenant_id: TenantId::new("acme").unwrap(),
-                event_type: EventType::new("invoice.paid").unwrap(),
-                payload: bytes::Bytes::from(format!("{{\"n\":{n}}}")),
-                attempt_count: 0,
-                manual_attempt_count: 0,
-                after_unknown: false,
-                materialized: true,
-                created_at: now,
-                next_attempt_at: now,
-                expires_at: now.plus(Duration::from_secs(24 * 3600)),
-                lease_version: 1,
-                endpoint_config_version: 1,
-                event_occurred_at: now,
-                schema_version: 1,
-                replay: None,
-                order: None,
-            })
-            .await
-            .unwrap();
-        id
+        DeliveryJob {
+            delivery_id: id,
+            event_id: EventId([n; 16]),
+            endpoint_id: self.endpoint,
+            tenant_id: TenantId::new("acme").unwrap(),
+            event_type: EventType::new("invoice.paid").unwrap(),
+            payload: bytes::Bytes::from(format!("{{\"n\":{n}}}")),
+            attempt_count: 0,
+            manual_attempt_count: 0,
+            after_unknown: false,
+            materialized: true,
+            created_at: now,
+            next_attempt_at: now,
+            expires_at: now.plus(Duration::from_secs(24 * 3600)),
+            lease_version: 1,
+            endpoint_config_version: 1,
+            event_occurred_at: now,
+            schema_version: 1,
+            replay: None,
+            order: None,
+        }
     }
 
     async fn requests(&self, n: usize) {
@@ -509,6 +519,52 @@ async fn an_endpoint_failing_for_too_long_is_disabled() {
         disabled[0].1.contains("failed without a success since"),
         "{}",
         disabled[0].1
+    );
+    h.stop().await;
+}
+
+/// An endpoint switched to per-object ordering: the first deliveries
+/// planned under the new directory are already kept in order. The
+/// dispatcher must see the endpoint as ordered when it takes those jobs,
+/// not only when it next starts attempts (found under load: an object's
+/// first delivery went out beside the ones behind it, unnoted).
+#[tokio::test]
+async fn the_first_jobs_after_ordering_is_switched_on_wait_in_order() {
+    let h = Harness::new("ordered", Duration::from_secs(10)).await;
+    // The dispatcher runs on the directory without ordering.
+    h.send(9).await;
+    h.requests(1).await;
+    h.recorded(1).await;
+    h.receiver.set_behaviour(
+        "ordered",
+        Behaviour::FailMatching {
+            needle: r#""n":1"#.into(),
+            status: 500,
+        },
+    );
+    let mut ordered = h.config.clone();
+    ordered.ordering = DeliveryOrder::PerObject;
+    h.directory.replace(Directory::new(2, vec![ordered]));
+    for n in 1..=3u8 {
+        let mut job = h.job(n);
+        job.order = Some(ObjectOrder {
+            object_id: Arc::from("invoice-7"),
+            key: EventKey {
+                commit_lsn: Lsn(0x1000),
+                tx_ordinal: u32::from(n),
+            },
+        });
+        h.send_job(job).await;
+    }
+    h.requests(2).await;
+    // The object's first delivery failed and waits for its retry (the
+    // clock is manual): the two behind it must not go out meanwhile.
+    assert_eq!(h.quiet_for(Duration::from_secs(1)).await, 2);
+    let second = &h.receiver.received()[1];
+    assert!(
+        String::from_utf8_lossy(&second.body).contains(r#""n":1"#),
+        "the object's first delivery goes first: {:?}",
+        second.body
     );
     h.stop().await;
 }

@@ -538,6 +538,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
         job: DeliveryJob,
         record_tx: &mpsc::Sender<Record>,
     ) {
+        // The job was planned from a directory at least this new: an
+        // endpoint that orders per object must be known as ordered before
+        // its first job is placed, or that job would skip its chain.
+        self.refresh_directory(state);
         // A job kept in its object's order stays here: handed back, a later
         // delivery of its object could be claimed and sent before it.
         if let Circuit::Open { until, .. } = state.sched.circuit(&job.endpoint_id)
