@@ -634,9 +634,7 @@ impl<S: ObjectStore> Archiver<S> {
             progress.rows(file.rows);
             manifest.add(file);
         }
-        tx.commit()
-            .await
-            .map_err(ArchiveError::query("end the export snapshot"))?;
+        walhook_sql::commit!(tx, client).map_err(ArchiveError::query("end the export snapshot"))?;
         let key = manifest_key(table, day, generation);
         let receipt = self
             .store
@@ -746,8 +744,7 @@ impl<S: ObjectStore> Archiver<S> {
             tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
                 .await
                 .map_err(ArchiveError::query("drop the day partition"))?;
-            tx.commit()
-                .await
+            walhook_sql::commit!(tx, client)
                 .map_err(ArchiveError::query("drop the day partition"))?;
             return Ok(DropOutcome::Dropped { left: 0 });
         }

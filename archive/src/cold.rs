@@ -370,9 +370,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         )
         .await
         .map_err(ArchiveError::query("restore an archived delivery"))?;
-        tx.commit()
-            .await
-            .map_err(ArchiveError::query("commit a restore"))?;
+        walhook_sql::commit!(tx, client).map_err(ArchiveError::query("commit a restore"))?;
         tracing::info!(delivery_id = %id, tenant = %tenant, "archived delivery restored for a replay");
         Ok(Restore::Restored)
     }

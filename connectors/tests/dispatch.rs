@@ -17,7 +17,10 @@ use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, Obj
 use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
 use walhook_pipeline::dispatch::policy::RetryPolicy;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
-use walhook_pipeline::endpoint::{DeliveryOrder, Directory, EndpointConfig, SubscriptionCache};
+use walhook_pipeline::endpoint::{
+    DeliveryOrder, Directory, EndpointConfig, EndpointSource, Loaded, RefreshSettings,
+    SubscriptionCache,
+};
 use walhook_pipeline::event::{EventKey, EventType};
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::incident::{IncidentStore, StageIncident};
@@ -31,6 +34,9 @@ struct Memory {
     states: Mutex<HashMap<DeliveryId, (DeliveryStatus, u32, Timestamp)>>,
     disabled: Mutex<Vec<(EndpointId, String)>>,
     verifications: Mutex<Vec<(EndpointId, Result<(), String>)>>,
+    /// Deliveries the next claim hands over (as if another node planned
+    /// them).
+    due: Mutex<Vec<DeliveryJob>>,
 }
 
 impl IncidentStore for Memory {
@@ -76,7 +82,7 @@ impl DispatchStore for Memory {
         _: usize,
         _: &[EndpointId],
     ) -> Result<Vec<DeliveryJob>, StoreError> {
-        Ok(Vec::new())
+        Ok(std::mem::take(&mut *self.due.lock()))
     }
     async fn reclaim_own(
         &self,
@@ -566,5 +572,69 @@ async fn the_first_jobs_after_ordering_is_switched_on_wait_in_order() {
         "the object's first delivery goes first: {:?}",
         second.body
     );
+    h.stop().await;
+}
+
+/// The platform database as the directory reads it: an epoch and the
+/// endpoints.
+struct Source(Mutex<(i64, Vec<EndpointConfig>)>);
+
+impl EndpointSource for Source {
+    async fn config_epoch(&self) -> Result<i64, StoreError> {
+        Ok(self.0.lock().0)
+    }
+    async fn load_endpoints(&self) -> Result<Loaded, StoreError> {
+        let endpoints = self.0.lock().1.clone();
+        Ok(Loaded {
+            tenants: vec![(TenantId::new("acme").unwrap(), true)],
+            weights: HashMap::new(),
+            budgets: HashMap::new(),
+            endpoints,
+            missing_keys: vec![],
+        })
+    }
+    async fn quarantine_sync(&self, _: &[Arc<EndpointConfig>]) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A delivery claimed from Postgres for an endpoint created after this
+/// node last read the directory (planned by another node): the directory
+/// is read again before the delivery is placed, so it goes out instead of
+/// being cancelled as if its endpoint had been deleted. The refresher
+/// here reads only when asked.
+#[tokio::test]
+async fn a_claimed_delivery_of_an_endpoint_unknown_here_waits_for_the_directory() {
+    let h = Harness::new("old", Duration::from_secs(10)).await;
+    let mut created = h.config.clone();
+    created.id = EndpointId([10; 16]);
+    created.url = h.receiver.url("new");
+    let source = Source(Mutex::new((2, vec![h.config.clone(), created.clone()])));
+    let stop = CancellationToken::new();
+    let refresher = tokio::spawn({
+        let (directory, stop) = (h.directory.clone(), stop.clone());
+        async move {
+            let settings = RefreshSettings {
+                interval: Duration::from_secs(3600),
+                min_reload_gap: Duration::ZERO,
+            };
+            directory.refresh(source, settings, stop).await
+        }
+    });
+    let mut job = h.job(5);
+    job.endpoint_id = created.id;
+    h.store.due.lock().push(job);
+    assert!(
+        h.receiver
+            .wait_until(Duration::from_secs(10), |all| all
+                .iter()
+                .any(|r| r.path == "new"))
+            .await,
+        "the claimed delivery did not go out: {:?}",
+        h.store.states.lock()
+    );
+    assert_eq!(h.recorded(1).await[0].endpoint_id, created.id);
+    stop.cancel();
+    refresher.await.unwrap();
     h.stop().await;
 }

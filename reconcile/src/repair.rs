@@ -251,8 +251,6 @@ async fn requeue(
             fixed.insert(gap_id(GapClass::OverduePending, DeliveryId(o.delivery_id)));
         }
     }
-    tx.commit()
-        .await
-        .map_err(ReconcileError::query("commit the re-enqueue"))?;
+    walhook_sql::commit!(tx, client).map_err(ReconcileError::query("commit the re-enqueue"))?;
     Ok(fixed)
 }

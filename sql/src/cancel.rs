@@ -95,9 +95,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a cancellation"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a cancellation"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a cancellation"))?;
         Ok(CancelOutcome::Cancelled)
     }
 

@@ -123,9 +123,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("forget the capture checkpoint"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit the slot reset"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit the slot reset"))?;
         Ok(())
     }
 
@@ -240,9 +238,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("add to the capture ledger"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit the capture ledger write"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit the capture ledger write"))?;
         Ok(folded.counted)
     }
 

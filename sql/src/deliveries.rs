@@ -459,9 +459,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a test event"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a test event"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a test event"))?;
         Ok(())
     }
 }

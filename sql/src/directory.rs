@@ -320,9 +320,7 @@ impl EndpointSource for Platform {
             .await
             .map_err(StoreError::query("audit an endpoint quarantine"))?;
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit quarantine changes"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit quarantine changes"))?;
         Ok(())
     }
 }

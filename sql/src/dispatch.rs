@@ -588,9 +588,7 @@ impl DispatchStore for Platform {
             .query(&stmt, &careful)
             .await
             .map_err(StoreError::query("update deliveries"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit attempts"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit attempts"))?;
         Ok(stale_of(&rows))
     }
 

@@ -279,9 +279,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit an endpoint deletion"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an endpoint deletion"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an endpoint deletion"))?;
         Ok(true)
     }
 }

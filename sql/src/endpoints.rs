@@ -246,9 +246,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit an endpoint creation"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an endpoint creation"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an endpoint creation"))?;
         Ok(CreatedEndpoint::Created(secret))
     }
 
@@ -320,9 +318,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit an endpoint change"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an endpoint change"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an endpoint change"))?;
         Ok(version)
     }
 }
@@ -395,9 +391,7 @@ impl Platform {
 
         // The operational event, for endpoints that subscribe to it.
         let Ok(tenant_id) = TenantId::new(tenant.clone()) else {
-            tx.commit()
-                .await
-                .map_err(StoreError::query("commit an endpoint disable"))?;
+            crate::commit!(tx, client).map_err(StoreError::query("commit an endpoint disable"))?;
             return Ok(());
         };
         let event_type = EventType::new(ENDPOINT_DISABLED).expect("a valid type");
@@ -480,9 +474,7 @@ impl Platform {
             .await
             .map_err(StoreError::query("make an endpoint.disabled delivery"))?;
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an endpoint disable"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an endpoint disable"))?;
         Ok(())
     }
 }

@@ -300,9 +300,7 @@ impl FanoutStore for Platform {
                     .map_err(StoreError::query("insert plans"))?,
             );
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit fan-out"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit fan-out"))?;
         Ok(made)
     }
 }

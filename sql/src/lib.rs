@@ -295,6 +295,27 @@ impl Platform {
     }
 }
 
+/// Commits transaction `$tx` of connection `$client` (an expression with
+/// `.await`, inside an async fn) and leaves the connection fit for the
+/// pool either way. `Transaction::commit` marks the transaction finished
+/// before it sends `COMMIT`; a cancel that strikes the `COMMIT` before it
+/// begins (a statement timeout, an operator's `pg_cancel_backend`) leaves
+/// the session inside an aborted transaction block, and every statement of
+/// whoever takes the connection next fails with "current transaction is
+/// aborted" (found by the chaos soak's cancel storm: fan-out stopped the
+/// process). After a failed `COMMIT` this sends `ROLLBACK`, which ends such
+/// a block (and only warns when the `COMMIT` had ended it).
+#[macro_export]
+macro_rules! commit {
+    ($tx:ident, $client:ident) => {{
+        let done = $tx.commit().await;
+        if done.is_err() {
+            let _ = $client.batch_execute("ROLLBACK").await;
+        }
+        done
+    }};
+}
+
 /// Typed array placeholders from `$first` on, one per type, as an
 /// `unnest(…)` takes them: `$3::uuid[], $4::text[]`.
 pub(crate) fn typed_params(first: usize, types: &[&str]) -> String {

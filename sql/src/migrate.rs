@@ -198,9 +198,7 @@ pub async fn run(client: &mut tokio_postgres::Client) -> Result<Report, StoreErr
                 )));
             }
             report.already.push(m.version);
-            tx.commit()
-                .await
-                .map_err(StoreError::query("end a migration"))?;
+            crate::commit!(tx, client).map_err(StoreError::query("end a migration"))?;
             continue;
         }
         tx.batch_execute(m.sql)
@@ -212,9 +210,7 @@ pub async fn run(client: &mut tokio_postgres::Client) -> Result<Report, StoreErr
         )
         .await
         .map_err(StoreError::query("record a migration"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a migration"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a migration"))?;
         tracing::info!(version = m.version, name = m.name, "applied migration");
         report.applied.push(m.version);
     }

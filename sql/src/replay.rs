@@ -156,9 +156,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a replay"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a replay"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a replay"))?;
         Ok(ReplayOutcome::Requested(request))
     }
 
@@ -221,9 +219,7 @@ impl Platform {
                 )
                 .await
                 .map_err(StoreError::query("request replays"))?;
-            tx.commit()
-                .await
-                .map_err(StoreError::query("commit a recovery batch"))?;
+            crate::commit!(tx, client).map_err(StoreError::query("commit a recovery batch"))?;
             count += asked as i64;
             if (ids.len() as i64) < RECOVER_BATCH {
                 break;

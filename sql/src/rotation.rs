@@ -77,9 +77,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a secret rotation"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a secret rotation"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a secret rotation"))?;
         Ok(Rotated {
             secret,
             version,
@@ -125,9 +123,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit retired secrets"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit retired secrets"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit retired secrets"))?;
         Ok(retired.len() as u64)
     }
 }

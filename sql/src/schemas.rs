@@ -118,9 +118,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("update the event-type catalog"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an event schema"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an event schema"))?;
         tracing::info!(event_type, version, "registered a new event schema version");
         Ok(version as u32)
     }

@@ -357,9 +357,7 @@ impl crate::Platform {
                 .await
                 .map_err(StoreError::query("read secrets to re-seal"))?;
             if rows.is_empty() {
-                tx.commit()
-                    .await
-                    .map_err(StoreError::query("end a secret re-seal"))?;
+                crate::commit!(tx, client).map_err(StoreError::query("end a secret re-seal"))?;
                 return Ok(done);
             }
             let mut ids = Vec::with_capacity(rows.len());
@@ -385,9 +383,7 @@ impl crate::Platform {
             )
             .await
             .map_err(StoreError::query("store re-sealed secrets"))?;
-            tx.commit()
-                .await
-                .map_err(StoreError::query("commit re-sealed secrets"))?;
+            crate::commit!(tx, client).map_err(StoreError::query("commit re-sealed secrets"))?;
             tracing::info!(rows = rows.len(), key_id = %current, "re-sealed endpoint secrets");
         }
     }

@@ -149,9 +149,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a tenant creation"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a tenant creation"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a tenant creation"))?;
         Ok(tenant_row(&row))
     }
 
@@ -197,9 +195,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a tenant change"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a tenant change"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a tenant change"))?;
         Ok(tenant_row(&row))
     }
 
@@ -273,9 +269,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit an API key"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an API key"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an API key"))?;
         Ok(key_row(&row))
     }
 
@@ -329,9 +323,7 @@ impl Platform {
             .await
             .map_err(StoreError::query("audit an API key revocation"))?;
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit an API key revocation"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit an API key revocation"))?;
         Ok(true)
     }
 

@@ -52,9 +52,7 @@ impl Platform {
         )
         .await
         .map_err(StoreError::query("audit a verification request"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a verification request"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a verification request"))?;
         Ok(Some(challenge))
     }
 
@@ -113,9 +111,7 @@ impl Platform {
                 .map_err(StoreError::query("record a verification failure"))?;
             }
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("commit a verification result"))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit a verification result"))?;
         Ok(())
     }
 }

@@ -72,6 +72,10 @@ use crate::signing::VersionedSecret;
 use crate::store::{DispatchStore, Release, StoreError, Transition};
 use crate::time::Timestamp;
 
+/// How long dispatch waits for the endpoint directory to catch up with
+/// deliveries claimed from Postgres (see `catch_up_directory`).
+const DIRECTORY_CATCH_UP: Duration = Duration::from_secs(5);
+
 /// Dispatch settings.
 #[derive(Debug, Clone)]
 pub struct DispatchSettings {
@@ -423,6 +427,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                 },
                 Some(claimed) = claimed_rx.recv(), if room => match claimed {
                     Claimed::Due(batch) => {
+                        self.catch_up_directory(&batch, Instant::now(), &shutdown).await;
                         for job in batch {
                             self.accept(&mut state, job, &record_tx).await;
                         }
@@ -559,6 +564,40 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             return;
         }
         state.sched.add(job, self.now());
+    }
+
+    /// Jobs claimed from Postgres may have been planned by another node
+    /// under endpoint configurations this node has not read yet (a new
+    /// endpoint would look deleted, one switched to per-object ordering
+    /// unordered): when any names an endpoint unknown here or a newer
+    /// version of one, the directory is read again before they are placed.
+    /// Bounded, so that a refresher that cannot reach Postgres delays
+    /// dispatch rather than stopping it (it says so).
+    async fn catch_up_directory(
+        &self,
+        batch: &[DeliveryJob],
+        claimed: Instant,
+        shutdown: &CancellationToken,
+    ) {
+        let directory = self.directory.snapshot();
+        let behind = batch.iter().any(|j| {
+            directory
+                .endpoint(&j.endpoint_id)
+                .is_none_or(|e| e.config_version < j.endpoint_config_version)
+        });
+        if behind
+            && tokio::time::timeout(
+                DIRECTORY_CATCH_UP,
+                self.directory.fresh_since(claimed, shutdown),
+            )
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                waited = ?DIRECTORY_CATCH_UP,
+                "claimed deliveries name endpoint configurations newer than the directory read here, and reading it again did not finish in time; going on with the one in hand"
+            );
+        }
     }
 
     /// Gives the schedule the tenants' weights and budgets and the ordered
