@@ -308,6 +308,7 @@ impl Platform {
 #[macro_export]
 macro_rules! commit {
     ($tx:ident, $client:ident) => {{
+        #[allow(clippy::disallowed_methods)] // the one place that commits
         let done = $tx.commit().await;
         if done.is_err() {
             let _ = $client.batch_execute("ROLLBACK").await;

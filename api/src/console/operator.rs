@@ -5,12 +5,11 @@ use axum::extract::{Path, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
+use serde_json::json;
 use walhook_sql::tallies::MinuteTally;
 
 use super::charts::{Axis, Bar, bars};
 use super::pages::{enc, text};
-use serde_json::json;
-
 use super::{Form, OperatorSession, Session, respond};
 use crate::ApiState;
 
