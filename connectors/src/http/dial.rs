@@ -106,18 +106,34 @@ where
                     detail: "the connection's peer address is unknown".into(),
                 }) as BoxError);
             };
-            if !layer.proxy.is_proxy_addr(peer.ip())
-                && let Err(refusal) = check_addr(peer.ip(), &layer.policy)
-            {
-                tracing::error!(
-                    %peer,
-                    detail = %refusal.detail,
-                    "egress connected to a refused address; dropping the connection"
-                );
-                return Err(Box::new(refusal) as BoxError);
+            if !layer.proxy.is_proxy_addr(peer.ip()) {
+                guard_peer(peer, &layer.policy, &*layer.observer)
+                    .map_err(|refusal| Box::new(refusal) as BoxError)?;
+            } else {
+                layer.observer.connected(peer);
             }
-            layer.observer.connected(peer);
             Ok(conn)
         })
     }
+}
+
+/// The second wall, on the address actually connected to: `peer` must pass
+/// `policy` (logged as an error when it does not: the resolver should have
+/// refused it), and the observer hears of the connection. Both HTTP paths
+/// check every new connection with this.
+pub fn guard_peer(
+    peer: SocketAddr,
+    policy: &UrlPolicy,
+    observer: &dyn EgressObserver,
+) -> Result<(), Refusal> {
+    if let Err(refusal) = check_addr(peer.ip(), policy) {
+        tracing::error!(
+            %peer,
+            detail = %refusal.detail,
+            "egress connected to a refused address; dropping the connection"
+        );
+        return Err(refusal);
+    }
+    observer.connected(peer);
+    Ok(())
 }

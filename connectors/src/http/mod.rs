@@ -4,24 +4,27 @@
 //! ```text
 //!  dispatch ──Outbound──▶ HttpEgress::send
 //!                            ├─ policy::check_url      URL rules, address literals
-//!                            ├─ resolve::VettingResolver every resolved address (rebinding-safe)
-//!                            ├─ dial::DialGuard         the peer of every new connection
-//!                            └─ reqwest                 no redirects, no env proxy, no
-//!                                                       decompression, timeouts, pool per host,
-//!                                                       ≤ 64 KiB of response read
+//!                            ├─ resolve::vetted_addrs  every resolved address (rebinding-safe)
+//!                            ├─ dial::guard_peer       the peer of every new connection
+//!                            ├─ direct::Direct         HTTP/1.1, own pool per origin (no proxy)
+//!                            └─ reqwest                the egress proxy path
+//!                               both: no redirects, no env proxy, no decompression,
+//!                               timeouts, ≤ 64 KiB of response read
 //! ```
 //!
 //! - [`policy`]: which URLs and addresses are allowed; also used at
 //!   registration (the API) and by `walhook check-url`.
 //! - [`resolve`]: the resolver that returns vetted addresses only, and the
 //!   lookups behind it (system DNS, a recording static table).
-//! - [`dial`]: the connector layer that checks each connection's peer.
+//! - [`dial`]: the check of each connection's peer (and reqwest's layer).
+//! - [`direct`]: the HTTP/1.1 client of the hot path.
 //! - [`observe`]: what tests record and production logs.
 //! - [`config`]: the `[egress]` section.
 //! - [`sink`]: [`HttpEgress`], the `Egress` implementation.
 
 pub mod config;
 pub mod dial;
+pub mod direct;
 pub mod observe;
 pub mod policy;
 pub mod resolve;

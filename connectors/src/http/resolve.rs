@@ -163,6 +163,49 @@ pub async fn resolve(
     })
 }
 
+/// Why [`vetted_addrs`] gave no address.
+#[derive(Debug)]
+pub enum Vetting {
+    /// The lookup failed (no such name, resolver trouble).
+    Lookup(io::Error),
+    /// The policy or the observer refused an answer.
+    Refused(Refusal),
+}
+
+/// The addresses of `name` (normalised: lower case, no trailing dot), when
+/// every answer passes `policy` and `observer` approves them; a refusal is
+/// logged. Both HTTP paths resolve through this.
+pub async fn vetted_addrs(
+    lookup: &dyn Lookup,
+    name: &str,
+    policy: &UrlPolicy,
+    observer: &dyn EgressObserver,
+) -> Result<Vec<IpAddr>, Vetting> {
+    let resolution = resolve(lookup, name, policy)
+        .await
+        .map_err(Vetting::Lookup)?;
+    let addrs = resolution.verdict().map_err(|refusal| {
+        tracing::warn!(
+            host = %name,
+            reason = refusal.reason.as_str(),
+            detail = %refusal.detail,
+            "egress refused a resolved address"
+        );
+        Vetting::Refused(refusal)
+    })?;
+    if !observer.approve(name, &addrs) {
+        return Err(Vetting::Refused(unapproved(name, &addrs)));
+    }
+    Ok(addrs)
+}
+
+fn unapproved(name: &str, addrs: &[IpAddr]) -> Refusal {
+    Refusal {
+        reason: RefusalReason::Address,
+        detail: format!("the egress observer did not approve {name} → {addrs:?}"),
+    }
+}
+
 /// The operator's egress proxy, whose name and addresses are trusted (it
 /// enforces the address policy for the names it resolves itself).
 #[derive(Debug, Default)]
@@ -228,28 +271,17 @@ impl reqwest::dns::Resolve for VettingResolver {
             let addrs = if is_proxy {
                 let addrs = me.lookup.lookup(&name).await?;
                 me.proxy.addrs.lock().extend(addrs.iter().copied());
+                if !me.observer.approve(&name, &addrs) {
+                    return Err(Box::new(unapproved(&name, &addrs)) as BoxError);
+                }
                 addrs
             } else {
-                let resolution = resolve(&*me.lookup, &name, &me.policy).await?;
-                match resolution.verdict() {
+                match vetted_addrs(&*me.lookup, &name, &me.policy, &*me.observer).await {
                     Ok(addrs) => addrs,
-                    Err(refusal) => {
-                        tracing::warn!(
-                            host = %name,
-                            reason = refusal.reason.as_str(),
-                            detail = %refusal.detail,
-                            "egress refused a resolved address"
-                        );
-                        return Err(Box::new(refusal) as BoxError);
-                    }
+                    Err(Vetting::Lookup(e)) => return Err(Box::new(e) as BoxError),
+                    Err(Vetting::Refused(refusal)) => return Err(Box::new(refusal) as BoxError),
                 }
             };
-            if !me.observer.approve(&name, &addrs) {
-                return Err(Box::new(Refusal {
-                    reason: RefusalReason::Address,
-                    detail: format!("the egress observer did not approve {name} → {addrs:?}"),
-                }) as BoxError);
-            }
             let out: Vec<SocketAddr> = addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect();
             Ok(Box::new(out.into_iter()) as reqwest::dns::Addrs)
         })

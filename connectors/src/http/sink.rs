@@ -1,22 +1,24 @@
-//! The egress sink: signed attempts out through one guarded reqwest client.
+//! The egress sink: signed attempts out through a guarded HTTP client.
 //!
 //! ```text
-//!  Outbound ──▶ check_url (parse once, WHATWG; scheme, userinfo, port, names, literals)
-//!                  │ the re-serialised URL
-//!                  ▼
-//!              reqwest client: no redirects, no proxy from the environment,
-//!              no decompression, connect + total timeouts, pool per host
-//!                  │ new connection?
-//!                  ▼
-//!              DialGuard ──▶ VettingResolver ──▶ TCP/TLS to vetted addresses only
-//!                  ▼
+//!  Outbound ──▶ check_url (parse once per URL, WHATWG; scheme, userinfo,
+//!                  │        port, names, literals; remembered with its Target)
+//!                  ├── no egress proxy: Direct (HTTP/1.1 on hyper's connection
+//!                  │   API, own pool; vetted_addrs → TCP → guard_peer → TLS)
+//!                  └── egress proxy: reqwest (CONNECT through the proxy;
+//!                      DialGuard ──▶ VettingResolver for anything else)
+//!                  ▼   no redirects, no proxy from the environment, no
+//!                      decompression, connect + total timeouts
 //!              status → outcome; ≤ 64 KiB of body read, SHA-256 kept
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use sha2::{Digest, Sha256};
 use walhook_pipeline::dispatch::egress::{Egress, EgressResult, Outbound};
 use walhook_pipeline::dispatch::outcome::{
@@ -26,6 +28,7 @@ use walhook_pipeline::time::Timestamp;
 
 use super::config::EgressSettings;
 use super::dial::DialGuardLayer;
+use super::direct::{Direct, POOL_IDLE_TIMEOUT, Target, TlsConfigError};
 use super::observe::{EgressObserver, LogObserver};
 use super::policy::{Refusal, UrlPolicy, VettedHost, check_url};
 use super::resolve::{Lookup, SystemLookup, TrustedProxy, VettingResolver};
@@ -36,9 +39,6 @@ const EXCERPT_READ_BYTES: usize = 4096;
 /// The longest excerpt stored, in bytes of cleaned text.
 pub const EXCERPT_MAX_BYTES: usize = 1024;
 
-/// How long an idle pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// URLs whose check is remembered, at most; the memory is emptied when full.
 const CHECKED_URLS: usize = 4096;
 
@@ -46,11 +46,17 @@ const CHECKED_URLS: usize = 4096;
 struct Checked {
     url: reqwest::Url,
     host: VettedHost,
+    /// The direct path's connection target (`None` on the proxy path, or
+    /// when the URL cannot be written as a request: refused).
+    target: Option<Target>,
 }
 
 /// The reqwest-based egress.
 #[derive(Clone)]
 pub struct HttpEgress {
+    /// Without an egress proxy, every request goes out here.
+    direct: Option<Arc<Direct>>,
+    /// The proxy path.
     client: reqwest::Client,
     settings: EgressSettings,
     policy: UrlPolicy,
@@ -81,6 +87,9 @@ pub enum BuildError {
     /// reqwest refused the configuration.
     #[error("cannot build the HTTP client")]
     Client(#[source] reqwest::Error),
+    /// The direct path's TLS configuration could not be built.
+    #[error(transparent)]
+    Tls(#[from] TlsConfigError),
 }
 
 /// Builds an [`HttpEgress`] with a lookup, an observer or extra root
@@ -90,6 +99,8 @@ pub struct EgressBuilder {
     lookup: Arc<dyn Lookup>,
     observer: Arc<dyn EgressObserver>,
     roots: Vec<reqwest::Certificate>,
+    /// The same roots, for the direct path.
+    root_ders: Vec<CertificateDer<'static>>,
 }
 
 impl EgressBuilder {
@@ -110,6 +121,11 @@ impl EgressBuilder {
     pub fn root_certificate_pem(mut self, pem: &[u8]) -> Result<Self, BuildError> {
         self.roots
             .push(reqwest::Certificate::from_pem(pem).map_err(BuildError::Certificate)?);
+        for der in CertificateDer::pem_slice_iter(pem) {
+            self.root_ders.push(der.map_err(|e| {
+                BuildError::Settings(format!("cannot read a root certificate: {e}"))
+            })?);
+        }
         Ok(self)
     }
 
@@ -145,6 +161,17 @@ impl EgressBuilder {
             builder = builder.proxy(p);
         }
         let proxy = Arc::new(proxy);
+        let direct = match settings.proxy {
+            Some(_) => None,
+            None => Some(Arc::new(Direct::new(
+                self.lookup.clone(),
+                policy.clone(),
+                self.observer.clone(),
+                &self.root_ders,
+                settings.connect_timeout,
+                settings.pool_idle_per_host,
+            )?)),
+        };
         let resolver = VettingResolver::new(
             self.lookup,
             policy.clone(),
@@ -178,6 +205,7 @@ impl EgressBuilder {
         }
         let client = builder.build().map_err(BuildError::Client)?;
         Ok(HttpEgress {
+            direct,
             client,
             settings,
             policy,
@@ -200,6 +228,7 @@ impl HttpEgress {
             lookup: Arc::new(SystemLookup),
             observer: Arc::new(LogObserver),
             roots: Vec::new(),
+            root_ders: Vec::new(),
         }
     }
 
@@ -214,9 +243,11 @@ impl HttpEgress {
             return Ok(c.clone());
         }
         let vetted = check_url(text, &self.policy)?;
+        let target = self.direct.as_ref().and_then(|_| Target::new(&vetted));
         let checked = Arc::new(Checked {
             url: vetted.url,
             host: vetted.host,
+            target,
         });
         let mut memory = self.checked.write();
         if memory.len() >= CHECKED_URLS {
@@ -276,6 +307,127 @@ pub fn response_excerpt(body: &[u8]) -> String {
     )
 }
 
+/// What is kept of a response body: its SHA-256 and its first bytes, up to
+/// a limit on the bytes read.
+struct BodyTap {
+    hasher: Sha256,
+    kept: Vec<u8>,
+    read: usize,
+    limit: usize,
+}
+
+impl BodyTap {
+    fn new(limit: usize) -> Self {
+        BodyTap {
+            hasher: Sha256::new(),
+            kept: Vec::new(),
+            read: 0,
+            limit,
+        }
+    }
+
+    /// Takes `chunk`, cut at the limit; `false` once the limit is reached.
+    fn take(&mut self, chunk: &[u8]) -> bool {
+        let take = chunk.len().min(self.limit - self.read);
+        self.hasher.update(&chunk[..take]);
+        if self.kept.len() < EXCERPT_READ_BYTES {
+            self.kept
+                .extend_from_slice(&chunk[..take.min(EXCERPT_READ_BYTES - self.kept.len())]);
+        }
+        self.read += take;
+        self.read < self.limit
+    }
+
+    /// The attempt's result: the status decides the outcome (a body cut
+    /// short or too slow does not change it).
+    fn result(self, status: http::StatusCode, headers: &http::HeaderMap) -> EgressResult {
+        let retry_after = headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds()));
+        // The receiver chose these bytes: NUL, invalid UTF-8 and control
+        // characters are made storable here, where they enter, so that no
+        // response can fail the recorder (Postgres text refuses NUL).
+        let excerpt = response_excerpt(&self.kept);
+        EgressResult {
+            outcome: classify_status(status.as_u16(), retry_after),
+            response_sha256: Some(self.hasher.finalize().into()),
+            response_excerpt: (!excerpt.is_empty()).then_some(excerpt),
+        }
+    }
+}
+
+impl HttpEgress {
+    /// The hot path: `body` with `headers` to `target` on the direct client.
+    async fn send_direct(
+        &self,
+        direct: &Direct,
+        target: &Target,
+        mut headers: http::HeaderMap,
+        body: Bytes,
+    ) -> EgressResult {
+        let deadline = tokio::time::Instant::now() + self.settings.request_timeout;
+        headers.insert(http::header::HOST, target.authority().clone());
+        headers.insert(http::header::ACCEPT, http::HeaderValue::from_static("*/*"));
+        let mut request = http::Request::new(Full::new(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = target.path().clone();
+        *request.headers_mut() = headers;
+        let (response, mut lease) =
+            match tokio::time::timeout_at(deadline, direct.exchange(target, request)).await {
+                Ok(Ok(exchanged)) => exchanged,
+                Ok(Err(class)) => return EgressResult::bare(classify_failure(class)),
+                Err(_) => return EgressResult::bare(classify_failure(ErrorClass::Timeout)),
+            };
+        let (head, mut body) = response.into_parts();
+        let mut tap = BodyTap::new(self.settings.max_response_bytes);
+        let complete = loop {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref()
+                        && !tap.take(data)
+                    {
+                        break false;
+                    }
+                }
+                Ok(None) => break true,
+                Ok(Some(Err(_))) | Err(_) => break false,
+            }
+        };
+        drop(body);
+        // Only a connection whose response was read to the end can carry
+        // another request; any other is closed by dropping it.
+        if complete && tokio::time::timeout_at(deadline, lease.ready()).await == Ok(true) {
+            direct.checkin(lease);
+        }
+        tap.result(head.status, &head.headers)
+    }
+
+    /// Through the egress proxy, on reqwest.
+    async fn send_proxied(
+        &self,
+        vetted: &Checked,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> EgressResult {
+        let builder = self.client.post(vetted.url.clone()).headers(headers);
+        let response = match builder.body(body).send().await {
+            Ok(r) => r,
+            Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let mut tap = BodyTap::new(self.settings.max_response_bytes);
+        let mut stream = response.bytes_stream();
+        while let Some(Ok(chunk)) = stream.next().await {
+            if !tap.take(&chunk) {
+                break;
+            }
+        }
+        tap.result(status, &headers)
+    }
+}
+
 impl Egress for HttpEgress {
     async fn send(&self, request: Outbound) -> EgressResult {
         let vetted = match self.check(&request.url) {
@@ -295,55 +447,29 @@ impl Egress for HttpEgress {
         {
             return blocked();
         }
-        let mut headers = reqwest::header::HeaderMap::with_capacity(request.headers.len());
+        let mut headers = http::HeaderMap::with_capacity(request.headers.len() + 2);
         for (name, value) in request.headers {
-            match reqwest::header::HeaderValue::try_from(value) {
+            match http::HeaderValue::try_from(value) {
                 Ok(v) => {
-                    headers.insert(reqwest::header::HeaderName::from_static(name), v);
+                    headers.insert(http::HeaderName::from_static(name), v);
                 }
                 // Our own values (ids, numbers, signatures) are always
                 // valid header text; refuse rather than send without one.
-                Err(_) => return EgressResult::bare(classify_failure(ErrorClass::Blocked)),
+                Err(_) => return blocked(),
             }
         }
-        let builder = self.client.post(vetted.url.clone()).headers(headers);
-        let response = match builder.body(request.body).send().await {
-            Ok(r) => r,
-            Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),
-        };
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds()));
-        let mut hasher = Sha256::new();
-        let mut kept: Vec<u8> = Vec::new();
-        let mut read = 0usize;
-        let mut stream = response.bytes_stream();
-        while read < self.settings.max_response_bytes {
-            match stream.next().await {
-                Some(Ok(chunk)) => {
-                    let take = chunk.len().min(self.settings.max_response_bytes - read);
-                    hasher.update(&chunk[..take]);
-                    if kept.len() < EXCERPT_READ_BYTES {
-                        kept.extend_from_slice(&chunk[..take.min(EXCERPT_READ_BYTES - kept.len())]);
-                    }
-                    read += take;
-                }
-                // The status decides the outcome; a body cut short or too
-                // slow does not change it.
-                Some(Err(_)) | None => break,
+        match (&self.direct, &vetted.target) {
+            (Some(direct), Some(target)) => {
+                self.send_direct(direct, target, headers, request.body)
+                    .await
             }
-        }
-        // The receiver chose these bytes: NUL, invalid UTF-8 and control
-        // characters are made storable here, where they enter, so that no
-        // response can fail the recorder (Postgres text refuses NUL).
-        let excerpt = response_excerpt(&kept);
-        EgressResult {
-            outcome: classify_status(status, retry_after),
-            response_sha256: Some(hasher.finalize().into()),
-            response_excerpt: (!excerpt.is_empty()).then_some(excerpt),
+            (Some(_), None) => {
+                tracing::warn!(
+                    "egress refused an endpoint URL that cannot be written as a request"
+                );
+                blocked()
+            }
+            (None, _) => self.send_proxied(&vetted, headers, request.body).await,
         }
     }
 }

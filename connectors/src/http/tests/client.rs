@@ -206,6 +206,80 @@ async fn connections_are_kept_alive_per_host() {
 }
 
 #[tokio::test]
+async fn a_connection_the_receiver_closes_is_never_reused() {
+    // Said (`connection: close`) or not (the socket just closes after the
+    // response): every request still goes out once and succeeds, on a
+    // connection of its own.
+    for server in [
+        RawServer::plain(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        )
+        .await,
+        RawServer::plain_closing(ok_response()).await,
+    ] {
+        let table = Arc::new(StaticLookup::new());
+        let recorder = Arc::new(Recorder::default());
+        let egress = egress(dev_settings(), &table, &recorder);
+        let url = format!("http://127.0.0.1:{}/", server.port());
+        for i in 0..5 {
+            assert_eq!(
+                egress.send(outbound(&url)).await.outcome,
+                delivered(200),
+                "request {i}"
+            );
+            // Give the closed connection time to be noticed, or not: both
+            // orders must work.
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let seen = server.seen();
+        assert_eq!(seen.len(), 5, "{seen:?}");
+        let mut connections: Vec<usize> = seen.iter().map(|s| s.connection).collect();
+        connections.dedup();
+        assert_eq!(
+            connections.len(),
+            5,
+            "a closed connection carried two requests"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_direct_path_checks_the_peer_of_every_new_connection() {
+    // The target is made under the development policy and sent by a client
+    // under the production one, so the URL check is out of the way: the
+    // peer check alone must stop the request.
+    use crate::http::direct::{Direct, Target};
+    use crate::http::policy::{UrlPolicy, check_url};
+    let server = RawServer::plain(ok_response()).await;
+    let recorder = Arc::new(Recorder::default());
+    let dev = UrlPolicy {
+        allow_http_loopback: true,
+        ..UrlPolicy::default()
+    };
+    let url = format!("http://127.0.0.1:{}/", server.port());
+    let target = Target::new(&check_url(&url, &dev).unwrap()).unwrap();
+    let direct = Direct::new(
+        Arc::new(StaticLookup::new()),
+        UrlPolicy::default(),
+        recorder.clone(),
+        &[],
+        Duration::from_secs(2),
+        4,
+    )
+    .unwrap();
+    let request = http::Request::post(target.path().clone())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let refused = direct.exchange(&target, request).await.err();
+    assert_eq!(refused, Some(ErrorClass::Blocked));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(server.seen().is_empty(), "a request reached a refused peer");
+    assert!(recorder.connected.lock().is_empty());
+}
+
+#[tokio::test]
 async fn a_slow_receiver_times_out() {
     let receiver = Receiver::start().await.unwrap();
     receiver.set_behaviour(

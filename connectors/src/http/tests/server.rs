@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
@@ -40,6 +40,8 @@ struct Shared {
     seen: Mutex<Vec<Seen>>,
     connections: AtomicUsize,
     response: Mutex<Vec<u8>>,
+    /// Close each connection after its first response, without saying so.
+    close_after_response: AtomicBool,
 }
 
 /// A running server; stops when dropped.
@@ -58,6 +60,18 @@ impl RawServer {
     /// A plain-text server answering `response`.
     pub async fn plain(response: Vec<u8>) -> RawServer {
         Self::start(response, None).await
+    }
+
+    /// A plain-text server answering `response`, then closing the
+    /// connection without a `connection: close` header (as a receiver
+    /// whose idle timeout is shorter than the client's does).
+    pub async fn plain_closing(response: Vec<u8>) -> RawServer {
+        let server = Self::start(response, None).await;
+        server
+            .shared
+            .close_after_response
+            .store(true, Ordering::SeqCst);
+        server
     }
 
     /// A TLS server (certificate for `hooks.example.com` and
@@ -191,6 +205,10 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         });
         let response = shared.response.lock().clone();
         if stream.write_all(&response).await.is_err() || stream.flush().await.is_err() {
+            return;
+        }
+        if shared.close_after_response.load(Ordering::SeqCst) {
+            let _ = stream.shutdown().await;
             return;
         }
     }
