@@ -328,12 +328,22 @@ async fn a_member_change_rebalances_without_loss() {
         .collect();
     w.wait_streaming().await;
     insert_orders(&w, 1..=20).await;
-    w.wait_count(
-        "the first orders fanned out",
-        "SELECT count(*) FROM walhook.events",
-        20,
-    )
-    .await;
+    let fanned = w
+        .count_reaching(
+            "SELECT count(*) FROM walhook.events",
+            20,
+            Duration::from_secs(60),
+        )
+        .await;
+    if fanned < 20 {
+        // Where did the rest stop: in capture, in the log, or in a member?
+        panic!(
+            "the first orders fanned out: {fanned} of 20 after 60 s; capture counted {} events; {}\nthe cluster:\n{}",
+            scrape(&capture_listen, "walhook_capture_events_total").await,
+            w.state().await,
+            cluster.describe()
+        );
+    }
     for child in two {
         assert!(child.terminate().success(), "a member did not stop cleanly");
     }

@@ -264,14 +264,22 @@ impl World {
     /// Polls the platform database until `sql` (one `int8`) reaches `want`;
     /// panics after 60 s naming `what` and the state.
     pub async fn wait_count(&self, what: &str, sql: &str, want: i64) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let n = self
+            .count_reaching(sql, want, Duration::from_secs(60))
+            .await;
+        if n < want {
+            panic!("{what}: {n} of {want} after 60 s; {}", self.state().await);
+        }
+    }
+
+    /// Polls the count `sql` until it reaches `want` or `limit` has passed;
+    /// the last count.
+    pub async fn count_reaching(&self, sql: &str, want: i64, limit: Duration) -> i64 {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             let n: i64 = self.platform_sql.query_one(sql, &[]).await.unwrap().get(0);
-            if n >= want {
-                return;
-            }
-            if std::time::Instant::now() > deadline {
-                panic!("{what}: {n} of {want} after 60 s; {}", self.state().await);
+            if n >= want || std::time::Instant::now() > deadline {
+                return n;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
