@@ -143,19 +143,15 @@ struct Idle {
     since: Instant,
 }
 
+#[derive(Default)]
 struct Pool {
     idle: HashMap<Origin, Vec<Idle>>,
-    swept: Instant,
 }
 
 impl Pool {
     /// Drops every connection idle for longer than [`POOL_IDLE_TIMEOUT`]
-    /// or closed by its peer, at most once per [`SWEEP_EVERY`].
+    /// or closed by its peer (which ends its connection task).
     fn sweep(&mut self, now: Instant) {
-        if now.duration_since(self.swept) < SWEEP_EVERY {
-            return;
-        }
-        self.swept = now;
         self.idle.retain(|_, list| {
             list.retain(|c| usable(c, now));
             !list.is_empty()
@@ -216,11 +212,30 @@ impl Direct {
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
             connect_timeout,
             idle_per_origin,
-            pool: Mutex::new(Pool {
-                idle: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            pool: Mutex::default(),
         })
+    }
+
+    /// Sweeps the pool every [`SWEEP_EVERY`] while `this` lives, so that
+    /// connections of endpoints no longer sent to are closed after
+    /// [`POOL_IDLE_TIMEOUT`] (without a tokio runtime there is nothing to
+    /// sweep for: nothing can send).
+    pub fn start_sweeping(this: &Arc<Direct>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(this);
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(direct) = pool.upgrade() else {
+                    return;
+                };
+                direct.pool.lock().sweep(Instant::now());
+            }
+        });
     }
 
     /// Sends `request` to `target`: on a pooled connection when one is
@@ -255,7 +270,6 @@ impl Direct {
         }
         let now = Instant::now();
         let mut pool = self.pool.lock();
-        pool.sweep(now);
         let list = pool.idle.entry(lease.origin).or_default();
         if list.len() < self.idle_per_origin {
             list.push(Idle {
@@ -263,6 +277,18 @@ impl Direct {
                 since: now,
             });
         }
+    }
+
+    /// Idle connections in the pool, of every origin.
+    #[cfg(test)]
+    pub(crate) fn idle(&self) -> usize {
+        self.pool.lock().idle.values().map(Vec::len).sum()
+    }
+
+    /// Sweeps the pool as the sweeper would at `now`.
+    #[cfg(test)]
+    pub(crate) fn sweep_at(&self, now: Instant) {
+        self.pool.lock().sweep(now);
     }
 
     fn checkout(&self, origin: &Origin) -> Option<Lease> {

@@ -51,7 +51,7 @@ struct Checked {
     target: Option<Target>,
 }
 
-/// The reqwest-based egress.
+/// The HTTP egress: the direct client, or reqwest through an egress proxy.
 #[derive(Clone)]
 pub struct HttpEgress {
     /// Without an egress proxy, every request goes out here.
@@ -163,14 +163,18 @@ impl EgressBuilder {
         let proxy = Arc::new(proxy);
         let direct = match settings.proxy {
             Some(_) => None,
-            None => Some(Arc::new(Direct::new(
-                self.lookup.clone(),
-                policy.clone(),
-                self.observer.clone(),
-                &self.root_ders,
-                settings.connect_timeout,
-                settings.pool_idle_per_host,
-            )?)),
+            None => {
+                let direct = Arc::new(Direct::new(
+                    self.lookup.clone(),
+                    policy.clone(),
+                    self.observer.clone(),
+                    &self.root_ders,
+                    settings.connect_timeout,
+                    settings.pool_idle_per_host,
+                )?);
+                Direct::start_sweeping(&direct);
+                Some(direct)
+            }
         };
         let resolver = VettingResolver::new(
             self.lookup,

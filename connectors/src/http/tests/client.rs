@@ -280,6 +280,65 @@ async fn the_direct_path_checks_the_peer_of_every_new_connection() {
 }
 
 #[tokio::test]
+async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
+    use crate::http::direct::{Direct, POOL_IDLE_TIMEOUT, Target};
+    use crate::http::policy::{UrlPolicy, check_url};
+    let server = RawServer::plain(ok_response()).await;
+    let recorder = Arc::new(Recorder::default());
+    let dev = UrlPolicy {
+        allow_http_loopback: true,
+        ..UrlPolicy::default()
+    };
+    let direct = Direct::new(
+        Arc::new(StaticLookup::new()),
+        dev.clone(),
+        recorder.clone(),
+        &[],
+        Duration::from_secs(2),
+        4,
+    )
+    .unwrap();
+    let send = |path: &str| {
+        let url = format!("http://127.0.0.1:{}{path}", server.port());
+        let target = Target::new(&check_url(&url, &dev).unwrap()).unwrap();
+        let request = http::Request::post(target.path().clone())
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        (target, request)
+    };
+    // Two requests at once need two connections; both go back to the pool
+    // once their responses are read, and later requests (another path,
+    // the same origin) reuse them.
+    let (a, ra) = send("/a");
+    let (b, rb) = send("/b");
+    let (first, second) = tokio::join!(direct.exchange(&a, ra), direct.exchange(&b, rb));
+    for (response, mut lease) in [first.unwrap(), second.unwrap()] {
+        use http_body_util::BodyExt;
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+        assert!(lease.ready().await);
+        direct.checkin(lease);
+    }
+    assert_eq!(direct.idle(), 2);
+    let (c, rc) = send("/c");
+    let (response, mut lease) = direct.exchange(&c, rc).await.unwrap();
+    use http_body_util::BodyExt;
+    response.into_body().collect().await.unwrap();
+    assert!(lease.ready().await);
+    direct.checkin(lease);
+    assert_eq!(server.connections(), 2);
+    assert_eq!(direct.idle(), 2);
+    // A sweep before the idle timeout keeps them; one after closes them.
+    direct.sweep_at(std::time::Instant::now());
+    assert_eq!(direct.idle(), 2);
+    direct.sweep_at(std::time::Instant::now() + POOL_IDLE_TIMEOUT);
+    assert_eq!(direct.idle(), 0);
+    let (d, rd) = send("/d");
+    assert!(direct.exchange(&d, rd).await.is_ok());
+    assert_eq!(server.connections(), 3);
+}
+
+#[tokio::test]
 async fn a_slow_receiver_times_out() {
     let receiver = Receiver::start().await.unwrap();
     receiver.set_behaviour(
