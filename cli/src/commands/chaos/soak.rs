@@ -205,6 +205,64 @@ async fn pg_sample(
     }
 }
 
+/// Where the stages stand, once per run.
+const STAGES: &str = "SELECT (SELECT count(*) FROM walhook.events), \
+    (SELECT count(*) FROM walhook.fanouts), \
+    (SELECT count(*) FROM walhook.pending WHERE lease_owner IS NOT NULL), \
+    (SELECT count(*) FROM walhook.pending WHERE lease_owner IS NULL), \
+    (SELECT coalesce(max(pg_current_wal_lsn() - confirmed_flush_lsn), 0)::int8 FROM pg_replication_slots)";
+
+/// Every client session and walsender of the cluster: what it waits on and
+/// for how long its transaction has been open.
+const SESSIONS: &str = "SELECT pid, coalesce(datname::text, ''), coalesce(state, ''), \
+    coalesce(wait_event_type || ':' || wait_event, ''), \
+    coalesce(extract(epoch FROM now() - xact_start)::int8, -1), \
+    left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 160) \
+    FROM pg_stat_activity \
+    WHERE pid <> pg_backend_pid() AND backend_type IN ('client backend', 'walsender') \
+    ORDER BY xact_start NULLS LAST";
+
+/// The backlog did not drain within the settle time: prints which stage
+/// holds it and what every Postgres session is doing, so that a run that
+/// fails says why (walhook's log, kept, says what walhook did).
+async fn print_stuck(world: &World) {
+    let client = match world.pg.connect("walhook").await {
+        Ok(c) => c,
+        Err(e) => {
+            println!("the backlog did not drain; Postgres cannot be asked why: {e}");
+            return;
+        }
+    };
+    match client.query_one(STAGES, &[]).await {
+        Ok(r) => println!(
+            "the backlog did not drain: {} events fanned out, {} plans left, pending deliveries {} held and {} unheld, slot lag {} bytes",
+            r.get::<_, i64>(0),
+            r.get::<_, i64>(1),
+            r.get::<_, i64>(2),
+            r.get::<_, i64>(3),
+            r.get::<_, i64>(4)
+        ),
+        Err(e) => println!("the backlog did not drain; the stages cannot be read: {e}"),
+    }
+    match client.query(SESSIONS, &[]).await {
+        Ok(rows) => {
+            println!("Postgres sessions (pid, database, state, wait, transaction age s, query):");
+            for r in rows {
+                println!(
+                    "  {} {} {} {} {} {}",
+                    r.get::<_, i32>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, String>(3),
+                    r.get::<_, i64>(4),
+                    r.get::<_, String>(5)
+                );
+            }
+        }
+        Err(e) => println!("the sessions cannot be read: {e}"),
+    }
+}
+
 /// Writes `rate` orders a second in 10 ms ticks (one multi-row insert a
 /// tick, and every fourth order of the tick before paid) until `stop`;
 /// `last` is the highest id tried. Outcomes do not matter: the judgement
@@ -488,7 +546,7 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
     // Judging reads every order, so it waits until requests stopped
     // arriving for two seconds (or the settle time is up).
     let mut quiet_since = (world.receiver.count(), Instant::now());
-    loop {
+    let stuck = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         if !walhook.running() {
             restarts += 1;
@@ -505,11 +563,14 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
         }
         let (_, _, lost, ..) = judge(&world, &tally).await?;
         if lost == 0 || out_of_time {
-            break;
+            break lost > 0;
         }
         quiet_since = (world.receiver.count(), Instant::now());
-    }
+    };
     let drained_seconds = writes_ended.elapsed().as_secs_f64();
+    if stuck {
+        print_stuck(&world).await;
+    }
     // Late duplicates show within a moment.
     tokio::time::sleep(Duration::from_secs(1)).await;
     tally.fold(&paths, world.receiver.drain());
