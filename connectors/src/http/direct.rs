@@ -56,7 +56,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// The connection a request goes out on: where, and under which names.
 #[derive(Debug)]
 pub struct Target {
-    origin: Origin,
+    origin: Arc<Origin>,
     /// What the connection dials: a name to vet, or a checked literal.
     host: VettedHost,
     /// The TLS name (https only).
@@ -101,11 +101,11 @@ impl Target {
             None
         };
         Some(Target {
-            origin: Origin {
+            origin: Arc::new(Origin {
                 https,
                 host,
                 port: vetted.port,
-            },
+            }),
             host: vetted.host.clone(),
             sni,
             authority: HeaderValue::try_from(authority).ok()?,
@@ -127,7 +127,7 @@ impl Target {
 /// A connection lent to one request.
 pub struct Lease {
     sender: SendRequest<Full<Bytes>>,
-    origin: Origin,
+    origin: Arc<Origin>,
 }
 
 impl Lease {
@@ -145,7 +145,7 @@ struct Idle {
 
 #[derive(Default)]
 struct Pool {
-    idle: HashMap<Origin, Vec<Idle>>,
+    idle: HashMap<Arc<Origin>, Vec<Idle>>,
 }
 
 impl Pool {
@@ -291,10 +291,10 @@ impl Direct {
         self.pool.lock().sweep(now);
     }
 
-    fn checkout(&self, origin: &Origin) -> Option<Lease> {
+    fn checkout(&self, origin: &Arc<Origin>) -> Option<Lease> {
         let now = Instant::now();
         let mut pool = self.pool.lock();
-        let list = pool.idle.get_mut(origin)?;
+        let list = pool.idle.get_mut(&**origin)?;
         while let Some(idle) = list.pop() {
             if usable(&idle, now) {
                 return Some(Lease {
