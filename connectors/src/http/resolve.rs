@@ -1,17 +1,17 @@
 //! Name resolution that hands the connector vetted addresses only.
 //!
 //! ```text
-//!  reqwest ──name──▶ VettingResolver ──▶ Lookup (system DNS, or a static table)
-//!                        │ every answer checked (check_addr); one refused
-//!                        │ answer refuses the whole name
-//!                        ▼
+//!  direct client ──name──▶ vetted_addrs ──▶ Lookup (system DNS, or a static table)
+//!  reqwest ──name──▶ VettingResolver ─┘  │ every answer checked (check_addr);
+//!                                        │ one refused answer refuses the name
+//!                                        ▼
 //!                  EgressObserver::approve (logs; tests record and fence)
-//!                        ▼
-//!  hyper's connector dials exactly these addresses; TLS name and Host stay
+//!                                        ▼
+//!  the connection dials exactly these addresses; TLS name and Host stay
 //!  the URL's name
 //! ```
 //!
-//! The check happens inside the resolver the connector uses, so there is no
+//! The check happens as part of making each connection, so there is no
 //! window between "checked" and "dialled" for DNS rebinding: whatever a name
 //! resolves to at connect time is what is checked, every time a new
 //! connection is made. The system lookup asks for the absolute name (a
