@@ -511,8 +511,18 @@ impl Child {
         let _ = self.0.wait();
     }
 
-    /// SIGTERM, then the exit status.
+    /// SIGTERM, then the exit status. The signal is sent once the process
+    /// catches it: a SIGTERM that arrives before walhook's handler is in
+    /// place kills it (a test that stops a process it just started would
+    /// otherwise see a failed exit that no user's shutdown ever has).
     pub fn terminate(mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !catches_sigterm(self.0.id()) && std::time::Instant::now() < deadline {
+            if self.0.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         // SAFETY-free: `kill` the command sends SIGTERM.
         let _ = Command::new("kill")
             .arg("-TERM")
@@ -522,6 +532,18 @@ impl Child {
         std::mem::forget(self);
         status
     }
+}
+
+/// Whether process `pid` has a handler for SIGTERM (signal 15: bit 14 of
+/// `SigCgt` in `/proc/PID/status`).
+fn catches_sigterm(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << 14) != 0)
 }
 
 impl Drop for Child {
