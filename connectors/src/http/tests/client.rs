@@ -13,6 +13,8 @@ use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
 
 use super::server::{RawServer, ok_response};
 use super::{Recorder, blocked, dev_settings, egress, outbound};
+use crate::http::direct::{Direct, POOL_IDLE_TIMEOUT, Target};
+use crate::http::policy::{UrlPolicy, check_url};
 use crate::http::resolve::StaticLookup;
 use crate::http::{EgressSettings, ProxyUrl};
 
@@ -245,21 +247,35 @@ async fn a_connection_the_receiver_closes_is_never_reused() {
     }
 }
 
+/// The direct client's target for `path` on `server` (checked under the
+/// development policy), and a POST of `{}` to it.
+fn direct_request(
+    server: &RawServer,
+    path: &str,
+) -> (Target, http::Request<http_body_util::Full<bytes::Bytes>>) {
+    let url = format!("http://127.0.0.1:{}{path}", server.port());
+    let target = Target::new(&check_url(&url, &dev_policy()).unwrap()).unwrap();
+    let request = http::Request::post(target.path().clone())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    (target, request)
+}
+
+fn dev_policy() -> UrlPolicy {
+    UrlPolicy {
+        allow_http_loopback: true,
+        ..UrlPolicy::default()
+    }
+}
+
 #[tokio::test]
 async fn the_direct_path_checks_the_peer_of_every_new_connection() {
     // The target is made under the development policy and sent by a client
     // under the production one, so the URL check is out of the way: the
     // peer check alone must stop the request.
-    use crate::http::direct::{Direct, Target};
-    use crate::http::policy::{UrlPolicy, check_url};
     let server = RawServer::plain(ok_response()).await;
     let recorder = Arc::new(Recorder::default());
-    let dev = UrlPolicy {
-        allow_http_loopback: true,
-        ..UrlPolicy::default()
-    };
-    let url = format!("http://127.0.0.1:{}/", server.port());
-    let target = Target::new(&check_url(&url, &dev).unwrap()).unwrap();
+    let (target, request) = direct_request(&server, "/");
     let direct = Direct::new(
         Arc::new(StaticLookup::new()),
         UrlPolicy::default(),
@@ -269,9 +285,6 @@ async fn the_direct_path_checks_the_peer_of_every_new_connection() {
         4,
     )
     .unwrap();
-    let request = http::Request::post(target.path().clone())
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
-        .unwrap();
     let refused = direct.exchange(&target, request).await.err();
     assert_eq!(refused, Some(ErrorClass::Blocked));
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -281,36 +294,22 @@ async fn the_direct_path_checks_the_peer_of_every_new_connection() {
 
 #[tokio::test]
 async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
-    use crate::http::direct::{Direct, POOL_IDLE_TIMEOUT, Target};
-    use crate::http::policy::{UrlPolicy, check_url};
     let server = RawServer::plain(ok_response()).await;
     let recorder = Arc::new(Recorder::default());
-    let dev = UrlPolicy {
-        allow_http_loopback: true,
-        ..UrlPolicy::default()
-    };
     let direct = Direct::new(
         Arc::new(StaticLookup::new()),
-        dev.clone(),
+        dev_policy(),
         recorder.clone(),
         &[],
         Duration::from_secs(2),
         4,
     )
     .unwrap();
-    let send = |path: &str| {
-        let url = format!("http://127.0.0.1:{}{path}", server.port());
-        let target = Target::new(&check_url(&url, &dev).unwrap()).unwrap();
-        let request = http::Request::post(target.path().clone())
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
-            .unwrap();
-        (target, request)
-    };
     // Two requests at once need two connections; both go back to the pool
     // once their responses are read, and later requests (another path,
     // the same origin) reuse them.
-    let (a, ra) = send("/a");
-    let (b, rb) = send("/b");
+    let (a, ra) = direct_request(&server, "/a");
+    let (b, rb) = direct_request(&server, "/b");
     let (first, second) = tokio::join!(direct.exchange(&a, ra), direct.exchange(&b, rb));
     for (response, mut lease) in [first.unwrap(), second.unwrap()] {
         use http_body_util::BodyExt;
@@ -320,7 +319,7 @@ async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
         direct.checkin(lease);
     }
     assert_eq!(direct.idle(), 2);
-    let (c, rc) = send("/c");
+    let (c, rc) = direct_request(&server, "/c");
     let (response, mut lease) = direct.exchange(&c, rc).await.unwrap();
     use http_body_util::BodyExt;
     response.into_body().collect().await.unwrap();
@@ -333,7 +332,7 @@ async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
     assert_eq!(direct.idle(), 2);
     direct.sweep_at(std::time::Instant::now() + POOL_IDLE_TIMEOUT);
     assert_eq!(direct.idle(), 0);
-    let (d, rd) = send("/d");
+    let (d, rd) = direct_request(&server, "/d");
     assert!(direct.exchange(&d, rd).await.is_ok());
     assert_eq!(server.connections(), 3);
 }
@@ -407,7 +406,7 @@ async fn the_dial_guard_drops_a_connection_to_a_refused_peer() {
     // guard alone must stop a request to a refused (here: loopback under
     // the production policy) address literal.
     use crate::http::dial::DialGuardLayer;
-    use crate::http::policy::{Refusal, UrlPolicy};
+    use crate::http::policy::Refusal;
     use crate::http::resolve::TrustedProxy;
     let server = RawServer::plain(ok_response()).await;
     let recorder = Arc::new(Recorder::default());
