@@ -149,18 +149,18 @@ struct Pool {
 }
 
 impl Pool {
-    /// Drops every connection idle for longer than [`POOL_IDLE_TIMEOUT`]
-    /// or closed by its peer (which ends its connection task).
-    fn sweep(&mut self, now: Instant) {
+    /// Drops every connection idle for `timeout` or longer, or closed by
+    /// its peer (which ends its connection task).
+    fn sweep(&mut self, now: Instant, timeout: Duration) {
         self.idle.retain(|_, list| {
-            list.retain(|c| usable(c, now));
+            list.retain(|c| usable(c, now, timeout));
             !list.is_empty()
         });
     }
 }
 
-fn usable(c: &Idle, now: Instant) -> bool {
-    !c.sender.is_closed() && now.duration_since(c.since) < POOL_IDLE_TIMEOUT
+fn usable(c: &Idle, now: Instant, timeout: Duration) -> bool {
+    !c.sender.is_closed() && now.duration_since(c.since) < timeout
 }
 
 /// The direct HTTP/1.1 client.
@@ -171,6 +171,9 @@ pub struct Direct {
     tls: tokio_rustls::TlsConnector,
     connect_timeout: Duration,
     idle_per_origin: usize,
+    /// [`POOL_IDLE_TIMEOUT`] and [`SWEEP_EVERY`] (shorter in tests).
+    idle_timeout: Duration,
+    sweep_every: Duration,
     pool: Mutex<Pool>,
 }
 
@@ -212,8 +215,19 @@ impl Direct {
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
             connect_timeout,
             idle_per_origin,
+            idle_timeout: POOL_IDLE_TIMEOUT,
+            sweep_every: SWEEP_EVERY,
             pool: Mutex::default(),
         })
+    }
+
+    /// The same client, closing idle connections after `timeout` and
+    /// sweeping every `every` (tests cannot wait 90 s).
+    #[cfg(test)]
+    pub(crate) fn idle_timing(mut self, timeout: Duration, every: Duration) -> Direct {
+        self.idle_timeout = timeout;
+        self.sweep_every = every;
+        self
     }
 
     /// Sweeps the pool every [`SWEEP_EVERY`] while `this` lives, so that
@@ -225,15 +239,20 @@ impl Direct {
             return;
         };
         let pool = Arc::downgrade(this);
+        let every = this.sweep_every;
+        // Nothing in the loop can fail; it ends when the client is dropped.
         runtime.spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let Some(direct) = pool.upgrade() else {
                     return;
                 };
-                direct.pool.lock().sweep(Instant::now());
+                direct
+                    .pool
+                    .lock()
+                    .sweep(Instant::now(), direct.idle_timeout);
             }
         });
     }
@@ -285,18 +304,12 @@ impl Direct {
         self.pool.lock().idle.values().map(Vec::len).sum()
     }
 
-    /// Sweeps the pool as the sweeper would at `now`.
-    #[cfg(test)]
-    pub(crate) fn sweep_at(&self, now: Instant) {
-        self.pool.lock().sweep(now);
-    }
-
     fn checkout(&self, origin: &Arc<Origin>) -> Option<Lease> {
         let now = Instant::now();
         let mut pool = self.pool.lock();
         let list = pool.idle.get_mut(&**origin)?;
         while let Some(idle) = list.pop() {
-            if usable(&idle, now) {
+            if usable(&idle, now, self.idle_timeout) {
                 return Some(Lease {
                     sender: idle.sender,
                     origin: origin.clone(),

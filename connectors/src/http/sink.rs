@@ -98,9 +98,8 @@ pub struct EgressBuilder {
     settings: EgressSettings,
     lookup: Arc<dyn Lookup>,
     observer: Arc<dyn EgressObserver>,
-    roots: Vec<reqwest::Certificate>,
-    /// The same roots, for the direct path.
-    root_ders: Vec<CertificateDer<'static>>,
+    /// Extra trusted roots, for both clients.
+    roots: Vec<CertificateDer<'static>>,
 }
 
 impl EgressBuilder {
@@ -119,10 +118,8 @@ impl EgressBuilder {
     /// Trusts the PEM certificate `pem` as a root, besides the built-in
     /// web PKI roots (a private CA; tests).
     pub fn root_certificate_pem(mut self, pem: &[u8]) -> Result<Self, BuildError> {
-        self.roots
-            .push(reqwest::Certificate::from_pem(pem).map_err(BuildError::Certificate)?);
         for der in CertificateDer::pem_slice_iter(pem) {
-            self.root_ders.push(der.map_err(|e| {
+            self.roots.push(der.map_err(|e| {
                 BuildError::Settings(format!("cannot read a root certificate: {e}"))
             })?);
         }
@@ -168,7 +165,7 @@ impl EgressBuilder {
                     self.lookup.clone(),
                     policy.clone(),
                     self.observer.clone(),
-                    &self.root_ders,
+                    &self.roots,
                     settings.connect_timeout,
                     settings.pool_idle_per_host,
                 )?);
@@ -204,8 +201,10 @@ impl EgressBuilder {
                 self.observer.clone(),
                 proxy,
             ));
-        for root in self.roots {
-            builder = builder.add_root_certificate(root);
+        for root in &self.roots {
+            builder = builder.add_root_certificate(
+                reqwest::Certificate::from_der(root).map_err(BuildError::Certificate)?,
+            );
         }
         let client = builder.build().map_err(BuildError::Client)?;
         Ok(HttpEgress {
@@ -232,7 +231,6 @@ impl HttpEgress {
             lookup: Arc::new(SystemLookup),
             observer: Arc::new(LogObserver),
             roots: Vec::new(),
-            root_ders: Vec::new(),
         }
     }
 
@@ -311,6 +309,24 @@ pub fn response_excerpt(body: &[u8]) -> String {
     )
 }
 
+/// What the outcome needs of a response's head.
+struct Head {
+    status: u16,
+    retry_after: Option<std::time::Duration>,
+}
+
+impl Head {
+    fn of(status: http::StatusCode, headers: &http::HeaderMap) -> Head {
+        Head {
+            status: status.as_u16(),
+            retry_after: headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds())),
+        }
+    }
+}
+
 /// What is kept of a response body: its SHA-256 and its first bytes, up to
 /// a limit on the bytes read.
 struct BodyTap {
@@ -342,19 +358,20 @@ impl BodyTap {
         self.read < self.limit
     }
 
-    /// The attempt's result: the status decides the outcome (a body cut
-    /// short or too slow does not change it).
-    fn result(self, status: http::StatusCode, headers: &http::HeaderMap) -> EgressResult {
-        let retry_after = headers
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds()));
+    /// The attempt's result for a response with `head`: the status
+    /// decides the outcome (a body cut short or too slow does not change
+    /// it).
+    fn result(self, head: Head) -> EgressResult {
+        let Head {
+            status,
+            retry_after,
+        } = head;
         // The receiver chose these bytes: NUL, invalid UTF-8 and control
         // characters are made storable here, where they enter, so that no
         // response can fail the recorder (Postgres text refuses NUL).
         let excerpt = response_excerpt(&self.kept);
         EgressResult {
-            outcome: classify_status(status.as_u16(), retry_after),
+            outcome: classify_status(status, retry_after),
             response_sha256: Some(self.hasher.finalize().into()),
             response_excerpt: (!excerpt.is_empty()).then_some(excerpt),
         }
@@ -383,7 +400,8 @@ impl HttpEgress {
                 Ok(Err(class)) => return EgressResult::bare(classify_failure(class)),
                 Err(_) => return EgressResult::bare(classify_failure(ErrorClass::Timeout)),
             };
-        let (head, mut body) = response.into_parts();
+        let (parts, mut body) = response.into_parts();
+        let head = Head::of(parts.status, &parts.headers);
         let mut tap = BodyTap::new(self.settings.max_response_bytes);
         let complete = loop {
             match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -404,7 +422,7 @@ impl HttpEgress {
         if complete && tokio::time::timeout_at(deadline, lease.ready()).await == Ok(true) {
             direct.checkin(lease);
         }
-        tap.result(head.status, &head.headers)
+        tap.result(head)
     }
 
     /// Through the egress proxy, on reqwest.
@@ -419,8 +437,7 @@ impl HttpEgress {
             Ok(r) => r,
             Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),
         };
-        let status = response.status();
-        let headers = response.headers().clone();
+        let head = Head::of(response.status(), response.headers());
         let mut tap = BodyTap::new(self.settings.max_response_bytes);
         let mut stream = response.bytes_stream();
         while let Some(Ok(chunk)) = stream.next().await {
@@ -428,7 +445,7 @@ impl HttpEgress {
                 break;
             }
         }
-        tap.result(status, &headers)
+        tap.result(head)
     }
 }
 

@@ -13,7 +13,7 @@ use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
 
 use super::server::{RawServer, ok_response};
 use super::{Recorder, blocked, dev_settings, egress, outbound};
-use crate::http::direct::{Direct, POOL_IDLE_TIMEOUT, Target};
+use crate::http::direct::{Direct, Target};
 use crate::http::policy::{UrlPolicy, check_url};
 use crate::http::resolve::StaticLookup;
 use crate::http::{EgressSettings, ProxyUrl};
@@ -294,17 +294,24 @@ async fn the_direct_path_checks_the_peer_of_every_new_connection() {
 
 #[tokio::test]
 async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
+    use http_body_util::BodyExt;
     let server = RawServer::plain(ok_response()).await;
     let recorder = Arc::new(Recorder::default());
-    let direct = Direct::new(
-        Arc::new(StaticLookup::new()),
-        dev_policy(),
-        recorder.clone(),
-        &[],
-        Duration::from_secs(2),
-        4,
-    )
-    .unwrap();
+    // The sweeper as production runs it, on a shorter clock.
+    let idle_timeout = Duration::from_secs(3);
+    let direct = Arc::new(
+        Direct::new(
+            Arc::new(StaticLookup::new()),
+            dev_policy(),
+            recorder.clone(),
+            &[],
+            Duration::from_secs(2),
+            4,
+        )
+        .unwrap()
+        .idle_timing(idle_timeout, Duration::from_millis(50)),
+    );
+    Direct::start_sweeping(&direct);
     // Two requests at once need two connections; both go back to the pool
     // once their responses are read, and later requests (another path,
     // the same origin) reuse them.
@@ -312,7 +319,6 @@ async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
     let (b, rb) = direct_request(&server, "/b");
     let (first, second) = tokio::join!(direct.exchange(&a, ra), direct.exchange(&b, rb));
     for (response, mut lease) in [first.unwrap(), second.unwrap()] {
-        use http_body_util::BodyExt;
         assert_eq!(response.status(), 200);
         response.into_body().collect().await.unwrap();
         assert!(lease.ready().await);
@@ -321,16 +327,18 @@ async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
     assert_eq!(direct.idle(), 2);
     let (c, rc) = direct_request(&server, "/c");
     let (response, mut lease) = direct.exchange(&c, rc).await.unwrap();
-    use http_body_util::BodyExt;
     response.into_body().collect().await.unwrap();
     assert!(lease.ready().await);
     direct.checkin(lease);
     assert_eq!(server.connections(), 2);
     assert_eq!(direct.idle(), 2);
-    // A sweep before the idle timeout keeps them; one after closes them.
-    direct.sweep_at(std::time::Instant::now());
+    // Sweeps before the idle timeout keep them; one after closes them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(direct.idle(), 2);
-    direct.sweep_at(std::time::Instant::now() + POOL_IDLE_TIMEOUT);
+    let deadline = std::time::Instant::now() + idle_timeout + Duration::from_secs(10);
+    while direct.idle() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(direct.idle(), 0);
     let (d, rd) = direct_request(&server, "/d");
     assert!(direct.exchange(&d, rd).await.is_ok());
