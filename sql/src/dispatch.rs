@@ -37,15 +37,12 @@ fn attempts_sql(careful: bool) -> String {
             SELECT id, del, ep, tenant, num, trig::walhook.attempt_trigger, ver, st, fin, http, \
                    greatest(0, (extract(epoch FROM fin - st) * 1000)::int4), outcome, err, sha, excerpt, note, \
                    ('{{' || secrets || '}}')::int4[] \
-            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int4[], $6::text[], $7::int4[], \
-                        $8::timestamptz[], $9::timestamptz[], $10::int4[], $11::text[], $12::text[], $13::bytea[], \
-                        $14::text[], $15::text[], $16::text[]) \
-                 AS t(id, del, ep, tenant, num, trig, ver, st, fin, http, outcome, err, sha, excerpt, note, secrets) \
+            FROM {} AS t \
             {} \
             RETURNING id, endpoint_id, tenant_id, started_at, outcome), \
         tallied AS ( \
             SELECT a.endpoint_id, a.tenant_id, a.started_at, a.outcome = 'succeeded' AS ok, l.lat \
-            FROM a JOIN unnest($1::uuid[], $17::int2[]) AS l(id, lat) ON l.id = a.id), \
+            FROM a JOIN (SELECT unnest($1::uuid[]) AS id, unnest($17::int2[]) AS lat) AS l ON l.id = a.id), \
         eh AS ( \
             INSERT INTO walhook.endpoint_hours AS h (endpoint_id, hour, tenant_id, attempts, succeeded) \
             SELECT endpoint_id, {hour}, min(tenant_id), count(*), count(*) FILTER (WHERE ok) \
@@ -64,6 +61,27 @@ fn attempts_sql(careful: bool) -> String {
             SELECT {minute}, lat, count(*) \
             FROM tallied WHERE lat IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2 \
             ON CONFLICT (minute, bucket) DO UPDATE SET attempts = f.attempts + excluded.attempts)",
+        crate::unnested(
+            1,
+            &[
+                ("id", "uuid"),
+                ("del", "uuid"),
+                ("ep", "uuid"),
+                ("tenant", "text"),
+                ("num", "int4"),
+                ("trig", "text"),
+                ("ver", "int4"),
+                ("st", "timestamptz"),
+                ("fin", "timestamptz"),
+                ("http", "int4"),
+                ("outcome", "text"),
+                ("err", "text"),
+                ("sha", "bytea"),
+                ("excerpt", "text"),
+                ("note", "text"),
+                ("secrets", "text")
+            ]
+        ),
         if careful {
             "ON CONFLICT DO NOTHING"
         } else {
@@ -95,8 +113,7 @@ fn states_sql(first: usize) -> String {
                 last_http_status = x.http, \
                 last_error_class = x.err, \
                 updated_at = now() \
-            FROM unnest({}) \
-                 AS x(id, status, attempts, next_at, hold, lease, http, err) \
+            FROM {} AS x \
             WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
             RETURNING d.id, d.status, d.lease_owner, d.next_attempt_at), \
         gone AS ( \
@@ -105,29 +122,33 @@ fn states_sql(first: usize) -> String {
         freed AS ( \
             UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = u.next_attempt_at FROM u \
             WHERE p.delivery_id = u.id AND u.status = 'pending' AND u.lease_owner IS NULL)",
-        crate::typed_params(
+        crate::unnested(
             first,
             &[
-                "uuid",
-                "text",
-                "int4",
-                "timestamptz",
-                "timestamptz",
-                "int8",
-                "int4",
-                "text"
+                ("id", "uuid"),
+                ("status", "text"),
+                ("attempts", "int4"),
+                ("next_at", "timestamptz"),
+                ("hold", "timestamptz"),
+                ("lease", "int8"),
+                ("http", "int4"),
+                ("err", "text")
             ]
         )
     )
 }
 
-/// The CTEs `n`, `np`, `done`: the first rows of deliveries that had none
-/// (planned by fan-out), for parameters from `$first` on (16 arrays),
-/// written only under their plan's current lease; their pending rows; and
-/// the plans whose deliveries now all have rows, removed (the rows of `n`
-/// are new, so they and the rows from before are disjoint: counting both
-/// needs only primary-key probes, never a scan of `deliveries`, which the
-/// statement's snapshot shows without `n`'s rows). `careful` adds
+/// The CTEs `n`, `np`, `made`, `done`: the first rows of deliveries that
+/// had none (planned by fan-out), for parameters from `$first` on (16
+/// arrays), written only under their plan's current lease; their pending
+/// rows; and the plans whose deliveries now all have rows, removed. `n`'s
+/// rows are counted once per event (`made`), not once per plan: a count
+/// inside the plan's condition would scan all of `n` for every plan, work
+/// that grows with the square of the batch, and batches grow when
+/// dispatch falls behind. A plan whose deliveries all came in this batch
+/// (the common case) is done without reading `deliveries`; otherwise the
+/// rows from before are counted by primary-key probes (they and `n`'s new
+/// rows are disjoint: the statement's snapshot shows no row of `n`). `careful` adds
 /// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
 /// it is and counts as stale).
 fn fresh_sql(first: usize, careful: bool) -> String {
@@ -140,40 +161,41 @@ fn fresh_sql(first: usize, careful: bool) -> String {
                    x.attempts, x.next_at, x.expires, x.lease, \
                    CASE WHEN x.hold IS NULL THEN NULL ELSE f.lease_owner END, x.hold, x.http, x.err, \
                    x.created, now() \
-            FROM unnest({}) \
-                 AS x(id, ev, ep, tenant, etype, occ, ver, status, attempts, next_at, expires, created, \
-                      hold, lease, http, err) \
+            FROM {} AS x \
             JOIN walhook.fanouts f ON f.event_id = x.ev AND f.lease_version = x.lease \
             {} \
             RETURNING id, event_id, endpoint_id, created_at, next_attempt_at, lease_owner, status), \
         np AS ( \
             INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
             SELECT id, endpoint_id, created_at, next_attempt_at, lease_owner FROM n WHERE status = 'pending'), \
+        made AS ( \
+            SELECT event_id, count(*) AS fresh FROM n GROUP BY event_id), \
         done AS ( \
-            DELETE FROM walhook.fanouts p \
-            WHERE p.event_id IN (SELECT event_id FROM n) \
-              AND (SELECT count(*) FROM n WHERE n.event_id = p.event_id) \
-                  + (SELECT count(*) FROM walhook.deliveries d WHERE d.id = ANY (p.delivery_ids)) \
-                  >= cardinality(p.delivery_ids))",
-        crate::typed_params(
+            DELETE FROM walhook.fanouts p USING made m \
+            WHERE p.event_id = m.event_id \
+              AND CASE WHEN m.fresh >= cardinality(p.delivery_ids) THEN true \
+                       ELSE m.fresh + (SELECT count(*) FROM walhook.deliveries d \
+                                      WHERE d.id = ANY (p.delivery_ids)) \
+                            >= cardinality(p.delivery_ids) END)",
+        crate::unnested(
             first,
             &[
-                "uuid",
-                "uuid",
-                "uuid",
-                "text",
-                "text",
-                "timestamptz",
-                "int4",
-                "text",
-                "int4",
-                "timestamptz",
-                "timestamptz",
-                "timestamptz",
-                "timestamptz",
-                "int8",
-                "int4",
-                "text"
+                ("id", "uuid"),
+                ("ev", "uuid"),
+                ("ep", "uuid"),
+                ("tenant", "text"),
+                ("etype", "text"),
+                ("occ", "timestamptz"),
+                ("ver", "int4"),
+                ("status", "text"),
+                ("attempts", "int4"),
+                ("next_at", "timestamptz"),
+                ("expires", "timestamptz"),
+                ("created", "timestamptz"),
+                ("hold", "timestamptz"),
+                ("lease", "int8"),
+                ("http", "int4"),
+                ("err", "text")
             ]
         ),
         if careful {

@@ -105,25 +105,24 @@ fn plans_sql(first: usize, redo: bool) -> String {
                                       endpoint_ids, config_versions, created_at, expires_at, lease_owner) \
          SELECT ev, occ, tenant, etype, array_agg(id ORDER BY id), array_agg(ep ORDER BY id), \
                 array_agg(ver ORDER BY id), created, expires, owner \
-         FROM unnest({}) \
-              AS t(id, ev, ep, tenant, etype, occ, ver, created, expires, owner) \
+         FROM {} AS t \
          {} \
          GROUP BY ev, occ, tenant, etype, created, expires, owner \
          {} \
          RETURNING event_id, delivery_ids",
-        crate::typed_params(
+        crate::unnested(
             first,
             &[
-                "uuid",
-                "uuid",
-                "uuid",
-                "text",
-                "text",
-                "timestamptz",
-                "int4",
-                "timestamptz",
-                "timestamptz",
-                "text"
+                ("id", "uuid"),
+                ("ev", "uuid"),
+                ("ep", "uuid"),
+                ("tenant", "text"),
+                ("etype", "text"),
+                ("occ", "timestamptz"),
+                ("ver", "int4"),
+                ("created", "timestamptz"),
+                ("expires", "timestamptz"),
+                ("owner", "text")
             ]
         ),
         if redo {
@@ -131,6 +130,34 @@ fn plans_sql(first: usize, redo: bool) -> String {
         } else {
             ""
         },
+        if redo { "ON CONFLICT DO NOTHING" } else { "" }
+    )
+}
+
+/// The events passed as `$1`..`$12`, inserted (`redo` leaves those
+/// already stored as they are).
+fn events_sql(redo: bool) -> String {
+    format!(
+        "INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
+                                     occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
+         SELECT * FROM {} AS e {}",
+        crate::unnested(
+            1,
+            &[
+                ("id", "uuid"),
+                ("tenant", "text"),
+                ("etype", "text"),
+                ("version", "int4"),
+                ("object", "text"),
+                ("object_version", "text"),
+                ("occurred", "timestamptz"),
+                ("source", "text"),
+                ("lsn", "pg_lsn"),
+                ("ordinal", "int4"),
+                ("payload", "bytea"),
+                ("sha", "bytea")
+            ]
+        ),
         if redo { "ON CONFLICT DO NOTHING" } else { "" }
     )
 }
@@ -143,25 +170,15 @@ fn plans_sql(first: usize, redo: bool) -> String {
 /// gap-filling plans instead.
 static MATERIALIZE_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH e AS ( \
-            INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
-                                        occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
-            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
-                                 $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], \
-                                 $12::bytea[])), \
-         f AS ({}) \
-         SELECT unnest(delivery_ids) FROM f",
+        "WITH e AS ({}), f AS ({}) SELECT unnest(delivery_ids) FROM f",
+        events_sql(false),
         plans_sql(13, false)
     )
 });
 
 /// The redo's events: those already stored are left as they are.
-const MATERIALIZE_EVENTS: &str = "\
-INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
-                            occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
-                     $7::timestamptz[], $8::text[], $9::pg_lsn[], $10::int4[], $11::bytea[], $12::bytea[]) \
-ON CONFLICT DO NOTHING";
+static MATERIALIZE_EVENTS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| events_sql(true));
 
 /// The redo's plans: only missing ones are stored, of deliveries that
 /// have no row yet (a plan stored, finished and removed before the crash
@@ -282,7 +299,7 @@ impl FanoutStore for Platform {
             .await
             .map_err(StoreError::query("begin fan-out"))?;
         let stmt = tx
-            .prepare_cached(MATERIALIZE_EVENTS)
+            .prepare_cached(&MATERIALIZE_EVENTS)
             .await
             .map_err(StoreError::query("prepare the event insert"))?;
         tx.execute(&stmt, &event_params)
