@@ -143,18 +143,27 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
-    /// Adds the options to `cfg`, after any the URL gave.
+    /// Adds the options to `cfg`, after any the URL gave, and turns JIT
+    /// compilation off unless the URL's options set `jit` themselves.
+    ///
+    /// walhook's statements are short, and Postgres decides to compile one
+    /// from the planner's cost estimate alone: a stale estimate (a queue
+    /// table that was large when it was last analyzed) made the plan
+    /// tidier's few-millisecond delete spend about half a second of CPU
+    /// compiling, every 30 s, under load (docs/performance.md).
     fn apply(&self, cfg: &mut tokio_postgres::Config) {
+        let from_url = cfg.get_options().unwrap_or_default().to_owned();
+        let mut options = vec![from_url.clone()];
         if let Some(timeout) = self.statement_timeout {
-            let mut options = cfg.get_options().unwrap_or_default().to_owned();
-            if !options.is_empty() {
-                options.push(' ');
-            }
             // At least 1 ms: 0 would turn the timeout off.
             let ms = timeout.as_millis().max(1);
-            options.push_str(&format!("-c statement_timeout={ms}"));
-            cfg.options(&options);
+            options.push(format!("-c statement_timeout={ms}"));
         }
+        if !from_url.contains("jit") {
+            options.push("-c jit=off".to_owned());
+        }
+        options.retain(|o| !o.is_empty());
+        cfg.options(options.join(" "));
         if let Some(name) = &self.application_name
             && cfg.get_application_name().is_none()
         {
@@ -363,13 +372,28 @@ mod tests {
         session.apply(&mut cfg);
         assert_eq!(
             cfg.get_options(),
-            Some("-c work_mem=4MB -c statement_timeout=10000")
+            Some("-c work_mem=4MB -c statement_timeout=10000 -c jit=off")
         );
         assert_eq!(cfg.get_application_name(), Some("walhook-api"));
         let mut named =
             tokio_postgres::Config::from_str("postgres://u@h/d?application_name=mine").unwrap();
         session.apply(&mut named);
         assert_eq!(named.get_application_name(), Some("mine"));
-        assert_eq!(named.get_options(), Some("-c statement_timeout=10000"));
+        assert_eq!(
+            named.get_options(),
+            Some("-c statement_timeout=10000 -c jit=off")
+        );
+    }
+
+    #[test]
+    fn jit_is_off_unless_the_url_says_otherwise() {
+        use std::str::FromStr;
+        let mut plain = tokio_postgres::Config::from_str("postgres://u@h/d").unwrap();
+        SessionOptions::default().apply(&mut plain);
+        assert_eq!(plain.get_options(), Some("-c jit=off"));
+        let mut chosen =
+            tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20jit%3Don").unwrap();
+        SessionOptions::default().apply(&mut chosen);
+        assert_eq!(chosen.get_options(), Some("-c jit=on"));
     }
 }

@@ -474,3 +474,51 @@ async fn attempts_are_tallied_once_even_when_a_batch_is_recorded_again() {
     assert_eq!(w.platform.drop_old_tallies().await.unwrap(), 1);
     assert_eq!(w.count("walhook.attempt_minutes").await, 1);
 }
+
+#[tokio::test]
+async fn a_batch_removes_exactly_the_plans_it_completes() {
+    let w = world().await;
+    w.plan(2_000, Some("a"), Duration::ZERO).await;
+    w.plan(3_000, Some("a"), Duration::ZERO).await;
+    let (mut jobs, _) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 6, "two events, three endpoints each");
+    jobs.sort_by_key(|j| (j.event_id, j.delivery_id));
+    let (first, second) = jobs.split_at(3);
+
+    // One batch: every delivery of the first event, one of the second.
+    let batch: Vec<AttemptRecord> = first.iter().chain(&second[..1]).map(success).collect();
+    let stale = w.platform.record(&batch).await.unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
+    assert_eq!(w.count("walhook.deliveries").await, 4);
+    let left: Vec<Uuid> = w
+        .sql
+        .query("SELECT event_id FROM walhook.fanouts", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        left,
+        vec![Uuid::from_bytes(second[0].event_id.0)],
+        "the completed plan is gone, the other stays"
+    );
+
+    // The rest of the second event, with its earlier row found in the table.
+    let rest: Vec<AttemptRecord> = second[1..].iter().map(success).collect();
+    assert!(w.platform.record(&rest).await.unwrap().is_empty());
+    assert_eq!(w.count("walhook.deliveries").await, 6);
+    assert_eq!(w.count("walhook.fanouts").await, 0);
+}
+
+#[tokio::test]
+async fn the_platforms_sessions_do_not_jit_compile() {
+    let w = world().await;
+    let client = w.platform.client().await.unwrap();
+    let jit: String = client.query_one("SHOW jit", &[]).await.unwrap().get(0);
+    assert_eq!(jit, "off");
+}
