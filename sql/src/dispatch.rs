@@ -180,23 +180,20 @@ fn fresh_sql(first: usize, careful: bool) -> String {
         crate::unnested(
             first,
             &[
-                ("id", "uuid"),
-                ("ev", "uuid"),
-                ("ep", "uuid"),
-                ("tenant", "text"),
-                ("etype", "text"),
-                ("occ", "timestamptz"),
-                ("ver", "int4"),
-                ("status", "text"),
-                ("attempts", "int4"),
-                ("next_at", "timestamptz"),
-                ("expires", "timestamptz"),
-                ("created", "timestamptz"),
-                ("hold", "timestamptz"),
-                ("lease", "int8"),
-                ("http", "int4"),
-                ("err", "text")
+                &crate::PLANNED_DELIVERY[..],
+                &[
+                    ("status", "text"),
+                    ("attempts", "int4"),
+                    ("next_at", "timestamptz"),
+                    ("expires", "timestamptz"),
+                    ("created", "timestamptz"),
+                    ("hold", "timestamptz"),
+                    ("lease", "int8"),
+                    ("http", "int4"),
+                    ("err", "text")
+                ],
             ]
+            .concat()
         ),
         if careful {
             "ON CONFLICT DO NOTHING"

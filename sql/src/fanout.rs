@@ -113,17 +113,14 @@ fn plans_sql(first: usize, redo: bool) -> String {
         crate::unnested(
             first,
             &[
-                ("id", "uuid"),
-                ("ev", "uuid"),
-                ("ep", "uuid"),
-                ("tenant", "text"),
-                ("etype", "text"),
-                ("occ", "timestamptz"),
-                ("ver", "int4"),
-                ("created", "timestamptz"),
-                ("expires", "timestamptz"),
-                ("owner", "text")
+                &crate::PLANNED_DELIVERY[..],
+                &[
+                    ("created", "timestamptz"),
+                    ("expires", "timestamptz"),
+                    ("owner", "text")
+                ],
             ]
+            .concat()
         ),
         if redo {
             "WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL"

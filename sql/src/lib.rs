@@ -326,6 +326,19 @@ macro_rules! commit {
     }};
 }
 
+/// The leading columns of a delivery as fan-out plans it and as its first
+/// row repeats it: id, event, endpoint, tenant, event type, when the event
+/// occurred, the endpoint's config version (for [`unnested`]).
+pub(crate) const PLANNED_DELIVERY: [(&str, &str); 7] = [
+    ("id", "uuid"),
+    ("ev", "uuid"),
+    ("ep", "uuid"),
+    ("tenant", "text"),
+    ("etype", "text"),
+    ("occ", "timestamptz"),
+    ("ver", "int4"),
+];
+
 /// Rows from array parameters, one array per column from `$first` on,
 /// as a subquery for `FROM`: `(SELECT unnest($3::uuid[]) AS id,
 /// unnest($4::text[]) AS status)`. The arrays are unnested side by side in
