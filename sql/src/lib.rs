@@ -159,7 +159,14 @@ impl SessionOptions {
             let ms = timeout.as_millis().max(1);
             options.push(format!("-c statement_timeout={ms}"));
         }
-        if !from_url.contains("jit") {
+        // `-c jit=on`, `-cjit=on` or `--jit=on` (not `jit_above_cost`).
+        let sets_jit = from_url.split_whitespace().any(|w| {
+            w.strip_prefix("-c")
+                .unwrap_or(w)
+                .trim_start_matches('-')
+                .starts_with("jit=")
+        });
+        if !sets_jit {
             options.push("-c jit=off".to_owned());
         }
         options.retain(|o| !o.is_empty());
@@ -408,5 +415,13 @@ mod tests {
             tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20jit%3Don").unwrap();
         SessionOptions::default().apply(&mut chosen);
         assert_eq!(chosen.get_options(), Some("-c jit=on"));
+        let mut tuned =
+            tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20jit_above_cost%3D1000")
+                .unwrap();
+        SessionOptions::default().apply(&mut tuned);
+        assert_eq!(
+            tuned.get_options(),
+            Some("-c jit_above_cost=1000 -c jit=off")
+        );
     }
 }

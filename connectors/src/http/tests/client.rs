@@ -254,18 +254,11 @@ fn direct_request(
     path: &str,
 ) -> (Target, http::Request<http_body_util::Full<bytes::Bytes>>) {
     let url = format!("http://127.0.0.1:{}{path}", server.port());
-    let target = Target::new(&check_url(&url, &dev_policy()).unwrap()).unwrap();
+    let target = Target::new(&check_url(&url, &dev_settings().url_policy()).unwrap()).unwrap();
     let request = http::Request::post(target.path().clone())
         .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
         .unwrap();
     (target, request)
-}
-
-fn dev_policy() -> UrlPolicy {
-    UrlPolicy {
-        allow_http_loopback: true,
-        ..UrlPolicy::default()
-    }
 }
 
 #[tokio::test]
@@ -302,7 +295,7 @@ async fn idle_connections_are_pooled_per_origin_and_swept_when_stale() {
     let direct = Arc::new(
         Direct::new(
             Arc::new(StaticLookup::new()),
-            dev_policy(),
+            dev_settings().url_policy(),
             recorder.clone(),
             &[],
             Duration::from_secs(2),
