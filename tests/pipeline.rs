@@ -652,3 +652,131 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
         assert_ledger_matches_events(&w).await;
     }
 }
+
+/// Fan-out's write commits and its answer is lost (the connection breaks
+/// between the two): fan-out tries the batch again, finds it stored, and
+/// must still hand its deliveries to dispatch. Without that they would wait
+/// for walhook's next start, unsent while it runs. Every order arrives once,
+/// without a restart.
+#[tokio::test]
+async fn a_fan_out_write_whose_answer_is_lost_still_delivers_without_a_restart() {
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let mut child = Child::run_logged(
+        &cfg,
+        &[("WALHOOK_FAILPOINTS", "fanout.answer_lost=end@1")],
+        &log,
+    );
+    w.wait_streaming().await;
+    let orders: Vec<i64> = (1..=20).collect();
+    for id in &orders {
+        w.shop
+            .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[id])
+            .await
+            .unwrap();
+    }
+    let expected: HashSet<(String, String)> = orders
+        .iter()
+        .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
+        .collect();
+    let all_there = |got: &[Received]| {
+        let seen: HashSet<(String, String)> = got
+            .iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .map(|r| (r.path.clone(), key(r).1))
+            .collect();
+        expected.is_subset(&seen)
+    };
+    let arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(30), all_there)
+        .await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("fanout.answer_lost"),
+        "the failpoint did not fire:\n{text}"
+    );
+    assert!(arrived, "deliveries held back: {}\n{text}", w.state().await);
+    assert!(child.running(), "walhook exited:\n{text}");
+    w.wait_count(
+        "the deliveries' rows",
+        "SELECT count(*) FROM walhook.deliveries",
+        40,
+    )
+    .await;
+    let ids: Vec<String> = w
+        .receiver
+        .received()
+        .iter()
+        .map(|r| r.webhook_id.clone())
+        .collect();
+    let once: HashSet<&String> = ids.iter().collect();
+    assert_eq!((once.len(), ids.len()), (40, 40), "each delivery sent once");
+    assert!(child.terminate().success());
+    w.assert_pending_consistent().await;
+    w.assert_plans_written().await;
+}
+
+/// The sweeper's claim of due deliveries (here test events, unheld until
+/// claimed) commits and its answer is lost: the deliveries are this live
+/// node's in Postgres and nowhere in its memory. The sweeper takes what the
+/// node holds again at its next round, and they are sent, without a
+/// restart.
+#[tokio::test]
+async fn a_claim_whose_answer_is_lost_is_taken_again_and_sent() {
+    let w = World::new().await;
+    let endpoint = w.endpoint("acme", "acme-a", &[]).await;
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let mut child = Child::run_logged(
+        &cfg,
+        &[("WALHOOK_FAILPOINTS", "dispatch.claim_answer_lost=end@1")],
+        &log,
+    );
+    w.wait_streaming().await;
+    let tenant = walhook_pipeline::ids::TenantId::new("acme").unwrap();
+    for _ in 0..5 {
+        let (event, delivery) = walhook_api::test_event::build(
+            &tenant,
+            endpoint,
+            1,
+            walhook_pipeline::time::Timestamp::now(),
+            Duration::from_secs(3600),
+        );
+        w.platform
+            .insert_test_delivery(&event, &delivery, "test")
+            .await
+            .unwrap();
+    }
+    let arrived = w
+        .receiver
+        .wait_until(Duration::from_secs(30), |got| {
+            got.iter()
+                .filter(|r| r.path == "acme-a" && (200..300).contains(&r.status))
+                .count()
+                >= 5
+        })
+        .await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("dispatch.claim_answer_lost"),
+        "the failpoint did not fire:\n{text}"
+    );
+    assert!(
+        arrived,
+        "claimed deliveries held back: {}\n{text}",
+        w.state().await
+    );
+    assert!(child.running(), "walhook exited:\n{text}");
+    w.wait_count(
+        "the test deliveries succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        5,
+    )
+    .await;
+    assert!(child.terminate().success());
+    w.assert_pending_consistent().await;
+}

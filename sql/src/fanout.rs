@@ -95,6 +95,22 @@ impl Platform {
     }
 }
 
+/// The planned deliveries passed as `$first`..`$first + 9`, as rows.
+fn plan_rows(first: usize) -> String {
+    crate::unnested(
+        first,
+        &[
+            &crate::PLANNED_DELIVERY[..],
+            &[
+                ("created", "timestamptz"),
+                ("expires", "timestamptz"),
+                ("owner", "text"),
+            ],
+        ]
+        .concat(),
+    )
+}
+
 /// The plan rows of the deliveries passed as `$first`.. (one row per
 /// event), returning the event ids and their delivery ids. `redo` leaves
 /// out deliveries that have their row already (a primary-key probe each)
@@ -110,18 +126,7 @@ fn plans_sql(first: usize, redo: bool) -> String {
          GROUP BY ev, occ, tenant, etype, created, expires, owner \
          {} \
          RETURNING event_id, delivery_ids",
-        crate::unnested(
-            first,
-            &[
-                &crate::PLANNED_DELIVERY[..],
-                &[
-                    ("created", "timestamptz"),
-                    ("expires", "timestamptz"),
-                    ("owner", "text")
-                ],
-            ]
-            .concat()
-        ),
+        plan_rows(first),
         if redo {
             "WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL"
         } else {
@@ -180,11 +185,27 @@ static MATERIALIZE_EVENTS: std::sync::LazyLock<String> =
 /// The redo's plans: only missing ones are stored, of deliveries that
 /// have no row yet (a plan stored, finished and removed before the crash
 /// has rows for all its deliveries and comes back as nothing); returns
-/// those deliveries.
+/// those deliveries. It also returns the deliveries without a row of plans
+/// that this very batch stored before, untouched since: same owner, same
+/// creation time (the batch's `now`, repeated exactly by a retry) and the
+/// first lease. That is a first try that committed but whose answer was
+/// lost with its connection: nobody else was handed those deliveries, and
+/// their holder, alive, claims its own plans only when it starts. A plan of
+/// an earlier run (another creation time), one claimed since (a later
+/// lease) or one nobody holds is left to the claims that handle it. The
+/// outer select reads the statement's snapshot, which does not show the
+/// plans inserted by `f`: none comes back twice.
 static MATERIALIZE_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH f AS ({}) SELECT unnest(delivery_ids) FROM f",
-        plans_sql(1, true)
+        "WITH f AS ({}) SELECT unnest(delivery_ids) FROM f \
+         UNION ALL \
+         SELECT t.id FROM {} AS t \
+         JOIN walhook.fanouts p ON p.event_id = t.ev \
+         WHERE p.lease_owner = t.owner AND p.created_at = t.created AND p.lease_version = 1 \
+           AND t.id = ANY (p.delivery_ids) \
+           AND (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL",
+        plans_sql(1, true),
+        plan_rows(1)
     )
 });
 
@@ -283,7 +304,17 @@ impl FanoutStore for Platform {
             .copied()
             .collect();
         match client.query(&fast, &all).await {
-            Ok(rows) => return Ok(made_of(rows)),
+            Ok(rows) => {
+                // Crash tests: the write committed and its answer is lost,
+                // as when the connection breaks between the two.
+                if walhook_pipeline::failpoint::hit("fanout.answer_lost") {
+                    return Err(walhook_pipeline::store::StoreError::transient(
+                        "the fan-out write committed but its answer was lost (failpoint fanout.answer_lost)",
+                        std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+                    ));
+                }
+                return Ok(made_of(rows));
+            }
             Err(e) if is_unique_violation(&e) => {
                 tracing::debug!("fan-out redoes events it stored before; filling gaps only");
             }

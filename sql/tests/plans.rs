@@ -58,6 +58,15 @@ impl World {
     /// An event committed at `lsn`, planned for every endpoint, held by
     /// `owner`, made `age` ago.
     async fn plan(&self, lsn: u64, owner: Option<&str>, age: Duration) -> Vec<DeliveryId> {
+        let (event, deliveries) = self.batch(lsn, owner, age);
+        self.platform
+            .materialize(std::slice::from_ref(&event), &deliveries)
+            .await
+            .unwrap()
+    }
+
+    /// What fan-out passes to the store for [`World::plan`]'s event.
+    fn batch(&self, lsn: u64, owner: Option<&str>, age: Duration) -> (Event, Vec<NewDelivery>) {
         let created = Timestamp(Timestamp::now().0 - age.as_micros() as i64);
         let event = Event {
             id: EventId::derive("shop", Lsn(lsn), 0, "orders"),
@@ -93,10 +102,7 @@ impl World {
                 lease_expires_at: None,
             })
             .collect();
-        self.platform
-            .materialize(std::slice::from_ref(&event), &deliveries)
-            .await
-            .unwrap()
+        (event, deliveries)
     }
 
     async fn count(&self, what: &str) -> i64 {
@@ -105,6 +111,31 @@ impl World {
             .await
             .unwrap()
             .get(0)
+    }
+}
+
+/// The job fan-out hands dispatch for `d` (first lease, no row yet).
+fn job_of(d: &NewDelivery, event: &Event) -> DeliveryJob {
+    DeliveryJob {
+        delivery_id: d.id,
+        event_id: d.event_id,
+        endpoint_id: d.endpoint_id,
+        tenant_id: d.tenant_id.clone(),
+        event_type: d.event_type.clone(),
+        payload: event.payload.clone(),
+        attempt_count: 0,
+        manual_attempt_count: 0,
+        after_unknown: false,
+        materialized: false,
+        created_at: d.created_at,
+        next_attempt_at: d.created_at,
+        expires_at: d.expires_at,
+        lease_version: 1,
+        endpoint_config_version: d.endpoint_config_version,
+        event_occurred_at: d.event_occurred_at,
+        schema_version: event.schema_version,
+        replay: None,
+        order: None,
     }
 }
 
@@ -202,6 +233,96 @@ async fn a_planned_delivery_gets_its_row_with_its_first_attempt() {
     assert!(w.plan(1_000, Some("a"), Duration::ZERO).await.is_empty());
     assert_eq!(w.count("walhook.fanouts").await, 0);
     assert_eq!(w.count("walhook.deliveries").await, 3);
+}
+
+#[tokio::test]
+async fn a_retry_after_a_lost_answer_hands_over_what_the_first_try_stored() {
+    let w = world().await;
+    let (event, deliveries) = w.batch(1_500, Some("a"), Duration::ZERO);
+    let events = std::slice::from_ref(&event);
+    let mut made = w.platform.materialize(events, &deliveries).await.unwrap();
+    made.sort();
+    assert_eq!(made.len(), 3);
+
+    // The first try committed and its answer was lost with the connection:
+    // fan-out tries the same batch again, meets the event it stored, and
+    // must still hand over every delivery (nobody else will while this
+    // node lives).
+    let mut again = w.platform.materialize(events, &deliveries).await.unwrap();
+    again.sort();
+    assert_eq!(
+        again, made,
+        "the retry hands over what the first try stored"
+    );
+    assert_eq!(w.count("walhook.fanouts").await, 1, "one plan still");
+    assert_eq!(w.count("walhook.events").await, 1);
+
+    // Once a delivery has its row, a retry leaves it out.
+    let (jobs, _) = w
+        .platform
+        .reclaim_plans("a", None, 10, false)
+        .await
+        .unwrap();
+    let first = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+    assert!(
+        w.platform
+            .record(&[success(first)])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Claimed since (a later lease): whoever claimed it has the rest.
+    assert!(
+        w.platform
+            .materialize(events, &deliveries)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a plan claimed since is its claimant's"
+    );
+
+    // A plan of an earlier run of this node (another creation time) is
+    // the start-up reclaim's, and one nobody holds is the sweepers'.
+    w.plan(1_600, Some("a"), Duration::from_secs(5)).await;
+    assert!(w.plan(1_600, Some("a"), Duration::ZERO).await.is_empty());
+    let (event, deliveries) = w.batch(1_700, None, Duration::ZERO);
+    let events = std::slice::from_ref(&event);
+    assert_eq!(
+        w.platform
+            .materialize(events, &deliveries)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    assert!(
+        w.platform
+            .materialize(events, &deliveries)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a plan nobody holds is claimed by the sweepers"
+    );
+
+    // A retry of a batch whose deliveries all have rows hands over nothing.
+    let (event, deliveries) = w.batch(1_800, Some("a"), Duration::ZERO);
+    let events = std::slice::from_ref(&event);
+    let made = w.platform.materialize(events, &deliveries).await.unwrap();
+    let done: Vec<AttemptRecord> = made
+        .iter()
+        .map(|id| {
+            let d = deliveries.iter().find(|d| d.id == *id).unwrap();
+            success(&job_of(d, &event))
+        })
+        .collect();
+    assert!(w.platform.record(&done).await.unwrap().is_empty());
+    assert!(
+        w.platform
+            .materialize(events, &deliveries)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

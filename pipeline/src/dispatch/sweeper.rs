@@ -1,6 +1,7 @@
 //! Claims work that is not in memory: at start-up everything this node held
-//! before a restart; then, every interval, deliveries that are due and held
-//! by no live node (retries released earlier, operational and test events,
+//! before a restart (and again after a claim failed, which may have
+//! committed with its answer lost); then, every interval, deliveries that
+//! are due and held by no live node (retries released earlier, operational and test events,
 //! orphans of a node whose lease lapsed), and replay requests. It also
 //! renews the node's lease, which keeps the deliveries this node holds its
 //! own: one row per node, not a renewal per delivery.
@@ -54,70 +55,12 @@ pub async fn run<S: DispatchStore>(
         tracing::warn!(error = %e, "could not renew the node's lease");
     }
     let mut last_heartbeat = std::time::Instant::now();
-    // Everything this node held before a restart, in id order.
-    let mut after = None;
-    loop {
-        match store
-            .reclaim_own(
-                &settings.node_id,
-                after,
-                settings.sweep_batch,
-                after_unknown,
-            )
-            .await
-        {
-            Ok(jobs) => {
-                let full = jobs.len() >= settings.sweep_batch;
-                after = jobs.iter().map(|j| j.delivery_id).max();
-                if !jobs.is_empty() {
-                    tracing::info!(count = jobs.len(), "reclaimed deliveries this node held");
-                    if out.send(Claimed::Due(jobs)).await.is_err() {
-                        return;
-                    }
-                }
-                if !full {
-                    break;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not reclaim this node's deliveries");
-                break;
-            }
-        }
-    }
-    // And fan-out's plans it held (deliveries that had no row yet).
-    let mut after = None;
-    loop {
-        match store
-            .reclaim_plans(
-                &settings.node_id,
-                after,
-                settings.sweep_batch,
-                after_unknown,
-            )
-            .await
-        {
-            Ok((jobs, next)) => {
-                if !jobs.is_empty() {
-                    tracing::info!(
-                        count = jobs.len(),
-                        "reclaimed planned deliveries this node held"
-                    );
-                    if out.send(Claimed::Due(jobs)).await.is_err() {
-                        return;
-                    }
-                }
-                match next {
-                    Some(n) => after = Some(n),
-                    None => break,
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not reclaim this node's planned deliveries");
-                break;
-            }
-        }
-    }
+    // Everything this node held before a restart.
+    let mut retake = match retake_own(&*store, &settings, &out, after_unknown).await {
+        Retaken::All => false,
+        Retaken::Partly => true,
+        Retaken::Closed => return,
+    };
     // Cancellations from now on concern this node (what was cancelled
     // before is not pending, so it is never claimed). Without the current
     // position it reads every cancellation kept: dropping a delivery this
@@ -158,6 +101,21 @@ pub async fn run<S: DispatchStore>(
                 Err(e) => tracing::warn!(error = %e, "could not renew the node's lease"),
             }
         }
+        // A claim that failed may have committed with its answer lost (the
+        // connection broke between the two), or a retake at start-up did
+        // not finish: what this node holds in Postgres but not in memory
+        // would then wait, unsent, until its next start. Everything it
+        // holds is taken again (dispatch keeps what it has; an attempt
+        // may have gone out for what it finished but had not recorded yet,
+        // which the next number and note account for).
+        if retake {
+            tracing::info!("taking again what this node holds, after a failed claim");
+            retake = match retake_own(&*store, &settings, &out, true).await {
+                Retaken::All => false,
+                Retaken::Partly => true,
+                Retaken::Closed => return,
+            };
+        }
         loop {
             let now = settings.clock.now();
             let excluded: Vec<EndpointId> = exclude
@@ -184,6 +142,7 @@ pub async fn run<S: DispatchStore>(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not claim due deliveries");
+                    retake = true;
                     break;
                 }
             }
@@ -226,5 +185,97 @@ pub async fn run<S: DispatchStore>(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(settings.sweep_interval) => {}
         }
+    }
+}
+
+/// How far [`retake_own`] got.
+enum Retaken {
+    /// Everything this node holds was handed to dispatch.
+    All,
+    /// A read failed; what it would have taken is still this node's.
+    Partly,
+    /// Dispatch is gone.
+    Closed,
+}
+
+/// Takes everything this node holds in Postgres again, under new leases:
+/// its deliveries (in id order), then fan-out's plans it holds (deliveries
+/// that have no row yet), and hands them to dispatch. `after_unknown`: an
+/// attempt may have gone out unrecorded.
+async fn retake_own<S: DispatchStore>(
+    store: &S,
+    settings: &DispatchSettings,
+    out: &mpsc::Sender<Claimed>,
+    after_unknown: bool,
+) -> Retaken {
+    let mut complete = true;
+    let mut after = None;
+    loop {
+        match store
+            .reclaim_own(
+                &settings.node_id,
+                after,
+                settings.sweep_batch,
+                after_unknown,
+            )
+            .await
+        {
+            Ok(jobs) => {
+                let full = jobs.len() >= settings.sweep_batch;
+                after = jobs.iter().map(|j| j.delivery_id).max();
+                if !jobs.is_empty() {
+                    tracing::info!(count = jobs.len(), "reclaimed deliveries this node held");
+                    if out.send(Claimed::Due(jobs)).await.is_err() {
+                        return Retaken::Closed;
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not reclaim this node's deliveries; trying again at the next sweep");
+                complete = false;
+                break;
+            }
+        }
+    }
+    let mut after = None;
+    loop {
+        match store
+            .reclaim_plans(
+                &settings.node_id,
+                after,
+                settings.sweep_batch,
+                after_unknown,
+            )
+            .await
+        {
+            Ok((jobs, next)) => {
+                if !jobs.is_empty() {
+                    tracing::info!(
+                        count = jobs.len(),
+                        "reclaimed planned deliveries this node held"
+                    );
+                    if out.send(Claimed::Due(jobs)).await.is_err() {
+                        return Retaken::Closed;
+                    }
+                }
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not reclaim this node's planned deliveries; trying again at the next sweep");
+                complete = false;
+                break;
+            }
+        }
+    }
+    if complete {
+        Retaken::All
+    } else {
+        Retaken::Partly
     }
 }
