@@ -70,6 +70,14 @@ pub struct Args {
     /// inserts, updates (HOT or not) and deletes.
     #[arg(long)]
     pub statements: bool,
+    /// Run the throwaway Postgres with `fsync` and `full_page_writes` on,
+    /// as a production server runs (`synchronous_commit` is on either
+    /// way). Without it they are off, as in the test clusters and in the
+    /// benchmarks of earlier builds, so that figures compare across
+    /// builds; with it, figures include the WAL flushes a durable server
+    /// waits for. The result's `settings.postgres` says which ran.
+    #[arg(long)]
+    pub durable: bool,
     /// The log between the stages: `embedded` (one process) or `fluvio` (a
     /// throwaway local cluster from the Fluvio tools, see docs/scale-out.md).
     #[arg(long, default_value = "embedded", value_parser = ["embedded", "fluvio"])]
@@ -137,15 +145,17 @@ const SETTINGS: &str = "[dispatch]\nmax_in_flight = 512\n\n[fanout]\nbatch_size 
 /// A throwaway cluster with the tenant's endpoints, and every stage running
 /// (with the API when asked for: its port is returned).
 async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deployment, Option<u16>)> {
-    let world = if args.statements {
-        World::start_with(&[
+    let mut settings = Vec::new();
+    if args.statements {
+        settings.extend([
             ("shared_preload_libraries", "'pg_stat_statements'"),
             ("pg_stat_statements.track", "all"),
-        ])
-        .await?
-    } else {
-        World::start().await?
-    };
+        ]);
+    }
+    if args.durable {
+        settings.extend([("fsync", "on"), ("full_page_writes", "on")]);
+    }
+    let world = World::start_with(&settings).await?;
     world.endpoints("bench", args.endpoints, 64).await?;
     let shutdown = CancellationToken::new();
     let deployment = |running| Deployment {
@@ -373,6 +383,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let members_done = deployment.members_cpu();
     let wal_end = world.wal().await?;
     let receiver_done = receiver_cpu();
+    let postgres_settings = world.postgres_settings().await?;
     let (statements, tables) = if args.statements {
         (world.statements(12).await?, world.table_activity().await?)
     } else {
@@ -434,7 +445,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "tables": tables,
         "commit": build_commit(),
         "machine": { "cores": std::thread::available_parallelism().map_or(0, |n| n.get()) },
-        "settings": { "walhook": SETTINGS, "postgres": "devkit's throwaway cluster (fsync off, synchronous_commit on, full_page_writes off, shared_buffers 128MB)" },
+        "settings": { "walhook": SETTINGS, "postgres": postgres_settings },
         "api": api_port.is_some(),
         "api_flood": flood.as_ref().map(|f| serde_json::json!({
             "target_requests_per_second": args.api_flood,

@@ -390,6 +390,25 @@ impl World {
         })
     }
 
+    /// The cluster's durability and memory settings as it runs them
+    /// (`WALHOOK_PG_SETTINGS` may have changed devkit's), for the result.
+    pub async fn postgres_settings(&self) -> anyhow::Result<serde_json::Value> {
+        let rows = self
+            .platform_sql
+            .query(
+                "SELECT name, current_setting(name) FROM pg_settings \
+                 WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_level', \
+                                'shared_buffers', 'max_wal_size', 'checkpoint_timeout') ORDER BY name",
+                &[],
+            )
+            .await?;
+        Ok(serde_json::Value::Object(
+            rows.iter()
+                .map(|r| (r.get::<_, String>(0), serde_json::Value::String(r.get(1))))
+                .collect(),
+        ))
+    }
+
     /// The top statements by total time, when `pg_stat_statements` is
     /// loaded: (query, calls, rows, total ms, µs per row).
     pub async fn statements(
