@@ -546,6 +546,23 @@ async fn the_database_accepts_only_derived_delivery_ids() {
     );
 }
 
+/// Whether every one of `orders` reached both `acme-a` and `acme-b` with a
+/// 2xx answer.
+fn reached_both(orders: &[i64]) -> impl Fn(&[Received]) -> bool + use<> {
+    let expected: HashSet<(String, String)> = orders
+        .iter()
+        .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
+        .collect();
+    move |got| {
+        let seen: HashSet<(String, String)> = got
+            .iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .map(|r| (r.path.clone(), key(r).1))
+            .collect();
+        expected.is_subset(&seen)
+    }
+}
+
 /// The seeds' dangerous points, hit exactly: `walhook run` aborts right
 /// after fan-out committed a batch of deliveries but before its position
 /// moved (so capture reads the events again), and right after a receiver
@@ -584,18 +601,7 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
         let before_restart = w.receiver.count();
 
         let child = Child::run(&cfg);
-        let expected: HashSet<(String, String)> = orders
-            .iter()
-            .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
-            .collect();
-        let all_there = |got: &[Received]| {
-            let seen: HashSet<(String, String)> = got
-                .iter()
-                .filter(|r| (200..300).contains(&r.status))
-                .map(|r| (r.path.clone(), key(r).1))
-                .collect();
-            expected.is_subset(&seen)
-        };
+        let all_there = reached_both(&orders);
         assert!(
             w.receiver
                 .wait_until(Duration::from_secs(60), all_there)
@@ -653,6 +659,15 @@ async fn crashes_at_the_dangerous_points_lose_nothing() {
     }
 }
 
+/// `walhook run` on `w`'s configuration with `failpoint` set; its log
+/// (stderr) goes to the returned file.
+fn run_with_failpoint(w: &World, failpoint: &str) -> (Child, std::path::PathBuf) {
+    let cfg = w.config("");
+    let log = w.dir.path().join("walhook.log");
+    let child = Child::run_logged(&cfg, &[("WALHOOK_FAILPOINTS", failpoint)], &log);
+    (child, log)
+}
+
 /// Fan-out's write commits and its answer is lost (the connection breaks
 /// between the two): fan-out tries the batch again, finds it stored, and
 /// must still hand its deliveries to dispatch. Without that they would wait
@@ -663,13 +678,7 @@ async fn a_fan_out_write_whose_answer_is_lost_still_delivers_without_a_restart()
     let w = World::new().await;
     w.endpoint("acme", "acme-a", &[]).await;
     w.endpoint("acme", "acme-b", &["order.created"]).await;
-    let cfg = w.config("");
-    let log = w.dir.path().join("walhook.log");
-    let mut child = Child::run_logged(
-        &cfg,
-        &[("WALHOOK_FAILPOINTS", "fanout.answer_lost=end@1")],
-        &log,
-    );
+    let (mut child, log) = run_with_failpoint(&w, "fanout.answer_lost=end@1");
     w.wait_streaming().await;
     let orders: Vec<i64> = (1..=20).collect();
     for id in &orders {
@@ -678,18 +687,7 @@ async fn a_fan_out_write_whose_answer_is_lost_still_delivers_without_a_restart()
             .await
             .unwrap();
     }
-    let expected: HashSet<(String, String)> = orders
-        .iter()
-        .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
-        .collect();
-    let all_there = |got: &[Received]| {
-        let seen: HashSet<(String, String)> = got
-            .iter()
-            .filter(|r| (200..300).contains(&r.status))
-            .map(|r| (r.path.clone(), key(r).1))
-            .collect();
-        expected.is_subset(&seen)
-    };
+    let all_there = reached_both(&orders);
     let arrived = w
         .receiver
         .wait_until(Duration::from_secs(30), all_there)
@@ -729,13 +727,7 @@ async fn a_fan_out_write_whose_answer_is_lost_still_delivers_without_a_restart()
 async fn a_claim_whose_answer_is_lost_is_taken_again_and_sent() {
     let w = World::new().await;
     let endpoint = w.endpoint("acme", "acme-a", &[]).await;
-    let cfg = w.config("");
-    let log = w.dir.path().join("walhook.log");
-    let mut child = Child::run_logged(
-        &cfg,
-        &[("WALHOOK_FAILPOINTS", "dispatch.claim_answer_lost=end@1")],
-        &log,
-    );
+    let (mut child, log) = run_with_failpoint(&w, "dispatch.claim_answer_lost=end@1");
     w.wait_streaming().await;
     let tenant = walhook_pipeline::ids::TenantId::new("acme").unwrap();
     for _ in 0..5 {

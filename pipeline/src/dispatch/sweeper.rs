@@ -1,8 +1,9 @@
 //! Claims work that is not in memory: at start-up everything this node held
 //! before a restart (and again after a claim failed, which may have
 //! committed with its answer lost); then, every interval, deliveries that
-//! are due and held by no live node (retries released earlier, operational and test events,
-//! orphans of a node whose lease lapsed), and replay requests. It also
+//! are due and held by no live node (retries released earlier, operational
+//! and test events, orphans of a node whose lease lapsed), and replay
+//! requests. It also
 //! renews the node's lease, which keeps the deliveries this node holds its
 //! own: one row per node, not a renewal per delivery.
 
@@ -56,11 +57,10 @@ pub async fn run<S: DispatchStore>(
     }
     let mut last_heartbeat = std::time::Instant::now();
     // Everything this node held before a restart.
-    let mut retake = match retake_own(&*store, &settings, &out, after_unknown).await {
-        Retaken::All => false,
-        Retaken::Partly => true,
-        Retaken::Closed => return,
+    let Some(complete) = retake_own(&*store, &settings, &out, after_unknown).await else {
+        return;
     };
+    let mut retake = !complete;
     // Cancellations from now on concern this node (what was cancelled
     // before is not pending, so it is never claimed). Without the current
     // position it reads every cancellation kept: dropping a delivery this
@@ -110,11 +110,10 @@ pub async fn run<S: DispatchStore>(
         // which the next number and note account for).
         if retake {
             tracing::info!("taking again what this node holds, after a failed claim");
-            retake = match retake_own(&*store, &settings, &out, true).await {
-                Retaken::All => false,
-                Retaken::Partly => true,
-                Retaken::Closed => return,
+            let Some(complete) = retake_own(&*store, &settings, &out, true).await else {
+                return;
             };
+            retake = !complete;
         }
         loop {
             let now = settings.clock.now();
@@ -188,26 +187,18 @@ pub async fn run<S: DispatchStore>(
     }
 }
 
-/// How far [`retake_own`] got.
-enum Retaken {
-    /// Everything this node holds was handed to dispatch.
-    All,
-    /// A read failed; what it would have taken is still this node's.
-    Partly,
-    /// Dispatch is gone.
-    Closed,
-}
-
 /// Takes everything this node holds in Postgres again, under new leases:
 /// its deliveries (in id order), then fan-out's plans it holds (deliveries
 /// that have no row yet), and hands them to dispatch. `after_unknown`: an
-/// attempt may have gone out unrecorded.
+/// attempt may have gone out unrecorded. `Some(true)` when everything was
+/// handed over, `Some(false)` when a read failed (what it would have taken
+/// stays this node's, for the next try), `None` when dispatch is gone.
 async fn retake_own<S: DispatchStore>(
     store: &S,
     settings: &DispatchSettings,
     out: &mpsc::Sender<Claimed>,
     after_unknown: bool,
-) -> Retaken {
+) -> Option<bool> {
     let mut complete = true;
     let mut after = None;
     loop {
@@ -226,7 +217,7 @@ async fn retake_own<S: DispatchStore>(
                 if !jobs.is_empty() {
                     tracing::info!(count = jobs.len(), "reclaimed deliveries this node held");
                     if out.send(Claimed::Due(jobs)).await.is_err() {
-                        return Retaken::Closed;
+                        return None;
                     }
                 }
                 if !full {
@@ -258,7 +249,7 @@ async fn retake_own<S: DispatchStore>(
                         "reclaimed planned deliveries this node held"
                     );
                     if out.send(Claimed::Due(jobs)).await.is_err() {
-                        return Retaken::Closed;
+                        return None;
                     }
                 }
                 match next {
@@ -273,9 +264,5 @@ async fn retake_own<S: DispatchStore>(
             }
         }
     }
-    if complete {
-        Retaken::All
-    } else {
-        Retaken::Partly
-    }
+    Some(complete)
 }
