@@ -305,14 +305,7 @@ impl FanoutStore for Platform {
             .collect();
         match client.query(&fast, &all).await {
             Ok(rows) => {
-                // Crash tests: the write committed and its answer is lost,
-                // as when the connection breaks between the two.
-                if walhook_pipeline::failpoint::hit("fanout.answer_lost") {
-                    return Err(walhook_pipeline::store::StoreError::transient(
-                        "the fan-out write committed but its answer was lost (failpoint fanout.answer_lost)",
-                        std::io::Error::from(std::io::ErrorKind::ConnectionReset),
-                    ));
-                }
+                crate::answer_lost("fanout.answer_lost")?;
                 return Ok(made_of(rows));
             }
             Err(e) if is_unique_violation(&e) => {

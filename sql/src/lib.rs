@@ -365,6 +365,19 @@ pub(crate) fn unnested(first: usize, columns: &[(&str, &str)]) -> String {
     format!("(SELECT {list})")
 }
 
+/// Crash tests: after a write that committed, the failpoint `point` (action
+/// `end`) loses its answer, as when the connection breaks between the two:
+/// the caller is told the write failed for a transient reason.
+pub(crate) fn answer_lost(point: &'static str) -> Result<(), walhook_pipeline::store::StoreError> {
+    if walhook_pipeline::failpoint::hit(point) {
+        return Err(walhook_pipeline::store::StoreError::transient(
+            format!("the write committed but its answer was lost (failpoint {point})"),
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        ));
+    }
+    Ok(())
+}
+
 impl From<StoreError> for walhook_pipeline::store::StoreError {
     fn from(e: StoreError) -> Self {
         walhook_pipeline::store::StoreError {

@@ -3,9 +3,8 @@
 //! committed with its answer lost); then, every interval, deliveries that
 //! are due and held by no live node (retries released earlier, operational
 //! and test events, orphans of a node whose lease lapsed), and replay
-//! requests. It also
-//! renews the node's lease, which keeps the deliveries this node holds its
-//! own: one row per node, not a renewal per delivery.
+//! requests. It also renews the node's lease, which keeps the deliveries
+//! this node holds its own: one row per node, not a renewal per delivery.
 
 use std::collections::HashMap;
 use std::sync::Arc;
