@@ -59,10 +59,19 @@ impl World {
     /// `owner`, made `age` ago.
     async fn plan(&self, lsn: u64, owner: Option<&str>, age: Duration) -> Vec<DeliveryId> {
         let (event, deliveries) = self.batch(lsn, owner, age);
-        self.platform
-            .materialize(std::slice::from_ref(&event), &deliveries)
+        self.store(&event, &deliveries).await
+    }
+
+    /// Fan-out's write of `event` and `deliveries`: the deliveries it hands
+    /// to dispatch, sorted.
+    async fn store(&self, event: &Event, deliveries: &[NewDelivery]) -> Vec<DeliveryId> {
+        let mut made = self
+            .platform
+            .materialize(std::slice::from_ref(event), deliveries)
             .await
-            .unwrap()
+            .unwrap();
+        made.sort();
+        made
     }
 
     /// What fan-out passes to the store for [`World::plan`]'s event.
@@ -114,8 +123,10 @@ impl World {
     }
 }
 
-/// The job fan-out hands dispatch for `d` (first lease, no row yet).
-fn job_of(d: &NewDelivery, event: &Event) -> DeliveryJob {
+/// The job fan-out hands dispatch for delivery `id` of `deliveries`
+/// (first lease, no row yet).
+fn job_of(id: DeliveryId, event: &Event, deliveries: &[NewDelivery]) -> DeliveryJob {
+    let d = deliveries.iter().find(|d| d.id == id).unwrap();
     DeliveryJob {
         delivery_id: d.id,
         event_id: d.event_id,
@@ -239,45 +250,44 @@ async fn a_planned_delivery_gets_its_row_with_its_first_attempt() {
 async fn a_retry_after_a_lost_answer_hands_over_what_the_first_try_stored() {
     let w = world().await;
     let (event, deliveries) = w.batch(1_500, Some("a"), Duration::ZERO);
-    let events = std::slice::from_ref(&event);
-    let mut made = w.platform.materialize(events, &deliveries).await.unwrap();
-    made.sort();
+    let made = w.store(&event, &deliveries).await;
     assert_eq!(made.len(), 3);
 
     // The first try committed and its answer was lost with the connection:
     // fan-out tries the same batch again, meets the event it stored, and
     // must still hand over every delivery (nobody else will while this
     // node lives).
-    let mut again = w.platform.materialize(events, &deliveries).await.unwrap();
-    again.sort();
     assert_eq!(
-        again, made,
+        w.store(&event, &deliveries).await,
+        made,
         "the retry hands over what the first try stored"
     );
     assert_eq!(w.count("walhook.fanouts").await, 1, "one plan still");
     assert_eq!(w.count("walhook.events").await, 1);
 
     // Once a delivery has its row, a retry leaves it out.
+    assert!(
+        w.platform
+            .record(&[success(&job_of(made[0], &event, &deliveries))])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        w.store(&event, &deliveries).await,
+        made[1..],
+        "the deliveries without a row"
+    );
+
+    // Claimed since (a later lease): whoever claimed it has the rest.
     let (jobs, _) = w
         .platform
         .reclaim_plans("a", None, 10, false)
         .await
         .unwrap();
-    let first = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+    assert_eq!(jobs.len(), 2);
     assert!(
-        w.platform
-            .record(&[success(first)])
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    // Claimed since (a later lease): whoever claimed it has the rest.
-    assert!(
-        w.platform
-            .materialize(events, &deliveries)
-            .await
-            .unwrap()
-            .is_empty(),
+        w.store(&event, &deliveries).await.is_empty(),
         "a plan claimed since is its claimant's"
     );
 
@@ -286,43 +296,21 @@ async fn a_retry_after_a_lost_answer_hands_over_what_the_first_try_stored() {
     w.plan(1_600, Some("a"), Duration::from_secs(5)).await;
     assert!(w.plan(1_600, Some("a"), Duration::ZERO).await.is_empty());
     let (event, deliveries) = w.batch(1_700, None, Duration::ZERO);
-    let events = std::slice::from_ref(&event);
-    assert_eq!(
-        w.platform
-            .materialize(events, &deliveries)
-            .await
-            .unwrap()
-            .len(),
-        3
-    );
+    assert_eq!(w.store(&event, &deliveries).await.len(), 3);
     assert!(
-        w.platform
-            .materialize(events, &deliveries)
-            .await
-            .unwrap()
-            .is_empty(),
+        w.store(&event, &deliveries).await.is_empty(),
         "a plan nobody holds is claimed by the sweepers"
     );
 
     // A retry of a batch whose deliveries all have rows hands over nothing.
     let (event, deliveries) = w.batch(1_800, Some("a"), Duration::ZERO);
-    let events = std::slice::from_ref(&event);
-    let made = w.platform.materialize(events, &deliveries).await.unwrap();
+    let made = w.store(&event, &deliveries).await;
     let done: Vec<AttemptRecord> = made
         .iter()
-        .map(|id| {
-            let d = deliveries.iter().find(|d| d.id == *id).unwrap();
-            success(&job_of(d, &event))
-        })
+        .map(|id| success(&job_of(*id, &event, &deliveries)))
         .collect();
     assert!(w.platform.record(&done).await.unwrap().is_empty());
-    assert!(
-        w.platform
-            .materialize(events, &deliveries)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(w.store(&event, &deliveries).await.is_empty());
 }
 
 #[tokio::test]
