@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use walhook_devkit::receiver::{Behaviour, Received, verify_signature};
+use walhook_devkit::receiver::{Behaviour, Received, VerificationAnswer, verify_signature};
 
 use crate::support::api::{
     Http, api_section, at, endpoint, free_port, insert_order, onboard, start, wait_verified,
@@ -908,15 +908,17 @@ async fn tenants_and_endpoints_set_their_own_retry_schedules() {
     assert!(child.terminate().success());
 }
 
-/// Endpoint ownership: an endpoint that does not echo the signed challenge
-/// stays unverified and receives nothing (its delivery waits, visible);
-/// once it echoes, the delivery goes out; a URL moving to another host must
-/// pass again, a new path on the same host need not.
+/// Endpoint ownership: an endpoint that does not answer the proof of the
+/// signed challenge stays unverified and receives nothing (its delivery
+/// waits, visible); once it proves, the delivery goes out; a URL moving to
+/// another host must pass again, a new path on the same host need not.
+/// (Echoes and the documented receivers: tests/ownership.rs.)
 #[tokio::test]
-async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
+async fn an_endpoint_receives_nothing_until_it_proves_ownership() {
     let (w, child, api) = start("").await;
     let key = onboard(&w, &api, "acme").await;
-    w.receiver.ignore_verification("shy", true);
+    w.receiver
+        .answer_verification("shy", VerificationAnswer::Ignore);
     let (s, created) = api
         .post(
             &key,
@@ -945,7 +947,7 @@ async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
         detail["verification"]["last_error"]
             .as_str()
             .unwrap()
-            .contains("without the challenge"),
+            .contains("without a JSON object holding \"proof\""),
         "{detail}"
     );
     let pending = api
@@ -965,8 +967,10 @@ async fn an_endpoint_receives_nothing_until_it_echoes_the_challenge() {
         "an unverified endpoint received a delivery"
     );
 
-    // It learns to echo; a re-send passes, and the waiting delivery goes out.
-    w.receiver.ignore_verification("shy", false);
+    // It learns the proof; a re-send passes, and the waiting delivery goes
+    // out.
+    w.receiver
+        .answer_verification("shy", VerificationAnswer::Proof);
     let (s, body) = api
         .post(
             &key,

@@ -15,6 +15,7 @@ mod faults;
 mod freshness;
 mod hostile;
 mod nodes;
+mod ownership;
 mod pipeline;
 mod reconcile;
 mod scaleout;

@@ -96,6 +96,8 @@ pub(crate) struct Guards {
     pub(crate) requests: Arc<limits::RequestLimits>,
     /// Test events per tenant and minute.
     pub(crate) test_events: quota::PerMinute,
+    /// Ownership checks asked for per endpoint and minute.
+    pub(crate) verify_requests: quota::PerMinute<walhook_pipeline::ids::EndpointId>,
     /// The last readiness check: `Err` holds the cause, for the log only.
     pub(crate) readiness: cache::TtlCache<Result<(), String>>,
     /// Prefixes of live API keys: made-up keys cost no query.
@@ -114,6 +116,7 @@ impl ApiState {
             guards: Arc::new(Guards {
                 requests: Arc::new(limits::RequestLimits::new(&limits)),
                 test_events: quota::PerMinute::new(limits.test_events_per_minute),
+                verify_requests: quota::PerMinute::new(limits.verify_requests_per_minute),
                 readiness: cache::TtlCache::default(),
                 key_prefixes: keys::KnownPrefixes::default(),
                 console: console::Console::default(),

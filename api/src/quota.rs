@@ -6,6 +6,11 @@
 //! - Test events per tenant and minute (`[api].test_events_per_minute`):
 //!   [`PerMinute`], a sliding window of the last minute's sends kept in
 //!   this process (each API process counts its own).
+//! - Ownership checks asked for per endpoint and minute
+//!   (`[api].verify_requests_per_minute`): each `POST …/verify` makes a
+//!   dispatcher send a request to the endpoint's URL, so without a limit a
+//!   tenant could use walhook to send a stream of requests to any URL it
+//!   registers. Counted like test events, per endpoint.
 //!
 //! A refusal is a 429 problem document whose `quota` member names the
 //! limit, the current value and, for rates, when to retry (also sent as
@@ -14,24 +19,25 @@
 //! handled.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use walhook_pipeline::ids::TenantId;
+use walhook_pipeline::ids::{EndpointId, TenantId};
 
 use crate::error::{ApiError, QuotaExceeded};
 
 /// The window of per-minute rates.
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// Tenants kept before idle ones are forgotten.
+/// Keys (tenants, endpoints) kept before idle ones are forgotten.
 const PRUNE_ABOVE: usize = 1024;
 
-/// At most `limit` uses per tenant in any 60 seconds.
+/// At most `limit` uses per key (a tenant, an endpoint) in any 60 seconds.
 #[derive(Debug)]
-pub struct PerMinute {
+pub struct PerMinute<K = TenantId> {
     limit: u32,
-    uses: Mutex<HashMap<TenantId, VecDeque<Instant>>>,
+    uses: Mutex<HashMap<K, VecDeque<Instant>>>,
 }
 
 /// A use [`PerMinute`] refused.
@@ -43,7 +49,7 @@ pub struct RateRefusal {
     pub retry_after: Duration,
 }
 
-impl PerMinute {
+impl<K: Hash + Eq + Clone> PerMinute<K> {
     /// A window allowing `limit` uses per minute.
     pub fn new(limit: u32) -> Self {
         PerMinute {
@@ -57,13 +63,13 @@ impl PerMinute {
         self.limit
     }
 
-    /// Counts a use by `tenant` at `now`, or refuses it (counting nothing).
-    pub fn take(&self, tenant: &TenantId, now: Instant) -> Result<(), RateRefusal> {
+    /// Counts a use by `key` at `now`, or refuses it (counting nothing).
+    pub fn take(&self, key: &K, now: Instant) -> Result<(), RateRefusal> {
         let mut uses = self.uses.lock();
         if uses.len() > PRUNE_ABOVE {
             uses.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < MINUTE));
         }
-        let q = uses.entry(tenant.clone()).or_default();
+        let q = uses.entry(key.clone()).or_default();
         while q.front().is_some_and(|t| now.duration_since(*t) >= MINUTE) {
             q.pop_front();
         }
@@ -96,6 +102,29 @@ pub fn test_events_exceeded(tenant: &TenantId, limit: u32, refusal: RateRefusal)
         ),
         quota: QuotaExceeded {
             limit_name: "test_events_per_minute".into(),
+            limit: u64::from(limit),
+            current: u64::from(refusal.current),
+            retry_after_seconds: Some(secs),
+        },
+    }
+}
+
+/// The 429 for an ownership check over `[api].verify_requests_per_minute`.
+pub fn verify_requests_exceeded(
+    endpoint: EndpointId,
+    limit: u32,
+    refusal: RateRefusal,
+) -> ApiError {
+    let secs = ceil_secs(refusal.retry_after);
+    ApiError::QuotaExceeded {
+        detail: format!(
+            "endpoint {endpoint} was asked to verify {} times in the last minute, the most \
+             [api].verify_requests_per_minute ({limit}) allows; no check was sent. Retry in \
+             {secs} s (the pending check is also sent again by itself every minute)",
+            refusal.current
+        ),
+        quota: QuotaExceeded {
+            limit_name: "verify_requests_per_minute".into(),
             limit: u64::from(limit),
             current: u64::from(refusal.current),
             retry_after_seconds: Some(secs),
@@ -166,6 +195,22 @@ mod tests {
         assert!(p.detail.contains("test_events_per_minute"), "{}", p.detail);
         let q = p.quota.unwrap();
         assert_eq!((q.limit, q.current), (60, 60));
+        let e = verify_requests_exceeded(
+            EndpointId([1; 16]),
+            5,
+            RateRefusal {
+                current: 5,
+                retry_after: Duration::from_secs(40),
+            },
+        );
+        assert_eq!(e.retry_after(), Some(40));
+        let p = e.problem();
+        assert!(
+            p.detail.contains("verify_requests_per_minute") && p.detail.contains("ep_"),
+            "{}",
+            p.detail
+        );
+        assert_eq!(p.quota.unwrap().limit_name, "verify_requests_per_minute");
         let e = endpoints_exceeded(&acme, 100, 100);
         assert_eq!(e.retry_after(), None);
         assert!(e.problem().detail.contains("DELETE"));

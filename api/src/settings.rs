@@ -50,6 +50,12 @@ pub const DEFAULT_MAX_ENDPOINTS_PER_TENANT: u32 = 100;
 /// The default number of test events a tenant may send per minute.
 pub const DEFAULT_TEST_EVENTS_PER_MINUTE: u32 = 60;
 
+/// The default number of ownership checks a tenant may ask for per
+/// endpoint and minute (`POST …/verify`): enough to retry at once after
+/// each fix of a receiver, too few for walhook to be a way of sending a
+/// stream of requests to someone else's URL.
+pub const DEFAULT_VERIFY_REQUESTS_PER_MINUTE: u32 = 5;
+
 /// The furthest back a recovery may start: older deliveries are past every
 /// retry deadline and most archives' hot window, and a wider window is an
 /// unbounded amount of work.
@@ -73,6 +79,9 @@ pub struct ApiLimits {
     pub max_endpoints_per_tenant: u32,
     /// Test events per tenant and minute (`[api].test_events_per_minute`).
     pub test_events_per_minute: u32,
+    /// Ownership checks asked for per endpoint and minute
+    /// (`[api].verify_requests_per_minute`).
+    pub verify_requests_per_minute: u32,
 }
 
 impl Default for ApiLimits {
@@ -85,6 +94,7 @@ impl Default for ApiLimits {
             metrics_cache: DEFAULT_METRICS_CACHE,
             max_endpoints_per_tenant: DEFAULT_MAX_ENDPOINTS_PER_TENANT,
             test_events_per_minute: DEFAULT_TEST_EVENTS_PER_MINUTE,
+            verify_requests_per_minute: DEFAULT_VERIFY_REQUESTS_PER_MINUTE,
         }
     }
 }
@@ -158,6 +168,12 @@ impl ApiLimits {
                 format!("is 0; give at least 1 ({DEFAULT_TEST_EVENTS_PER_MINUTE} is usual)"),
             ));
         }
+        if self.verify_requests_per_minute == 0 {
+            return Err(invalid(
+                "verify_requests_per_minute",
+                format!("is 0; give at least 1 ({DEFAULT_VERIFY_REQUESTS_PER_MINUTE} is usual)"),
+            ));
+        }
         Ok(())
     }
 
@@ -190,7 +206,7 @@ pub struct ApiSettings {
     /// The bounds of tenants' and endpoints' retry schedules
     /// (`[retry.limits]`).
     pub retry_limits: walhook_pipeline::dispatch::policy::RetryLimits,
-    /// Whether endpoints must pass an ownership check (echo a challenge)
+    /// Whether endpoints must pass an ownership check (prove a challenge)
     /// before anything is sent to them, at creation and whenever their URL's
     /// host changes (`[api] require_verification`, default on).
     pub require_verification: bool,
@@ -245,6 +261,10 @@ mod tests {
         assert_eq!(
             field(|l| l.test_events_per_minute = 0),
             "test_events_per_minute"
+        );
+        assert_eq!(
+            field(|l| l.verify_requests_per_minute = 0),
+            "verify_requests_per_minute"
         );
         let message = ApiLimits {
             statement_timeout: Duration::from_secs(60),

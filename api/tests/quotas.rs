@@ -181,6 +181,64 @@ async fn test_events_per_minute_are_limited_with_retry_after() {
     assert_eq!(answer.status, 202, "{answer:?}");
 }
 
+/// Each `POST …/verify` makes a dispatcher send a request to the
+/// endpoint's URL: at most `[api].verify_requests_per_minute` per endpoint,
+/// then a 429 naming the limit with `Retry-After`, and the refused request
+/// changes nothing (the pending challenge stays, nothing is audited).
+#[tokio::test]
+async fn verify_requests_are_limited_per_endpoint() {
+    let api = Api::start_with(ApiLimits {
+        verify_requests_per_minute: 2,
+        ..ApiLimits::default()
+    })
+    .await;
+    let key = api.tenant("acme").await;
+    let ep = api.endpoint(&key, &[]).await;
+    let path = format!("/v1/webhook-endpoints/{ep}/verify");
+    for _ in 0..2 {
+        let asked = api.post(&key, &path, json!({})).await;
+        assert_eq!(asked.status, 202, "{asked:?}");
+    }
+    let challenge = "SELECT verification_challenge FROM walhook.endpoints";
+    let before: String = api.sql.query_one(challenge, &[]).await.unwrap().get(0);
+    let audit = api.count("SELECT count(*) FROM walhook.audit_log").await;
+    let refused = api.post(&key, &path, json!({})).await;
+    refused.problem(429);
+    let quota = &refused.body["quota"];
+    assert_eq!(quota["limit_name"], "verify_requests_per_minute");
+    assert_eq!(
+        (quota["limit"].as_u64(), quota["current"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let retry: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let detail = refused.body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("[api].verify_requests_per_minute") && detail.contains(&ep),
+        "{detail}"
+    );
+    let after: String = api.sql.query_one(challenge, &[]).await.unwrap().get(0);
+    assert_eq!(before, after, "a refused request asked again");
+    assert_eq!(
+        api.count("SELECT count(*) FROM walhook.audit_log").await,
+        audit
+    );
+    // Another endpoint of the same tenant has its own budget.
+    let other = api.endpoint(&key, &[]).await;
+    let asked = api
+        .post(
+            &key,
+            &format!("/v1/webhook-endpoints/{other}/verify"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(asked.status, 202, "{asked:?}");
+}
+
 #[tokio::test]
 async fn recovery_looks_back_30_days_at_most() {
     let api = Api::start().await;

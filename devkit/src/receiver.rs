@@ -12,7 +12,10 @@
 //! spec rather than walhook's signer: the signed content is
 //! `{webhook-id}.{webhook-timestamp}.{body}`, the key the base64 after
 //! `whsec_`, and any one `v1,<base64>` entry that matches in constant time
-//! verifies the request.
+//! verifies the request. A path answers ownership checks as a customer's
+//! receiver would, with the proof of docs/api.md ([`ownership_proof`], also
+//! written here from the documentation rather than taken from walhook), or
+//! with one of the wrong answers of [`VerificationAnswer`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -90,6 +93,28 @@ pub enum Behaviour {
     },
 }
 
+/// How a path answers ownership checks (`webhook.verification` requests),
+/// whatever its [`Behaviour`]: a receiver handles them before its own logic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VerificationAnswer {
+    /// `{"proof": …}` by the first of the path's secrets. A check that
+    /// arrives before the path has secrets waits for them up to
+    /// [`SECRETS_WAIT`]: a test learns its endpoint's secret from the
+    /// answer that created it, and the check may be faster than the test.
+    #[default]
+    Proof,
+    /// 200 with the request body echoed (what passed when the check was an
+    /// echo).
+    EchoBody,
+    /// 200 with the request headers echoed as a JSON object.
+    EchoHeaders,
+    /// 200 `ok`.
+    Ignore,
+}
+
+/// How long an ownership check waits for its path's secrets.
+pub const SECRETS_WAIT: Duration = Duration::from_secs(5);
+
 /// One request as the receiver saw it.
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -123,10 +148,9 @@ struct EndpointState {
     behaviour: Option<Behaviour>,
     secrets: Vec<String>,
     hits: u32,
-    /// Ownership checks are not echoed (answered 200 without the
-    /// challenge) when set.
-    ignore_verification: bool,
-    /// Ownership checks that arrived, echoed or not.
+    /// How ownership checks are answered.
+    verification_answer: VerificationAnswer,
+    /// Ownership checks that arrived, answered or not.
     verifications: u32,
     /// Whether the latest one's signature verified (with secrets set).
     verification_signed: Option<bool>,
@@ -137,6 +161,8 @@ struct Shared {
     endpoints: Mutex<HashMap<String, EndpointState>>,
     received: Mutex<Vec<Received>>,
     arrived: Notify,
+    /// Secrets were set on some path.
+    secrets_set: Notify,
     /// Benchmarks count instead of keeping every request.
     counting_only: bool,
     count: std::sync::atomic::AtomicU64,
@@ -191,6 +217,18 @@ pub fn verify_signature(
         })
 }
 
+/// The answer to an ownership check of `challenge` by the holder of
+/// `secret` (`whsec_<base64>`), as docs/api.md specifies it:
+/// `{"proof": base64(HMAC-SHA256(key, "walhook-verification.v1." + challenge))}`.
+/// `None` for a secret that is not `whsec_<base64>`.
+pub fn ownership_proof(secret: &str, challenge: &str) -> Option<String> {
+    let key = STANDARD.decode(secret.strip_prefix("whsec_")?).ok()?;
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key).ok()?;
+    mac.update(b"walhook-verification.v1.");
+    mac.update(challenge.as_bytes());
+    Some(STANDARD.encode(mac.finalize().into_bytes()))
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -213,29 +251,9 @@ async fn handle(
     let ts = header(&headers, "webhook-timestamp");
     let sig = header(&headers, "webhook-signature");
     if header(&headers, "walhook-event-type") == "webhook.verification" {
-        // An ownership check: echoed whatever the path's behaviour, like a
-        // receiver that handles it before its own logic; not a delivery,
-        // so not among `received`.
-        let echo = {
-            let mut endpoints = shared.endpoints.lock();
-            let ep = endpoints.entry(path.clone()).or_default();
-            ep.verifications += 1;
-            if !ep.secrets.is_empty() {
-                ep.verification_signed = Some(
-                    ep.secrets
-                        .iter()
-                        .any(|s| verify_signature(s, &id, &ts, &body, &sig)),
-                );
-            }
-            !ep.ignore_verification
-        };
-        let challenge = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["challenge"].as_str().map(str::to_owned));
-        return match (echo, challenge) {
-            (true, Some(c)) => axum::Json(serde_json::json!({ "challenge": c })).into_response(),
-            _ => (StatusCode::OK, "ok").into_response(),
-        };
+        // An ownership check: answered whatever the path's behaviour; not
+        // a delivery, so not among `received`.
+        return answer_verification(&shared, &path, &headers, &body).await;
     }
     let (behaviour, hit, verified) = {
         let mut endpoints = shared.endpoints.lock();
@@ -309,6 +327,94 @@ async fn handle(
     match extra {
         Some((name, value)) => (code, [(name, value)], "").into_response(),
         None => (code, "").into_response(),
+    }
+}
+
+/// The path's secrets, waiting up to [`SECRETS_WAIT`] for some to be set.
+async fn secrets_of(shared: &Shared, path: &str) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + SECRETS_WAIT;
+    loop {
+        let notified = shared.secrets_set.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let secrets = shared
+            .endpoints
+            .lock()
+            .get(path)
+            .map(|e| e.secrets.clone())
+            .unwrap_or_default();
+        if !secrets.is_empty() || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return secrets;
+        }
+    }
+}
+
+async fn answer_verification(
+    shared: &Shared,
+    path: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response {
+    let answer = {
+        let mut endpoints = shared.endpoints.lock();
+        let ep = endpoints.entry(path.to_owned()).or_default();
+        ep.verifications += 1;
+        ep.verification_answer
+    };
+    let challenge = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["challenge"].as_str().map(str::to_owned));
+    let secrets = match answer {
+        VerificationAnswer::Proof => secrets_of(shared, path).await,
+        _ => shared
+            .endpoints
+            .lock()
+            .get(path)
+            .map(|e| e.secrets.clone())
+            .unwrap_or_default(),
+    };
+    if !secrets.is_empty() {
+        let (id, ts, sig) = (
+            header(headers, "webhook-id"),
+            header(headers, "webhook-timestamp"),
+            header(headers, "webhook-signature"),
+        );
+        let signed = secrets
+            .iter()
+            .any(|s| verify_signature(s, &id, &ts, body, &sig));
+        if let Some(ep) = shared.endpoints.lock().get_mut(path) {
+            ep.verification_signed = Some(signed);
+        }
+    }
+    match answer {
+        VerificationAnswer::Proof => {
+            let proof = challenge
+                .zip(secrets.first())
+                .and_then(|(c, s)| ownership_proof(s, &c));
+            match proof {
+                Some(p) => axum::Json(serde_json::json!({ "proof": p })).into_response(),
+                None => (StatusCode::OK, "no secret to prove with").into_response(),
+            }
+        }
+        VerificationAnswer::EchoBody => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            body.clone(),
+        )
+            .into_response(),
+        VerificationAnswer::EchoHeaders => {
+            let echoed: serde_json::Map<String, serde_json::Value> = headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned().into(),
+                    )
+                })
+                .collect();
+            axum::Json(serde_json::Value::Object(echoed)).into_response()
+        }
+        VerificationAnswer::Ignore => (StatusCode::OK, "ok").into_response(),
     }
 }
 
@@ -394,15 +500,15 @@ impl Receiver {
             .behaviour = Some(behaviour);
     }
 
-    /// Whether `path` leaves ownership checks unanswered (`true`: it answers
-    /// 200 without echoing the challenge, so the endpoint stays unverified).
-    pub fn ignore_verification(&self, path: &str, ignore: bool) {
+    /// How `path` answers ownership checks from now on (the proof unless
+    /// set).
+    pub fn answer_verification(&self, path: &str, answer: VerificationAnswer) {
         self.shared
             .endpoints
             .lock()
             .entry(path.to_owned())
             .or_default()
-            .ignore_verification = ignore;
+            .verification_answer = answer;
     }
 
     /// Whether the latest ownership check `path` received was signed by
@@ -432,6 +538,7 @@ impl Receiver {
             .entry(path.to_owned())
             .or_default()
             .secrets = secrets;
+        self.shared.secrets_set.notify_waiters();
     }
 
     /// Requests that reached `path` so far, answered or not (a delayed
@@ -487,6 +594,17 @@ impl Drop for Receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The proof of docs/api.md for a fixed secret and challenge, as the
+    /// documented Python receiver computes it.
+    #[test]
+    fn proves_with_the_documented_hmac() {
+        assert_eq!(
+            ownership_proof("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD", "abc123").as_deref(),
+            Some("Wqrm9XhpSVCHCGzq3LOPCfN1alVjqUuC8JeN9Ld9GGQ=")
+        );
+        assert_eq!(ownership_proof("sk_nope", "abc123"), None);
+    }
 
     #[test]
     fn verifies_the_standard_webhooks_vector() {

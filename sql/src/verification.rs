@@ -19,7 +19,7 @@ const MAX_ERROR_LEN: usize = 512;
 
 impl Platform {
     /// Asks endpoint `id` of `tenant` to prove ownership again, with a new
-    /// challenge: its deliveries wait until it echoes. `None` when there is
+    /// challenge: its deliveries wait until it proves it. `None` when there is
     /// no such endpoint.
     pub async fn request_verification(
         &self,

@@ -176,16 +176,19 @@ pub struct Endpoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VerificationState {
-    /// It echoed the challenge (or was created without the requirement).
+    /// It answered the ownership proof (or was created without the
+    /// requirement).
     Verified,
-    /// It has not echoed the current challenge: its deliveries are made
+    /// It has not proven the current challenge: its deliveries are made
     /// and wait; nothing is sent to it.
     Pending,
 }
 
 /// An endpoint's ownership check: walhook sends a signed
 /// `webhook.verification` request with a `challenge`; the endpoint passes by
-/// answering 2xx with the challenge in its body (`{"challenge": "…"}`).
+/// answering 2xx with `{"proof": "…"}`, the base64 HMAC-SHA256 of
+/// `"walhook-verification.v1." + challenge` under its secret (an echo of the
+/// challenge does not pass).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Verification {
     /// Verified or pending.

@@ -511,13 +511,15 @@ fn host_of(url: &str, policy: &UrlPolicy) -> Option<VettedHost> {
 }
 
 /// Sends the endpoint a new ownership check (a signed
-/// `webhook.verification` request with a fresh challenge that it must echo).
-/// Until it passes, its deliveries wait; the previous challenge no longer
-/// counts.
+/// `webhook.verification` request with a fresh challenge, which it answers
+/// with a proof computed with its secret). Until it passes, its deliveries
+/// wait; the previous challenge no longer counts. At most
+/// `[api].verify_requests_per_minute` per endpoint (429 with `Retry-After`
+/// beyond).
 #[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/verify", tag = "endpoints",
     params(("endpoint_id" = String, Path, description = "The endpoint (`ep_…`)")),
     request_body(content = Empty, description = "Optional; `{}` or nothing"),
-    responses((status = 202, description = "The check is queued; the endpoint waits for it", body = Endpoint), ErrorResponses),
+    responses((status = 202, description = "The check is queued; the endpoint waits for it", body = Endpoint), ErrorResponses, QuotaResponses),
     security(("tenant_key" = [])))]
 pub async fn verify_endpoint(
     caller: TenantCaller,
@@ -526,6 +528,16 @@ pub async fn verify_endpoint(
     _body: JsonBody<Empty>,
 ) -> Result<Response, ApiError> {
     let record = owned(&state, &caller.tenant, &id).await?;
+    // Counted only for the tenant's own endpoints (a 404 counts nothing),
+    // before anything is written.
+    let limit = &state.guards.verify_requests;
+    if let Err(refusal) = limit.take(&record.id, std::time::Instant::now()) {
+        return Err(quota::verify_requests_exceeded(
+            record.id,
+            limit.limit(),
+            refusal,
+        ));
+    }
     state
         .platform
         .request_verification(&caller.tenant, record.id, &caller.principal.actor())

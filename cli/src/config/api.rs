@@ -56,8 +56,13 @@ pub struct ApiConfig {
     /// Test events per tenant and minute.
     #[serde(default = "default_test_events_per_minute")]
     pub test_events_per_minute: u32,
+    /// Ownership checks a tenant may ask for per endpoint and minute
+    /// (`POST …/verify`).
+    #[serde(default = "default_verify_requests_per_minute")]
+    pub verify_requests_per_minute: u32,
     /// Endpoints created through the API (and those whose URL's host
-    /// changes) receive nothing until they echo a signed challenge.
+    /// changes) receive nothing until they prove a signed challenge with
+    /// their secret.
     #[serde(default = "yes")]
     pub require_verification: bool,
 }
@@ -92,6 +97,10 @@ fn default_max_endpoints_per_tenant() -> u32 {
 
 fn default_test_events_per_minute() -> u32 {
     walhook_api::settings::DEFAULT_TEST_EVENTS_PER_MINUTE
+}
+
+fn default_verify_requests_per_minute() -> u32 {
+    walhook_api::settings::DEFAULT_VERIFY_REQUESTS_PER_MINUTE
 }
 
 fn default_rotation_overlap() -> std::time::Duration {
@@ -151,6 +160,7 @@ impl ApiConfig {
             metrics_cache: self.metrics_cache,
             max_endpoints_per_tenant: self.max_endpoints_per_tenant,
             test_events_per_minute: self.test_events_per_minute,
+            verify_requests_per_minute: self.verify_requests_per_minute,
         }
     }
 
@@ -185,7 +195,7 @@ mod tests {
 
     #[test]
     fn the_api_section_is_checked() {
-        let token = "operator_token = \"0123456789abcdef0123456789abcdef\"";
+        let token = "operator_token = \"Zk3q9VbX2mT8wLp4RsN7yC1dHf6GjQ0a\"";
         let cfg = parse(&format!("listen = \"127.0.0.1:0\"\n{token}")).unwrap();
         let api = cfg.api.as_ref().unwrap();
         assert_eq!(api.allowed_ports, vec![443]);
@@ -208,17 +218,17 @@ mod tests {
 
     #[test]
     fn the_api_limits_have_defaults_and_are_checked() {
-        let token = "operator_token = \"0123456789abcdef0123456789abcdef\"";
+        let token = "operator_token = \"Zk3q9VbX2mT8wLp4RsN7yC1dHf6GjQ0a\"";
         let cfg = parse(&format!("listen = \"127.0.0.1:0\"\n{token}")).unwrap();
         let api = cfg.api.as_ref().unwrap();
         assert_eq!(api.limits(), walhook_api::ApiLimits::default());
         assert_eq!(api.settings(&cfg).limits, walhook_api::ApiLimits::default());
         // The token never prints.
-        assert!(!format!("{cfg:?}").contains("0123456789abcdef"));
+        assert!(!format!("{cfg:?}").contains("Zk3q9VbX2mT8wLp4"));
         let set = parse(&format!(
             "listen = \"127.0.0.1:0\"\n{token}\nmax_connections = 3\nstatement_timeout = \"2s\"\n\
              request_timeout = \"5s\"\nmax_concurrent_requests = 9\nmetrics_cache = \"1s\"\n\
-             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11"
+             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11\nverify_requests_per_minute = 2"
         ))
         .unwrap();
         let limits = set.api.as_ref().unwrap().limits();
@@ -230,9 +240,10 @@ mod tests {
                 limits.max_concurrent_requests,
                 limits.metrics_cache.as_secs(),
                 limits.max_endpoints_per_tenant,
-                limits.test_events_per_minute
+                limits.test_events_per_minute,
+                limits.verify_requests_per_minute
             ),
-            (3, 2, 5, 9, 1, 7, 11)
+            (3, 2, 5, 9, 1, 7, 11, 2)
         );
         let err = |extra: &str| {
             format!(
@@ -253,6 +264,10 @@ mod tests {
                 "[api].max_endpoints_per_tenant",
             ),
             ("test_events_per_minute = 0", "[api].test_events_per_minute"),
+            (
+                "verify_requests_per_minute = 0",
+                "[api].verify_requests_per_minute",
+            ),
         ] {
             let message = err(line);
             assert!(message.contains(field), "{line}: {message}");

@@ -55,8 +55,8 @@ pub struct EndpointConfig {
     /// tenant's); empty: `[retry]` as configured.
     pub retry: RetryOverride,
     /// The ownership check it waits for, when it does: its deliveries are
-    /// made and wait (visible), none is sent until the URL echoed the
-    /// challenge. `None`: verified, or never required.
+    /// made and wait (visible), none is sent until the URL answered the
+    /// ownership proof. `None`: verified, or never required.
     pub verification: Option<PendingVerification>,
     /// Whether one object's deliveries are attempted in commit order.
     pub ordering: DeliveryOrder,
@@ -101,7 +101,7 @@ impl DeliveryOrder {
 /// An ownership check an endpoint waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingVerification {
-    /// What the URL must echo.
+    /// What the URL must prove it holds the secret for.
     pub challenge: String,
     /// When it was asked for (a re-send asks again with a new challenge).
     pub requested_at: crate::time::Timestamp,
