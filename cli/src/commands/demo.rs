@@ -2,9 +2,11 @@
 //!
 //! Starts a throwaway Postgres with a shop schema (invoices, orders, users)
 //! and the platform schema, two tenants with endpoints on local receivers
-//! (one of them flaky), the whole pipeline on the embedded log, then writes
-//! business rows with plain SQL for a while. The receivers verify every
-//! signature with their own code. The summary compares what the demo
+//! (one of them flaky), the whole pipeline on the embedded log. Every
+//! endpoint first proves that its receiver holds its secret (the ownership
+//! check of docs/api.md: the receivers answer the HMAC proof); then the demo
+//! writes business rows with plain SQL for a while. The receivers verify
+//! every signature with their own code. The summary compares what the demo
 //! expects with what the receivers got; the exit status is 0 only when every
 //! expected delivery succeeded.
 
@@ -258,6 +260,41 @@ fn count_ok(receiver: &Receiver) -> HashMap<String, HashSet<String>> {
     ok
 }
 
+/// How long endpoints may take to pass their ownership check (the dispatcher
+/// looks for waiting endpoints every second).
+const VERIFY_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits until every endpoint of `created` passed its ownership check.
+async fn wait_verified(
+    platform: &Platform,
+    created: &[(TenantId, walhook_pipeline::ids::EndpointId)],
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    for (tenant, id) in created {
+        loop {
+            let record = platform
+                .endpoint_of_tenant(tenant, *id)
+                .await?
+                .with_context(|| format!("endpoint {id} is gone"))?;
+            if !record.verification.pending {
+                break;
+            }
+            if started.elapsed() > VERIFY_WITHIN {
+                anyhow::bail!(
+                    "endpoint {id} did not pass its ownership check within {VERIFY_WITHIN:?}: {}",
+                    record
+                        .verification
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("no check was answered")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the demo.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!(
@@ -279,6 +316,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let receiver = Receiver::start().await?;
     println!("  receivers listening on {}; endpoints:", receiver.addr());
+    let mut created = Vec::with_capacity(ENDPOINTS.len());
     for ep in ENDPOINTS {
         let tenant = TenantId::new(ep.tenant)?;
         platform.create_tenant(&tenant, ep.tenant).await?;
@@ -299,12 +337,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     enabled: true,
                     retry: Default::default(),
                     ordering: Default::default(),
-                    verify: false,
+                    // Like an endpoint made through the API: nothing is
+                    // sent until its receiver answers the ownership proof.
+                    verify: true,
                 },
                 "demo",
             )
             .await?;
         receiver.set_secrets(ep.path, vec![secret.expose_text()]);
+        created.push((TenantId::new(ep.tenant)?, id));
         if ep.flaky {
             receiver.set_behaviour(ep.path, Behaviour::FailEvery { n: 3, status: 503 });
         }
@@ -353,6 +394,13 @@ sweep_interval = "500ms"
     let cfg = Config::parse(&cfg_text)?;
     let shutdown = CancellationToken::new();
     let running = crate::pipeline::start(&cfg, platform.clone(), shutdown.clone()).await?;
+    let proven = Instant::now();
+    wait_verified(&platform, &created).await?;
+    println!(
+        "\n  every endpoint proved ownership in {:.1} s: each receiver answered the signed \
+         challenge with HMAC-SHA256(its secret, \"walhook-verification.v1.\" + challenge)",
+        proven.elapsed().as_secs_f64()
+    );
     println!(
         "\n  capture, fan-out and dispatch are running; writing business rows with plain SQL for {:?} …",
         args.duration
