@@ -12,6 +12,7 @@ use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::endpoint::DeliveryOrder;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::redact::url_without_secrets;
 use walhook_pipeline::signing::SigningSecret;
 
 use crate::{Platform, StoreError};
@@ -239,10 +240,18 @@ impl Platform {
         .await
         .map_err(StoreError::query("store an endpoint secret"))?;
         record_version(&tx, uid, actor).await?;
+        // The operator reads audit records: the URL without the parts
+        // where a receiver's credentials live (the tenant reads it whole
+        // through its endpoint).
         tx.execute(
             "INSERT INTO walhook.audit_log (tenant_id, actor, action, target, detail) \
              VALUES ($1, $2, 'endpoint.created', $3, jsonb_build_object('url', $4::text, 'config_version', 1))",
-            &[&ep.tenant_id.as_str(), &actor, &id.to_string(), &ep.url],
+            &[
+                &ep.tenant_id.as_str(),
+                &actor,
+                &id.to_string(),
+                &url_without_secrets(&ep.url),
+            ],
         )
         .await
         .map_err(StoreError::query("audit an endpoint creation"))?;
@@ -419,8 +428,10 @@ impl Platform {
             w.string(&id_text);
             w.key("reason");
             w.string(reason);
+            // The event may go to another receiver than the endpoint's own
+            // (an ops tool): no query string or user info.
             w.key("url");
-            w.string(&url);
+            w.string(&url_without_secrets(&url));
             w.end_object();
         });
         self.ensure_partitions(&tx, "events", std::iter::once(now))
