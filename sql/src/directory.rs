@@ -127,7 +127,6 @@ impl EndpointSource for Platform {
                 }
             }
         }
-        let mut plain = 0usize;
         for r in rows {
             let uid: Uuid = r.get(0);
             let id = EndpointId(*uid.as_bytes());
@@ -147,14 +146,14 @@ impl EndpointSource for Platform {
                     Err(e) => problems.push(format!("subscribed event type: {e}")),
                 }
             }
-            // A secret that does not open quarantines its endpoint only:
-            // every other endpoint keeps loading and receiving changes.
+            // A secret that does not open (or is stored in plaintext)
+            // quarantines its endpoint only: every other endpoint keeps
+            // loading and receiving changes.
             let versions: Vec<i32> = r.get(8);
             let key_ids: Vec<String> = r.get(9);
             let sealed: Vec<Vec<u8>> = r.get(10);
             let mut secrets = Vec::with_capacity(sealed.len());
             for ((version, key_id), bytes) in versions.iter().zip(&key_ids).zip(&sealed) {
-                plain += usize::from(key_id == crate::secrets::PLAIN_KEY_ID);
                 match keyring.open(id, *version, key_id, bytes) {
                     Ok(secret) => secrets.push(VersionedSecret {
                         version: *version,
@@ -239,12 +238,6 @@ impl EndpointSource for Platform {
                 quarantine,
                 history: versions,
             });
-        }
-        if plain > 0 {
-            tracing::warn!(
-                secrets = plain,
-                "endpoint secrets stored in plaintext (written before encryption); run `walhook secrets rotate` to seal them"
-            );
         }
         Ok(loaded)
     }

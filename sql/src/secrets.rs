@@ -17,8 +17,14 @@
 //!   2^32 messages per key that random nonces allow) and authenticated with
 //!   its row's identity (endpoint id and secret version) as associated data:
 //!   a ciphertext copied to another row does not open.
-//! - Rows written before encryption existed carry `key_id = 'plain'`; they
-//!   still open (with a warning) until `walhook secrets rotate` seals them.
+//! - Rows written before encryption existed carry `key_id = 'plain'`. They
+//!   are refused ([`SecretsError::Plaintext`]): the directory quarantines
+//!   their endpoint (an incident naming the fix, the
+//!   `walhook_endpoints_quarantined` gauge) until `walhook secrets rotate`
+//!   seals them, which is the only reader that opens them. A secret left
+//!   readable in the database would let anyone who reads a backup or a
+//!   replica sign webhooks as walhook; refusing it makes the operator seal
+//!   it rather than leave it so behind a warning.
 //! - No key or secret ever appears in `Debug`, `Display`, errors or logs.
 
 use std::fmt;
@@ -79,6 +85,19 @@ pub enum SecretsError {
         version: i32,
         /// The key id stored with the row.
         key_id: String,
+    },
+    /// The row was stored in plaintext, before secrets were sealed: refused
+    /// until `walhook secrets rotate` seals it.
+    #[error(
+        "endpoint {endpoint} secret version {version} is stored in plaintext (written before \
+         secrets were sealed), which walhook refuses to use: run `walhook secrets rotate --config \
+         <file>` to seal it under the master key (its deliveries wait until then)"
+    )]
+    Plaintext {
+        /// The endpoint.
+        endpoint: EndpointId,
+        /// The secret version.
+        version: i32,
     },
     /// Authentication failed: the wrong key under that id, or the row was
     /// altered or moved.
@@ -260,7 +279,7 @@ impl Keyring {
     }
 
     /// Opens the secret stored for version `version` of `endpoint` under
-    /// `key_id`.
+    /// `key_id`. A plaintext row (`key_id = 'plain'`) is refused.
     pub fn open(
         &self,
         endpoint: EndpointId,
@@ -269,7 +288,7 @@ impl Keyring {
         bytes: &[u8],
     ) -> Result<SigningSecret, SecretsError> {
         if key_id == PLAIN_KEY_ID {
-            return Ok(SigningSecret::from_bytes(bytes.to_vec()));
+            return Err(SecretsError::Plaintext { endpoint, version });
         }
         let key = std::iter::once(&self.current)
             .chain(&self.old)
@@ -369,7 +388,12 @@ impl crate::Platform {
                 let key_id: String = r.get(2);
                 let bytes: Vec<u8> = r.get(3);
                 let endpoint = EndpointId(*uid.as_bytes());
-                let secret = keyring.open(endpoint, version, &key_id, &bytes)?;
+                // The one reader of plaintext rows: it seals them.
+                let secret = if key_id == PLAIN_KEY_ID {
+                    SigningSecret::from_bytes(bytes)
+                } else {
+                    keyring.open(endpoint, version, &key_id, &bytes)?
+                };
                 sealed.push(keyring.seal(endpoint, version, &secret).bytes);
                 ids.push(uid);
                 versions.push(version);
@@ -451,10 +475,12 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, SecretsError::UnknownKey { .. }));
         assert!(err.to_string().contains(old.id()), "{err}");
-        // Legacy rows open as they are.
-        assert_eq!(
-            after.open(ep(1), 1, PLAIN_KEY_ID, b"raw").unwrap(),
-            SigningSecret::from_bytes(b"raw".to_vec())
+        // Legacy plaintext rows are refused, naming the fix.
+        let err = after.open(ep(1), 1, PLAIN_KEY_ID, b"raw").unwrap_err();
+        assert!(matches!(err, SecretsError::Plaintext { .. }));
+        assert!(
+            err.to_string().contains("walhook secrets rotate") && !err.to_string().contains("raw"),
+            "{err}"
         );
     }
 

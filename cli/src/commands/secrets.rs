@@ -99,7 +99,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let state = if key_id == keyring.current_id() {
                     "current"
                 } else if key_id == walhook_sql::secrets::PLAIN_KEY_ID {
-                    "PLAINTEXT: run `walhook secrets rotate`"
+                    "PLAINTEXT, refused (endpoints quarantined): run `walhook secrets rotate`"
                 } else if held.contains(&key_id.as_str()) {
                     "old key, configured: run `walhook secrets rotate`"
                 } else {
