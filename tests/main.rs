@@ -19,4 +19,5 @@ mod ownership;
 mod pipeline;
 mod reconcile;
 mod scaleout;
+mod secrets;
 mod supervision;

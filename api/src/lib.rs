@@ -19,6 +19,7 @@
 //!   per-tenant quotas, and one database read per interval for the
 //!   unauthenticated `/metrics` and `/readyz`. The API has its own small
 //!   pool ([`connect`]) whose connections carry a `statement_timeout`.
+//! - [`operator_token`]: the operator token's strength, checked at load.
 //! - [`error`]: RFC 9457 problem documents naming the field at fault.
 //! - [`extract`]: JSON bodies and query strings parsed into problems, not
 //!   plain-text rejections.
@@ -43,6 +44,7 @@ pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
+pub mod operator_token;
 pub mod quota;
 pub mod routes;
 pub mod settings;

@@ -1,4 +1,5 @@
-//! `walhook secrets`: master keys for endpoint secrets at rest.
+//! `walhook secrets`: master keys for endpoint secrets at rest, and the
+//! API's operator token.
 //!
 //! Rotating the master key without downtime (docs/security.md):
 //!
@@ -34,6 +35,10 @@ pub enum Command {
     /// Print a new master key (base64 of 32 random bytes) to stdout; store
     /// it in a file readable by walhook only (chmod 600).
     GenerateKey,
+    /// Print a new API operator token (256 random bits, URL-safe base64) to
+    /// stdout; give it to walhook as WALHOOK_API_OPERATOR_TOKEN (or
+    /// [api].operator_token).
+    GenerateToken,
     /// Re-seal every endpoint secret under the current master key (rows
     /// under old keys, or stored before encryption). Safe while walhook
     /// runs; idempotent.
@@ -69,6 +74,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::GenerateKey => {
             println!("{}", MasterKey::generate_text());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::GenerateToken => {
+            println!("{}", walhook_api::operator_token::generate());
             Ok(ExitCode::SUCCESS)
         }
         Command::Rotate { config, batch } => {

@@ -14,8 +14,10 @@ use super::Config;
 pub struct ApiConfig {
     /// The address to listen on, e.g. `127.0.0.1:8080`.
     pub listen: String,
-    /// The operator's bearer token (at least 32 characters); better set
-    /// through WALHOOK_API_OPERATOR_TOKEN. Never printed (`Debug` shows
+    /// The operator's bearer token (at least 32 characters and 128 bits of
+    /// entropy, see `walhook_api::operator_token`; `walhook secrets
+    /// generate-token` makes one); better set through
+    /// WALHOOK_API_OPERATOR_TOKEN. Never printed (`Debug` shows
     /// `***`).
     #[serde(default)]
     pub operator_token: Option<Redacted<String>>,
@@ -123,19 +125,9 @@ impl ApiConfig {
         }
         match &self.operator_token {
             None => bail!(
-                "[api] has no operator token: set WALHOOK_API_OPERATOR_TOKEN (or [api].operator_token) to at least {MIN_OPERATOR_TOKEN_LEN} random characters, e.g. from `openssl rand -hex 32`"
+                "[api] has no operator token: set WALHOOK_API_OPERATOR_TOKEN (or [api].operator_token) to a random token of at least {MIN_OPERATOR_TOKEN_LEN} characters and 128 bits of entropy; make one with `walhook secrets generate-token`"
             ),
-            Some(t)
-                if t.expose().len() < MIN_OPERATOR_TOKEN_LEN
-                    || t.expose()
-                        .chars()
-                        .any(|c| c.is_whitespace() || c.is_control()) =>
-            {
-                bail!(
-                    "[api].operator_token is too weak: give at least {MIN_OPERATOR_TOKEN_LEN} characters without spaces (e.g. `openssl rand -hex 32`)"
-                )
-            }
-            Some(_) => {}
+            Some(t) => walhook_api::operator_token::check(t.expose())?,
         }
         if self.rotation_overlap > MAX_ROTATION_OVERLAP {
             bail!(
@@ -207,6 +199,15 @@ mod tests {
         assert!(err("listen = \"nowhere\"").contains("[api].listen"));
         assert!(err("listen = \"127.0.0.1:0\"").contains("WALHOOK_API_OPERATOR_TOKEN"));
         assert!(err("listen = \"127.0.0.1:0\"\noperator_token = \"short\"").contains("too weak"));
+        // One character 32 times is long enough and still refused.
+        let repeated = err(&format!(
+            "listen = \"127.0.0.1:0\"\noperator_token = \"{}\"",
+            "a".repeat(32)
+        ));
+        assert!(
+            repeated.contains("too weak") && repeated.contains("walhook secrets generate-token"),
+            "{repeated}"
+        );
         assert!(
             err(&format!(
                 "listen = \"127.0.0.1:0\"\n{token}\nallowed_ports = []"
