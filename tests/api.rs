@@ -827,6 +827,9 @@ async fn tenants_and_endpoints_set_their_own_retry_schedules() {
         )
         .await;
     assert_eq!(s, 201, "{own}");
+    // The receiver proves ownership with the endpoint's secret.
+    w.receiver
+        .set_secrets("own", vec![own["secret"].as_str().unwrap().to_owned()]);
     let own = own["endpoint"]["id"].as_str().unwrap().to_owned();
     let (patched, _) = endpoint(&w, &api, &key, "patched", &["order.created"]).await;
     let path = format!("/v1/webhook-endpoints/{patched}");
@@ -1077,6 +1080,9 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
         )
         .await;
     assert_eq!(s, 201, "{slow}");
+    // The receiver proves ownership with the endpoint's secret.
+    w.receiver
+        .set_secrets("slow", vec![slow["secret"].as_str().unwrap().to_owned()]);
     let slow_id = slow["endpoint"]["id"].as_str().unwrap().to_owned();
     wait_verified(&api, &key, &slow_id).await;
     // Slow answers: deliveries queue behind the endpoint's limits.
