@@ -420,6 +420,13 @@ mod tests {
         assert!(err.unwrap_err().contains("standard base64"));
         let err = judge(&answered(200, "ok"), "c0ffee", &active).unwrap_err();
         assert!(err.contains("without a JSON object"), "{err}");
+        // An answer longer than the excerpt the egress keeps is cut there,
+        // and the record says so.
+        let mut long = format!("{{\"padding\":\"{}", "x".repeat(2000));
+        long.truncate(MAX_ANSWER_BYTES - crate::sanitize::ELLIPSIS.len());
+        long.push_str(crate::sanitize::ELLIPSIS);
+        let err = judge(&answered(200, &long), "c0ffee", &active).unwrap_err();
+        assert!(err.contains("longer than 1024 bytes"), "{err}");
         // A record stays under the stored limit.
         assert!(err.len() < 512, "{}", err.len());
     }
