@@ -13,6 +13,14 @@
 //! ```
 //!
 //! Names are the constants of [`names`]; counters get `_total` when encoded.
+//!
+//! Every label value comes from a bounded set, never from what a caller
+//! sent: methods outside the standard set are refused before this
+//! middleware ([`crate::edge`]) and would be `OTHER` here anyway; routes
+//! are the router's templates (`unmatched` for any unknown path); status
+//! codes are the server's own; tenants and endpoints are the first
+//! [`MAX_LABELLED`] seen, then `other`; the SQL gauges' names are capped
+//! the same way; refusals have a closed set of reasons ([`Refusal`]).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -161,6 +169,90 @@ pub mod names {
     pub const RECONCILE_LAST_RUN: &str = "walhook_reconcile_last_run_timestamp_seconds";
     /// 1 when the last scrape could read the platform database (gauge).
     pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
+    /// Requests and connections refused before they were served, by
+    /// reason (counter; see [`super::Refusal`]).
+    pub const API_REFUSALS: &str = "walhook_api_refusals";
+}
+
+/// Why the API refused a request or a connection before serving it: a
+/// closed set, so the label stays bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A method outside the standard set (501).
+    Method,
+    /// A connection past `[api].max_connections_per_client` (closed at
+    /// once).
+    ClientConnections,
+    /// A request past its address's share of the request slots (503).
+    ClientRequests,
+    /// A request past its tenant's share of the request slots (503).
+    TenantRequests,
+    /// Every request slot stayed taken (503).
+    Busy,
+    /// A console sign-in past `[api].sign_in_attempts_per_minute` (429).
+    SignInRate,
+    /// A call past `[api].failed_authentications_per_minute` (429).
+    AuthenticationRate,
+    /// A sign-in form too slow or too large (408, 413).
+    SignInBody,
+    /// An authenticated body slower than `[api].body_read_timeout` (408).
+    BodyTimeout,
+    /// A console sign-in while every session is in use (429).
+    SessionsFull,
+}
+
+impl Refusal {
+    /// Every reason (each has a series from the start).
+    pub const ALL: [Refusal; 10] = [
+        Refusal::Method,
+        Refusal::ClientConnections,
+        Refusal::ClientRequests,
+        Refusal::TenantRequests,
+        Refusal::Busy,
+        Refusal::SignInRate,
+        Refusal::AuthenticationRate,
+        Refusal::SignInBody,
+        Refusal::BodyTimeout,
+        Refusal::SessionsFull,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Method => "method",
+            Refusal::ClientConnections => "client_connections",
+            Refusal::ClientRequests => "client_requests",
+            Refusal::TenantRequests => "tenant_requests",
+            Refusal::Busy => "busy",
+            Refusal::SignInRate => "sign_in_rate",
+            Refusal::AuthenticationRate => "authentication_rate",
+            Refusal::SignInBody => "sign_in_body",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::SessionsFull => "sessions_full",
+        }
+    }
+}
+
+/// The methods the API knows; anything else is refused at the edge.
+pub const STANDARD_METHODS: [axum::http::Method; 9] = [
+    axum::http::Method::GET,
+    axum::http::Method::HEAD,
+    axum::http::Method::POST,
+    axum::http::Method::PUT,
+    axum::http::Method::PATCH,
+    axum::http::Method::DELETE,
+    axum::http::Method::OPTIONS,
+    axum::http::Method::TRACE,
+    axum::http::Method::CONNECT,
+];
+
+/// The label of `method`: its name when standard, `OTHER` otherwise, so
+/// that no method a caller makes up becomes a series.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    STANDARD_METHODS
+        .iter()
+        .find(|m| *m == method)
+        .map_or("OTHER", axum::http::Method::as_str)
 }
 
 /// Labels of API requests.
@@ -173,6 +265,13 @@ pub struct RequestLabels {
     pub route: String,
     /// The status code.
     pub status: u16,
+}
+
+/// The reason of a refusal.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// [`Refusal::as_str`].
+    pub reason: String,
 }
 
 /// Labels of durations.
@@ -398,6 +497,7 @@ fn request_histogram() -> Histogram {
 struct ApiMetrics {
     requests: Family<RequestLabels, Counter>,
     durations: HistogramFamily<RouteLabels>,
+    refusals: Family<ReasonLabel, Counter>,
 }
 
 /// The registry and the metrics in it.
@@ -431,7 +531,18 @@ impl Metrics {
         let api = ApiMetrics {
             requests: Family::default(),
             durations: Family::new_with_constructor(request_histogram),
+            refusals: Family::default(),
         };
+        for reason in Refusal::ALL {
+            let _ = api.refusals.get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            });
+        }
+        registry.register(
+            API_REFUSALS,
+            "Requests and connections refused before they were served, by reason",
+            api.refusals.clone(),
+        );
         registry.register(
             API_REQUESTS,
             "API requests by method, route and status",
@@ -636,6 +747,26 @@ impl Metrics {
         out
     }
 
+    /// Counts a refusal.
+    pub fn refused(&self, reason: Refusal) {
+        self.api
+            .refusals
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// How many refusals for `reason` were counted.
+    pub fn refusals(&self, reason: Refusal) -> u64 {
+        self.api
+            .refusals
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            })
+            .get()
+    }
+
     /// How many times the SQL gauges were read.
     pub fn gauge_reads(&self) -> u64 {
         self.gauge_cache.reads()
@@ -648,7 +779,7 @@ impl Metrics {
                 self.sql.oldest_pending_age.set(g.oldest_pending_age_secs);
                 self.sql.overdue_unleased.set(g.overdue_unleased);
                 self.sql.circuits.clear();
-                for (state, n) in g.circuits {
+                for (state, n) in capped(g.circuits, |a, b| a + b) {
                     self.sql
                         .circuits
                         .get_or_create(&NameLabel { name: state })
@@ -665,7 +796,16 @@ impl Metrics {
                 }
                 self.sql.checkpoint_age.clear();
                 self.sql.checkpoint_slot_lag.clear();
-                for (source, lag, age) in g.capture {
+                let capture = g
+                    .capture
+                    .into_iter()
+                    .map(|(source, lag, age)| (source, (lag, age)))
+                    .collect();
+                // Past the cap, the worst lag and age stand for the rest.
+                let worst = |(l1, a1): (Option<i64>, f64), (l2, a2): (Option<i64>, f64)| {
+                    (l1.max(l2), a1.max(a2))
+                };
+                for (source, (lag, age)) in capped(capture, worst) {
                     if let Some(lag) = lag {
                         self.sql
                             .checkpoint_slot_lag
@@ -679,8 +819,21 @@ impl Metrics {
                         .get_or_create(&NameLabel { name: source })
                         .set(age);
                 }
-                for a in g.archive {
-                    let label = NameLabel { name: a.table };
+                let archive = g
+                    .archive
+                    .into_iter()
+                    .map(|a| (a.table.clone(), a))
+                    .collect();
+                let fold = |mut a: walhook_sql::gauges::ArchiveGauges,
+                            b: walhook_sql::gauges::ArchiveGauges| {
+                    a.rows += b.rows;
+                    a.bytes += b.bytes;
+                    a.verification_failures += b.verification_failures;
+                    a.oldest_hot_age_secs = a.oldest_hot_age_secs.max(b.oldest_hot_age_secs);
+                    a
+                };
+                for (table, a) in capped(archive, fold) {
+                    let label = NameLabel { name: table };
                     self.sql.archive_rows.get_or_create(&label).set(a.rows);
                     self.sql.archive_bytes.get_or_create(&label).set(a.bytes);
                     self.sql
@@ -720,13 +873,35 @@ impl Metrics {
     }
 }
 
+/// The first [`MAX_LABELLED`] names of a SQL gauge keep their own series;
+/// the values of the rest are folded into one named [`OTHER`], so that
+/// however many rows the database holds, the series stay bounded.
+fn capped<T>(rows: Vec<(String, T)>, fold: impl Fn(T, T) -> T) -> Vec<(String, T)> {
+    let mut out: Vec<(String, T)> = Vec::with_capacity(rows.len().min(MAX_LABELLED + 1));
+    let mut rest: Option<T> = None;
+    for (name, value) in rows {
+        if out.len() < MAX_LABELLED && name != OTHER {
+            out.push((name, value));
+        } else {
+            rest = Some(match rest {
+                Some(r) => fold(r, value),
+                None => value,
+            });
+        }
+    }
+    if let Some(r) = rest {
+        out.push((OTHER.to_owned(), r));
+    }
+    out
+}
+
 /// Middleware counting requests and timing them by route.
 pub async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method()).to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
     let m = &state.metrics.api;
@@ -741,4 +916,29 @@ pub async fn track(State(state): State<ApiState>, request: Request, next: Next) 
         .get_or_create(&RouteLabels { route })
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+
+    use super::*;
+
+    #[test]
+    fn made_up_methods_have_one_label() {
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+        let made_up = Method::from_bytes(&[b'X'; 2048]).unwrap();
+        assert_eq!(method_label(&made_up), "OTHER");
+    }
+
+    #[test]
+    fn sql_gauge_names_are_capped_and_the_rest_folded() {
+        let rows: Vec<(String, i64)> = (0..500).map(|i| (format!("source-{i}"), 1)).collect();
+        let kept = capped(rows, |a, b| a + b);
+        assert_eq!(kept.len(), MAX_LABELLED + 1);
+        assert_eq!(kept.last().unwrap(), &(OTHER.to_owned(), 400));
+        // A row named `other` joins the folded rest, never a second series.
+        let kept = capped(vec![("other".into(), 2), ("a".into(), 1)], |a, b| a + b);
+        assert_eq!(kept, vec![("a".to_owned(), 1), ("other".to_owned(), 2)]);
+    }
 }

@@ -60,6 +60,12 @@ impl Modify for Security {
             bearer("The operator token from the config ([api].operator_token or WALHOOK_API_OPERATOR_TOKEN)"),
         );
         components.add_security_scheme(
+            "metrics_token",
+            bearer(
+                "The token that reads /metrics ([api].metrics_token or WALHOOK_API_METRICS_TOKEN)",
+            ),
+        );
+        components.add_security_scheme(
             "tenant_key",
             bearer("A tenant API key (`whk_…`), issued by POST /v1/tenants/{tenant_id}/api-keys"),
         );

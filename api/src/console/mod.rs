@@ -8,7 +8,11 @@
 //! audit trail are the API's and cannot drift apart. The credential (an API
 //! key or the operator token) stays on the server, in a session of at most
 //! [`SESSION_TTL`]; the browser holds a random session id in an `HttpOnly`,
-//! `Secure`, `SameSite=Strict` cookie scoped to `/console`. Every form
+//! `Secure`, `SameSite=Strict` cookie named with the `__Host-` prefix
+//! (so it is bound to this host, `Path=/`, and no subdomain or plain-http
+//! page can set or shadow it). Each credential holds a bounded number of
+//! sessions and sign-ins are rate-limited ([`sessions`],
+//! [`crate::ratelimit`]). Every form
 //! carries the session's CSRF token (the sign-in form a token of its own,
 //! double-submitted in a cookie), and a POST without it changes nothing.
 //! Pages are escaped by the template engine (payloads, URLs and
@@ -19,8 +23,8 @@
 mod charts;
 mod operator;
 mod pages;
+pub(crate) mod sessions;
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -38,22 +42,27 @@ use maud::{DOCTYPE, Markup, html};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use self::sessions::{Full, MAX_SESSIONS_PER_CREDENTIAL, Sessions};
 use crate::ApiState;
+use crate::client::Client;
+use crate::metrics::Refusal;
+use crate::ratelimit::{Attempts, CredentialKey, Refused};
 
 /// How long a console session lasts after sign-in.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 
-/// Sessions kept at most; the oldest go first beyond.
-const MAX_SESSIONS: usize = 10_000;
+/// The session cookie. `__Host-`: browsers accept it only with `Secure`,
+/// `Path=/` and no `Domain`, so it cannot be set by a subdomain or over
+/// plain http, nor shadowed by a cookie of a narrower path.
+const COOKIE: &str = "__Host-walhook_console";
+/// The sign-in form's CSRF cookie (double submit), prefixed the same way.
+const LOGIN_COOKIE: &str = "__Host-walhook_console_login";
 
-const COOKIE: &str = "walhook_console";
-const LOGIN_COOKIE: &str = "walhook_console_login";
-
-/// The console's state inside the API: its sessions and the API router it
-/// calls.
-#[derive(Default)]
+/// The console's state inside the API: its sessions, the sign-in attempts
+/// and the API router it calls.
 pub(crate) struct Console {
-    sessions: Mutex<HashMap<String, Session>>,
+    sessions: Mutex<Sessions>,
+    sign_ins: Attempts,
     api: OnceLock<Router>,
 }
 
@@ -66,6 +75,26 @@ impl std::fmt::Debug for Console {
 }
 
 impl Console {
+    /// A console allowing `sign_ins_per_minute` sign-in attempts per client
+    /// address and per credential.
+    pub(crate) fn new(sign_ins_per_minute: u32) -> Self {
+        Console {
+            sessions: Mutex::new(Sessions::default()),
+            sign_ins: Attempts::new(sign_ins_per_minute),
+            api: OnceLock::new(),
+        }
+    }
+
+    /// Sessions held now.
+    pub(crate) fn session_count(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    /// Sessions held by `credential`.
+    pub(crate) fn sessions_held_by(&self, credential: &str) -> usize {
+        self.sessions.lock().held_by(CredentialKey::of(credential))
+    }
+
     /// Hands the console the API routes it calls (set once, when the router
     /// is built).
     pub(crate) fn set_api(&self, api: Router) {
@@ -84,6 +113,8 @@ pub(crate) enum Who {
 #[derive(Clone)]
 pub(crate) struct Session {
     credential: String,
+    /// The credential's key (sessions are capped per credential).
+    owner: CredentialKey,
     pub(crate) who: Who,
     pub(crate) csrf: String,
     expires: Instant,
@@ -114,7 +145,7 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
     HeaderValue::from_str(&format!(
-        "{name}={value}; Path=/console; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
+        "{name}={value}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
     ))
     .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
@@ -124,15 +155,8 @@ impl FromRequestParts<ApiState> for Session {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
         let id = cookie(&parts.headers, COOKIE).unwrap_or_default();
-        let mut sessions = state.guards.console.sessions.lock();
-        match sessions.get(id) {
-            Some(s) if s.expires > Instant::now() => Ok(s.clone()),
-            Some(_) => {
-                sessions.remove(id);
-                Err(Redirect::to("/console/login").into_response())
-            }
-            None => Err(Redirect::to("/console/login").into_response()),
-        }
+        let session = state.guards.console.sessions.lock().get(id, Instant::now());
+        session.ok_or_else(|| Redirect::to("/console/login").into_response())
     }
 }
 
@@ -144,8 +168,15 @@ impl FromRequestParts<ApiState> for TenantSession {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
         let s = Session::from_request_parts(parts, state).await?;
-        match s.who {
-            Who::Tenant(_) => Ok(TenantSession(s)),
+        match &s.who {
+            Who::Tenant(t) => {
+                // The tenant's share of the request slots, as its API calls.
+                if let Ok(tenant) = walhook_pipeline::ids::TenantId::new(t.as_str()) {
+                    crate::limits::admit_tenant(&parts.extensions, &tenant)
+                        .map_err(IntoResponse::into_response)?;
+                }
+                Ok(TenantSession(s))
+            }
             Who::Operator => Err(not_found(
                 &s,
                 "This page belongs to a tenant's console; the operator's pages are Pipeline and Tenants.",
@@ -197,11 +228,45 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Form {
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(IntoResponse::into_response)?;
+            .map_err(|e| {
+                if crate::limits::is_body_timeout(&e) {
+                    too_slow_form()
+                } else {
+                    e.into_response()
+                }
+            })?;
         serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
             .map(Form)
             .map_err(|_| forbidden_form(None))
     }
+}
+
+/// The page of a form whose body did not arrive in time.
+pub(crate) fn too_slow_form() -> Response {
+    let body = html! {
+        h1 { "The form took too long to arrive" }
+        p { "Nothing was changed. Reload the page and send the form again." }
+    };
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        [(header::CONNECTION, HeaderValue::from_static("close"))],
+        page("Too slow", None, None, body),
+    )
+        .into_response()
+}
+
+/// The page of a sign-in form larger than `max` bytes.
+pub(crate) fn too_large_form(max: usize) -> Response {
+    let body = html! {
+        h1 { "The form is too large" }
+        p { "A sign-in form holds at most " (max) " bytes; nothing was checked. Reload the page and sign in again." }
+    };
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        [(header::CONNECTION, HeaderValue::from_static("close"))],
+        page("Too large", None, None, body),
+    )
+        .into_response()
 }
 
 fn forbidden_form(s: Option<&Session>) -> Response {
@@ -478,7 +543,12 @@ async fn login_form() -> Response {
     login_page(&random_token(), None)
 }
 
-async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) -> Response {
+async fn login(
+    State(state): State<ApiState>,
+    Client(client): Client,
+    headers: HeaderMap,
+    form: Form,
+) -> Response {
     // Double submit: the form's token must match the cookie set with it.
     let fresh = random_token();
     match (form.get("csrf"), cookie(&headers, LOGIN_COOKIE)) {
@@ -488,6 +558,23 @@ async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) ->
     let key = form.get("key").unwrap_or_default().trim().to_owned();
     if key.is_empty() {
         return login_page(&fresh, Some("Give an API key or the operator token."));
+    }
+    // Every attempt counts, by address and by the key tried, before the
+    // key is looked at.
+    let owner = CredentialKey::of(&key);
+    if let Err(refused) = state
+        .guards
+        .console
+        .sign_ins
+        .take(client, owner, Instant::now())
+    {
+        state.metrics.refused(Refusal::SignInRate);
+        tracing::warn!(
+            client = %client.map(|c| c.to_string()).unwrap_or_default(),
+            by = refused.whom(),
+            "console sign-in refused: too many attempts"
+        );
+        return too_many_sign_ins(&refused, state.guards.console.sign_ins.per_minute());
     }
     let who = match crate::auth::principal_of(&key, &state).await {
         Ok(crate::auth::Principal::Operator) => Who::Operator,
@@ -503,25 +590,34 @@ async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) ->
         Err(e) => return e.into_response(),
     };
     let id = random_token();
+    let now = Instant::now();
     let session = Session {
         credential: key,
+        owner,
         who,
         csrf: random_token(),
-        expires: Instant::now() + SESSION_TTL,
+        expires: now + SESSION_TTL,
     };
-    {
-        let mut sessions = state.guards.console.sessions.lock();
-        let now = Instant::now();
-        sessions.retain(|_, s| s.expires > now);
-        if sessions.len() >= MAX_SESSIONS
-            && let Some(oldest) = sessions
-                .iter()
-                .min_by_key(|(_, s)| s.expires)
-                .map(|(k, _)| k.clone())
-        {
-            sessions.remove(&oldest);
+    let added = state
+        .guards
+        .console
+        .sessions
+        .lock()
+        .insert(id.clone(), session, now);
+    match added {
+        Ok(0) => {}
+        Ok(ended) => tracing::info!(
+            ended,
+            "console sign-in: the credential's oldest sessions ended (at most {MAX_SESSIONS_PER_CREDENTIAL} per credential)"
+        ),
+        Err(full) => {
+            state.metrics.refused(Refusal::SessionsFull);
+            tracing::warn!(
+                max = full.max,
+                "console sign-in refused: every console session is in use"
+            );
+            return sessions_full(full);
         }
-        sessions.insert(id.clone(), session);
     }
     let mut response = Redirect::to("/console").into_response();
     let h = response.headers_mut();
@@ -531,6 +627,42 @@ async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) ->
     );
     h.append(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, "", 0));
     response
+}
+
+/// The 429 page of a sign-in over `[api].sign_in_attempts_per_minute`.
+fn too_many_sign_ins(refused: &Refused, per_minute: u32) -> Response {
+    let secs = refused.retry_after_secs();
+    let body = html! {
+        h1 { "Too many sign-in attempts" }
+        p role="alert" {
+            "There were more than " (per_minute) " sign-in attempts in a minute " (refused.whom())
+            ", so this one was not checked. Try again in " (secs) " seconds."
+        }
+        p { a href="/console/login" { "Back to sign-in" } }
+    };
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, HeaderValue::from(secs))],
+        page("Too many attempts", None, None, body),
+    )
+        .into_response()
+}
+
+/// The page of a sign-in refused because the session table is full.
+fn sessions_full(full: Full) -> Response {
+    let body = html! {
+        h1 { "The console is full" }
+        p role="alert" {
+            "All " (full.max) " console sessions are in use, so no new one was opened and nobody \
+             was signed out. Try again later; the operator can see this in the log."
+        }
+    };
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, HeaderValue::from_static("60"))],
+        page("Console full", None, None, body),
+    )
+        .into_response()
 }
 
 async fn logout(

@@ -1,29 +1,43 @@
-//! Request limits: how many requests run at once and how long each may
-//! take.
+//! Request limits: how many requests run at once, how they share the
+//! slots, and how long each (and its body) may take.
 //!
 //! ```text
-//!  request ─▶ free slot? ──yes──▶ handler, within request_timeout ──▶ response
-//!                │                        └─ too slow ─▶ 503 timeout (Retry-After: 1)
-//!                └─ no: wait up to QUEUE_WAIT ─▶ slot ─▶ handler …
-//!                                   └─ still none ─▶ 503 busy (Retry-After: 1)
+//!  request ─▶ sign-in form? ─yes─▶ read it whole first (body::read_sign_in; no slot held)
+//!     ─▶ the address's share free? (shares::ClientShares) ─┐ wait up to QUEUE_WAIT
+//!     ─▶ free slot? ───────────────────────────────────────┘   for both, then 503 busy
+//!     ─▶ handler, within request_timeout ──▶ response
+//!          │  authentication admits the tenant (shares::TenantAdmission): over its share, 503
+//!          │  the body must arrive within body_read_timeout (body::TimedBody): else 408
+//!          └─ too slow ─▶ 503 timeout (Retry-After: 1)
 //! ```
 //!
 //! Together with the API's own small pool and `statement_timeout`, this
 //! bounds what the API can take from the process and the database: a flood
 //! of requests waits briefly, then is told to come back, instead of queueing
-//! without end on the pool. `/healthz` is exempt: a liveness probe must
-//! answer while the server is busy, and it touches nothing.
+//! without end on the pool; and no single address or tenant can hold every
+//! slot, so 80 connections trickling bodies lock out no one else.
+//! `/healthz` is exempt: a liveness probe must answer while the server is
+//! busy, and it touches nothing.
+
+mod body;
+mod shares;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 use walhook_pipeline::sanitize::{Lines, clean_str};
 
+pub use self::body::{BodyTimedOut, SIGN_IN_BODY_TIMEOUT, SIGN_IN_MAX_BODY, is_body_timeout};
+pub(crate) use self::shares::admit_tenant;
+use self::shares::{ClientShares, TenantAdmission, TenantShares};
+use crate::client::ClientAddr;
 use crate::error::{ApiError, Overload};
+use crate::metrics::{Metrics, Refusal};
 use crate::settings::{ApiLimits, QUEUE_WAIT};
 
 /// The shared state of [`enforce`].
@@ -33,27 +47,64 @@ pub struct RequestLimits {
     max_concurrent: usize,
     queue_wait: Duration,
     timeout: Duration,
+    body_read_timeout: Duration,
+    clients: Arc<ClientShares>,
+    tenants: Arc<TenantShares>,
+    metrics: Arc<Metrics>,
 }
 
 impl RequestLimits {
-    /// Limits from the settings.
-    pub fn new(limits: &ApiLimits) -> Self {
-        Self::with(
+    /// Limits from the settings, counting refusals in `metrics`.
+    pub fn new(limits: &ApiLimits, metrics: Arc<Metrics>) -> Self {
+        let mut l = Self::with(
             limits.max_concurrent_requests,
             QUEUE_WAIT,
             limits.request_timeout,
-        )
+        );
+        l.body_read_timeout = limits.body_deadline();
+        l.clients = Arc::new(ClientShares::new(limits.client_share()));
+        l.tenants = Arc::new(TenantShares::new(limits.client_share(), metrics.clone()));
+        l.metrics = metrics;
+        l
     }
 
     /// `max_concurrent` requests at once, waiting up to `queue_wait` for a
-    /// slot, each taking up to `timeout`.
+    /// slot, each taking up to `timeout`; any one address or tenant may
+    /// hold them all.
     pub fn with(max_concurrent: usize, queue_wait: Duration, timeout: Duration) -> Self {
+        let metrics = Arc::new(Metrics::new());
         RequestLimits {
             slots: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
             queue_wait,
             timeout,
+            body_read_timeout: timeout,
+            clients: Arc::new(ClientShares::new(max_concurrent)),
+            tenants: Arc::new(TenantShares::new(max_concurrent, metrics.clone())),
+            metrics,
         }
+    }
+
+    /// The same limits with `share` requests at most per address and per
+    /// tenant.
+    pub fn with_share(mut self, share: usize) -> Self {
+        self.clients = Arc::new(ClientShares::new(share));
+        self.tenants = Arc::new(TenantShares::new(share, self.metrics.clone()));
+        self
+    }
+
+    /// Client addresses with requests in progress or waiting.
+    pub fn clients_tracked(&self) -> usize {
+        self.clients.tracked()
+    }
+
+    fn busy(&self, reason: Refusal, detail: String) -> Response {
+        self.metrics.refused(reason);
+        ApiError::Overloaded {
+            kind: Overload::Busy,
+            detail,
+        }
+        .into_response()
     }
 }
 
@@ -66,9 +117,42 @@ pub async fn enforce(
     if request.uri().path() == "/healthz" {
         return next.run(request).await;
     }
-    let slot = match tokio::time::timeout(limits.queue_wait, limits.slots.clone().acquire_owned())
-        .await
-    {
+    let client = request.extensions().get::<ClientAddr>().map(|c| c.key());
+    // Someone not yet known sends the sign-in form: all of it, quickly,
+    // before anything is held for them.
+    let mut request = if body::is_sign_in(&request) {
+        match body::read_sign_in(request, &limits.metrics).await {
+            Ok(r) => r,
+            Err(refusal) => return refusal,
+        }
+    } else {
+        request
+    };
+    let deadline = tokio::time::Instant::now() + limits.queue_wait;
+    let _client_share = match client {
+        Some(key) => match limits.clients.acquire(key, deadline).await {
+            Some(permit) => Some(permit),
+            None => {
+                tracing::warn!(
+                    client = %key,
+                    share = limits.clients.share(),
+                    "request refused: the client address holds its share of the request slots"
+                );
+                return limits.busy(
+                    Refusal::ClientRequests,
+                    format!(
+                        "this client address has {} requests in progress, the most \
+                         [api].max_requests_per_client allows one address, and none finished \
+                         within {} ms; nothing was done: retry after Retry-After seconds",
+                        limits.clients.share(),
+                        limits.queue_wait.as_millis()
+                    ),
+                );
+            }
+        },
+        None => None,
+    };
+    let slot = match tokio::time::timeout_at(deadline, limits.slots.clone().acquire_owned()).await {
         Ok(Ok(slot)) => slot,
         // Timed out, or the semaphore closed (never done): busy either way.
         _ => {
@@ -76,18 +160,21 @@ pub async fn enforce(
                 max_concurrent_requests = limits.max_concurrent,
                 "request refused: every request slot is taken"
             );
-            return ApiError::Overloaded {
-                    kind: Overload::Busy,
-                    detail: format!(
-                        "{} requests are in progress, the most [api].max_concurrent_requests allows, \
-                         and none finished within {} ms; nothing was done: retry after Retry-After seconds",
-                        limits.max_concurrent,
-                        limits.queue_wait.as_millis()
-                    ),
-                }
-                .into_response();
+            return limits.busy(
+                Refusal::Busy,
+                format!(
+                    "{} requests are in progress, the most [api].max_concurrent_requests allows, \
+                     and none finished within {} ms; nothing was done: retry after Retry-After seconds",
+                    limits.max_concurrent,
+                    limits.queue_wait.as_millis()
+                ),
+            );
         }
     };
+    let admission = TenantAdmission::new(limits.tenants.clone());
+    request.extensions_mut().insert(admission.clone());
+    let (read_timeout, metrics) = (limits.body_read_timeout, limits.metrics.clone());
+    let request = request.map(|b| Body::new(body::TimedBody::new(b, read_timeout, metrics)));
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = match tokio::time::timeout(limits.timeout, next.run(request)).await {
@@ -111,6 +198,7 @@ pub async fn enforce(
             .into_response()
         }
     };
+    admission.release();
     drop(slot);
     response
 }
@@ -152,11 +240,22 @@ mod tests {
     }
 
     async fn call(app: &Router, path: &str) -> (u16, Option<String>, serde_json::Value) {
-        let response = app
-            .clone()
-            .oneshot(Request::get(path).body(Body::empty()).unwrap())
-            .await
-            .unwrap();
+        call_from(app, path, None).await
+    }
+
+    /// A request from `client`, as [`crate::edge`] marks it.
+    async fn call_from(
+        app: &Router,
+        path: &str,
+        client: Option<&str>,
+    ) -> (u16, Option<String>, serde_json::Value) {
+        let mut request = Request::get(path).body(Body::empty()).unwrap();
+        if let Some(ip) = client {
+            request
+                .extensions_mut()
+                .insert(ClientAddr(ip.parse().unwrap()));
+        }
+        let response = app.clone().oneshot(request).await.unwrap();
         let status = response.status().as_u16();
         let retry = response
             .headers()
@@ -249,5 +348,45 @@ mod tests {
         release.send(true).unwrap();
         assert_eq!(first.await.unwrap().0, 200);
         assert_eq!(queued.await.unwrap().0, 200);
+    }
+
+    #[tokio::test]
+    async fn one_address_waits_behind_its_share_while_others_get_slots() {
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let limits = Arc::new(
+            RequestLimits::with(4, Duration::from_millis(100), Duration::from_secs(60))
+                .with_share(2),
+        );
+        let app = app_with(limits.clone(), gate);
+        let spawn_from = |client: &'static str| {
+            let app = app.clone();
+            tokio::spawn(async move { call_from(&app, "/hold", Some(client)).await })
+        };
+        let held = [spawn_from("192.0.2.1"), spawn_from("192.0.2.1")];
+        while limits.slots.available_permits() > 2 {
+            tokio::task::yield_now().await;
+        }
+        // A third from the same address: its share is taken, slots are not.
+        let (status, retry, body) = call_from(&app, "/hold", Some("192.0.2.1")).await;
+        assert_eq!((status, retry.as_deref()), (503, Some("1")));
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("[api].max_requests_per_client"),
+            "{body}"
+        );
+        assert_eq!(limits.metrics.refusals(Refusal::ClientRequests), 1);
+        // Another address gets a slot at once.
+        let other = spawn_from("192.0.2.2");
+        while limits.slots.available_permits() > 1 {
+            tokio::task::yield_now().await;
+        }
+        release.send(true).unwrap();
+        for h in held {
+            assert_eq!(h.await.unwrap().0, 200);
+        }
+        assert_eq!(other.await.unwrap().0, 200);
+        assert_eq!(limits.clients_tracked(), 0);
     }
 }
