@@ -470,7 +470,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
     );
 
     // Metrics of the API and of the pipeline in this process.
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     for needle in [
         "walhook_dispatch_attempts_total{trigger=\"auto\",outcome=\"succeeded\",class=\"none\"}",
         "walhook_dispatch_attempts_total{trigger=\"auto\",outcome=\"rejected\",class=\"http_4xx\"}",
@@ -1122,7 +1122,7 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
     let mut metrics = String::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
-        metrics = api.text("/metrics").await;
+        metrics = api.metrics().await;
         // Counters appear with their first value; the checkpoint's slot
         // lag with the first checkpoint after a heartbeat.
         let ready = [

@@ -397,7 +397,7 @@ async fn a_broken_endpoint_is_quarantined_and_nothing_else_stops() {
         before_doomed,
         "a deleted endpoint received"
     );
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("walhook_endpoints_quarantined 1"),
         "{metrics}"
