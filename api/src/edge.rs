@@ -2,7 +2,7 @@
 //! limits or routes.
 //!
 //! ```text
-//!  request ─▶ method standard? ─no─▶ 501 problem (counted: refusals{reason="method"})
+//!  request ─▶ method standard? ─no─▶ 405 problem (counted: refusals{reason="method"})
 //!                 └─yes─▶ client address (TCP peer, or X-Forwarded-For from a trusted proxy)
 //!                         ─▶ metrics ─▶ limits ─▶ routes
 //!  response ◀─ Strict-Transport-Security when [api].public_url is https
@@ -51,7 +51,7 @@ pub async fn edge(State(state): State<ApiState>, mut request: Request, next: Nex
             length = request.method().as_str().len(),
             "request refused: a method outside the standard set"
         );
-        not_implemented()
+        not_allowed()
     };
     if hsts {
         response
@@ -61,13 +61,15 @@ pub async fn edge(State(state): State<ApiState>, mut request: Request, next: Nex
     response
 }
 
-fn not_implemented() -> Response {
-    let status = StatusCode::NOT_IMPLEMENTED;
+/// A 405 like the router's for a method a route does not take (a 501
+/// would read as a server error to clients and test tools).
+fn not_allowed() -> Response {
+    let status = StatusCode::METHOD_NOT_ALLOWED;
     let mut response = problem_response(
         status,
         &Problem::new(
             "method",
-            "Method not implemented",
+            "Method not allowed",
             status,
             "the API implements GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS only; \
              GET /openapi.json lists which each route takes",

@@ -178,7 +178,7 @@ pub mod names {
 /// closed set, so the label stays bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// A method outside the standard set (501).
+    /// A method outside the standard set (405).
     Method,
     /// A connection past `[api].max_connections_per_client` (closed at
     /// once).
