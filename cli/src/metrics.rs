@@ -309,7 +309,14 @@ pub async fn serve_stage_metrics(
             }),
         )
         .route("/healthz", axum::routing::get(|| async { "ok" }));
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "--metrics-listen is not loopback: anyone who can reach it reads tenant and endpoint metrics without a token"
+        );
+    }
+    tracing::info!(%addr, "serving /metrics");
     // Ends at shutdown; a failure before that is logged, and the stages
     // go on (metrics are not worth stopping delivery for).
     tokio::spawn(async move {
