@@ -627,6 +627,49 @@ async fn walhook_api_serves_the_committed_document() {
     assert!(stderr(&out).contains("[api]"), "{}", stderr(&out));
 }
 
+/// `/metrics` is served without a token on `[api].metrics_listen` only;
+/// the API's port asks for one; a metrics port in use stops the start with
+/// an error naming the setting.
+#[tokio::test]
+async fn metrics_are_served_on_their_own_listener_and_a_busy_port_stops_the_start() {
+    let w = World::new().await;
+    let (port, metrics_port) = (free_port(), free_port());
+    let section = format!(
+        "[api]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n\
+         operator_token = \"{}\"\n",
+        crate::support::api::OPERATOR
+    );
+    let cfg = w.config(&section);
+    let child = Child(
+        walhook()
+            .args(["api", "--config"])
+            .arg(&cfg)
+            .spawn()
+            .expect("cannot start walhook api"),
+    );
+    let api = Http::new(port);
+    api.wait_ready().await;
+    let open = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    assert!(open.text().await.unwrap().contains("walhook_api_refusals_total"));
+    let public = reqwest::get(format!("{}/metrics", api.base)).await.unwrap();
+    assert_eq!(public.status(), 401);
+    assert!(api.metrics().await.contains("walhook_api_refusals_total"));
+    assert!(child.terminate().success());
+
+    // The metrics port is taken: walhook api does not start, and says why.
+    let _taken = std::net::TcpListener::bind(format!("127.0.0.1:{metrics_port}")).unwrap();
+    let out = run(walhook().args(["api", "--config"]).arg(&cfg));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("[api].metrics_listen"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// A pending delivery that keeps failing is cancelled: no attempt starts
 /// after the cancel (one already out may still arrive), it stays
 /// `cancelled`, the audit log says who did it, and ended or foreign
