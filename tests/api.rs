@@ -653,7 +653,12 @@ async fn metrics_are_served_on_their_own_listener_and_a_busy_port_stops_the_star
         .await
         .unwrap();
     assert_eq!(open.status(), 200);
-    assert!(open.text().await.unwrap().contains("walhook_api_refusals_total"));
+    assert!(
+        open.text()
+            .await
+            .unwrap()
+            .contains("walhook_api_refusals_total")
+    );
     let public = reqwest::get(format!("{}/metrics", api.base)).await.unwrap();
     assert_eq!(public.status(), 401);
     assert!(api.metrics().await.contains("walhook_api_refusals_total"));
