@@ -166,12 +166,13 @@ where
     let credential = CredentialKey::of(token);
     let failures = &state.guards.failed_auths;
     if let Err(refused) = failures.check(client, credential, Instant::now()) {
-        state.metrics.refused(Refusal::AuthenticationRate);
-        tracing::warn!(
-            client = %client.map(|c| c.to_string()).unwrap_or_default(),
-            by = refused.whom(),
-            "request refused: too many failed authentications"
-        );
+        if state.metrics.refused(Refusal::AuthenticationRate) {
+            tracing::warn!(
+                client = %client.map(|c| c.to_string()).unwrap_or_default(),
+                by = refused.whom(),
+                "request refused: too many failed authentications"
+            );
+        }
         return Err(too_many_failures(&refused, failures.per_minute()));
     }
     let result = check(token).await;

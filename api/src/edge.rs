@@ -46,11 +46,12 @@ pub async fn edge(State(state): State<ApiState>, mut request: Request, next: Nex
         }
         next.run(request).await
     } else {
-        state.metrics.refused(Refusal::Method);
-        tracing::debug!(
-            length = request.method().as_str().len(),
-            "request refused: a method outside the standard set"
-        );
+        if state.metrics.refused(Refusal::Method) {
+            tracing::info!(
+                length = request.method().as_str().len(),
+                "request refused: a method outside the standard set"
+            );
+        }
         not_allowed()
     };
     if hsts {

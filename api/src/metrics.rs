@@ -215,6 +215,9 @@ pub struct NameLabel {
     pub name: String,
 }
 
+/// The shortest time between two log lines for one reason of refusal.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
 /// How many endpoints (and tenants) get series of their own; later ones
 /// are counted as `other`, so a platform with many endpoints keeps a
 /// bounded label set.
@@ -425,6 +428,8 @@ pub struct Metrics {
     sql: Arc<SqlGauges>,
     /// When the SQL gauges were last read.
     gauge_cache: TtlCache<()>,
+    /// When each reason of refusal was last logged.
+    refusal_logged: Mutex<std::collections::HashMap<Refusal, Instant>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -637,6 +642,7 @@ impl Metrics {
             pipeline,
             sql,
             gauge_cache: TtlCache::default(),
+            refusal_logged: Mutex::default(),
         }
     }
 
@@ -663,14 +669,27 @@ impl Metrics {
         out
     }
 
-    /// Counts a refusal.
-    pub fn refused(&self, reason: Refusal) {
+    /// Counts a refusal; true when it should also be logged: the first of
+    /// its reason in a second. Refusals are what a flood is made of, so
+    /// logging each would let an outsider fill the log; the counter has
+    /// them all.
+    #[must_use = "log the refusal when this says so"]
+    pub fn refused(&self, reason: Refusal) -> bool {
         self.api
             .refusals
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str().to_owned(),
             })
             .inc();
+        let now = Instant::now();
+        let mut logged = self.refusal_logged.lock();
+        match logged.get(&reason) {
+            Some(at) if now.duration_since(*at) < REFUSAL_LOG_EVERY => false,
+            _ => {
+                logged.insert(reason, now);
+                true
+            }
+        }
     }
 
     /// How many refusals for `reason` were counted.

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -55,8 +55,6 @@ pub(crate) struct ConnectionLimits {
     header_read_timeout: Duration,
     exempt: TrustedProxies,
     open: Mutex<HashMap<ClientKey, usize>>,
-    /// When a refusal was last logged (at most one line a second).
-    logged: Mutex<Option<Instant>>,
 }
 
 impl ConnectionLimits {
@@ -67,7 +65,6 @@ impl ConnectionLimits {
             header_read_timeout: HEADER_READ_TIMEOUT,
             exempt,
             open: Mutex::new(HashMap::new()),
-            logged: Mutex::new(None),
         }
     }
 
@@ -96,16 +93,6 @@ impl ConnectionLimits {
         }
         *n += 1;
         Some(ConnectionGuard(Some((self.clone(), key))))
-    }
-
-    fn should_log(&self) -> bool {
-        let mut logged = self.logged.lock();
-        let now = Instant::now();
-        if logged.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
-            return false;
-        }
-        *logged = Some(now);
-        true
     }
 }
 
@@ -152,10 +139,10 @@ pub(crate) async fn run(
             },
         };
         let Some(guard) = limits.admit(peer) else {
-            if let Some(m) = &metrics {
-                m.refused(Refusal::ClientConnections);
-            }
-            if limits.should_log() {
+            if metrics
+                .as_ref()
+                .is_some_and(|m| m.refused(Refusal::ClientConnections))
+            {
                 tracing::warn!(
                     client = %ClientKey::of(peer.ip()),
                     max_connections_per_client = limits.per_client,

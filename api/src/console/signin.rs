@@ -102,12 +102,13 @@ pub(super) async fn login(
         .sign_ins
         .take(client, owner, Instant::now())
     {
-        state.metrics.refused(Refusal::SignInRate);
-        tracing::warn!(
-            client = %client.map(|c| c.to_string()).unwrap_or_default(),
-            by = refused.whom(),
-            "console sign-in refused: too many attempts"
-        );
+        if state.metrics.refused(Refusal::SignInRate) {
+            tracing::warn!(
+                client = %client.map(|c| c.to_string()).unwrap_or_default(),
+                by = refused.whom(),
+                "console sign-in refused: too many attempts"
+            );
+        }
         return too_many_sign_ins(&refused, state.guards.console.sign_ins.per_minute());
     }
     let who = match crate::auth::principal_of(&key, &state).await {
@@ -145,11 +146,12 @@ pub(super) async fn login(
             "console sign-in: the credential's oldest sessions ended (at most {MAX_SESSIONS_PER_CREDENTIAL} per credential)"
         ),
         Err(full) => {
-            state.metrics.refused(Refusal::SessionsFull);
-            tracing::warn!(
-                max = full.max,
-                "console sign-in refused: every console session is in use"
-            );
+            if state.metrics.refused(Refusal::SessionsFull) {
+                tracing::warn!(
+                    max = full.max,
+                    "console sign-in refused: every console session is in use"
+                );
+            }
             return sessions_full(full);
         }
     }

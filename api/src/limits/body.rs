@@ -65,7 +65,12 @@ pub(crate) async fn read_sign_in(request: Request, metrics: &Metrics) -> Result<
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > SIGN_IN_MAX_BODY as u64) {
-        metrics.refused(Refusal::SignInBody);
+        if metrics.refused(Refusal::SignInBody) {
+            tracing::info!(
+                max_bytes = SIGN_IN_MAX_BODY,
+                "sign-in refused: its form is larger than allowed"
+            );
+        }
         return Err(crate::console::too_large_form(SIGN_IN_MAX_BODY));
     }
     let (parts, body) = request.into_parts();
@@ -74,15 +79,21 @@ pub(crate) async fn read_sign_in(request: Request, metrics: &Metrics) -> Result<
         Ok(Ok(bytes)) => Ok(Request::from_parts(parts, Body::from(bytes))),
         Ok(Err(_)) => {
             // Longer than the cap (chunked), or cut off by the client.
-            metrics.refused(Refusal::SignInBody);
+            if metrics.refused(Refusal::SignInBody) {
+                tracing::info!(
+                    max_bytes = SIGN_IN_MAX_BODY,
+                    "sign-in refused: its form is larger than allowed, or was cut off"
+                );
+            }
             Err(crate::console::too_large_form(SIGN_IN_MAX_BODY))
         }
         Err(_) => {
-            metrics.refused(Refusal::SignInBody);
-            tracing::info!(
-                timeout_ms = SIGN_IN_BODY_TIMEOUT.as_millis() as u64,
-                "sign-in refused: its form did not arrive in time"
-            );
+            if metrics.refused(Refusal::SignInBody) {
+                tracing::info!(
+                    timeout_ms = SIGN_IN_BODY_TIMEOUT.as_millis() as u64,
+                    "sign-in refused: its form did not arrive in time"
+                );
+            }
             Err(crate::console::too_slow_form())
         }
     }
@@ -131,11 +142,12 @@ impl http_body::Body for TimedBody {
         match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 this.expired = true;
-                this.metrics.refused(Refusal::BodyTimeout);
-                tracing::info!(
-                    timeout_ms = limit.as_millis() as u64,
-                    "request body refused: it did not arrive within [api].body_read_timeout"
-                );
+                if this.metrics.refused(Refusal::BodyTimeout) {
+                    tracing::info!(
+                        timeout_ms = limit.as_millis() as u64,
+                        "request body refused: it did not arrive within [api].body_read_timeout"
+                    );
+                }
                 Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(limit)))))
             }
             Poll::Pending => Poll::Pending,

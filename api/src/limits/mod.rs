@@ -98,8 +98,8 @@ impl RequestLimits {
         self.clients.tracked()
     }
 
-    fn busy(&self, reason: Refusal, detail: String) -> Response {
-        self.metrics.refused(reason);
+    /// The 503 of a request refused for load (counted by the caller).
+    fn busy(&self, detail: String) -> Response {
         ApiError::Overloaded {
             kind: Overload::Busy,
             detail,
@@ -133,21 +133,20 @@ pub async fn enforce(
         Some(key) => match limits.clients.acquire(key, deadline).await {
             Some(permit) => Some(permit),
             None => {
-                tracing::warn!(
-                    client = %key,
-                    share = limits.clients.share(),
-                    "request refused: the client address holds its share of the request slots"
-                );
-                return limits.busy(
-                    Refusal::ClientRequests,
-                    format!(
-                        "this client address has {} requests in progress, the most \
+                if limits.metrics.refused(Refusal::ClientRequests) {
+                    tracing::warn!(
+                        client = %key,
+                        share = limits.clients.share(),
+                        "request refused: the client address holds its share of the request slots"
+                    );
+                }
+                return limits.busy(format!(
+                    "this client address has {} requests in progress, the most \
                          [api].max_requests_per_client allows one address, and none finished \
                          within {} ms; nothing was done: retry after Retry-After seconds",
-                        limits.clients.share(),
-                        limits.queue_wait.as_millis()
-                    ),
-                );
+                    limits.clients.share(),
+                    limits.queue_wait.as_millis()
+                ));
             }
         },
         None => None,
@@ -156,12 +155,13 @@ pub async fn enforce(
         Ok(Ok(slot)) => slot,
         // Timed out, or the semaphore closed (never done): busy either way.
         _ => {
-            tracing::warn!(
-                max_concurrent_requests = limits.max_concurrent,
-                "request refused: every request slot is taken"
-            );
+            if limits.metrics.refused(Refusal::Busy) {
+                tracing::warn!(
+                    max_concurrent_requests = limits.max_concurrent,
+                    "request refused: every request slot is taken"
+                );
+            }
             return limits.busy(
-                Refusal::Busy,
                 format!(
                     "{} requests are in progress, the most [api].max_concurrent_requests allows, \
                      and none finished within {} ms; nothing was done: retry after Retry-After seconds",

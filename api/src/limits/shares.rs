@@ -125,12 +125,13 @@ impl TenantShares {
         let n = map.entry(tenant.clone()).or_default();
         if *n >= self.share {
             drop(map);
-            self.metrics.refused(Refusal::TenantRequests);
-            tracing::warn!(
-                tenant_id = %tenant,
-                share = self.share,
-                "request refused: the tenant holds its share of the request slots"
-            );
+            if self.metrics.refused(Refusal::TenantRequests) {
+                tracing::warn!(
+                    tenant_id = %tenant,
+                    share = self.share,
+                    "request refused: the tenant holds its share of the request slots"
+                );
+            }
             return Err(ApiError::Overloaded {
                 kind: Overload::Busy,
                 detail: format!(

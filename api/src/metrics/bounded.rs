@@ -9,7 +9,7 @@ use super::{MAX_LABELLED, OTHER};
 
 /// Why the API refused a request or a connection before serving it: a
 /// closed set, so the label stays bounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Refusal {
     /// A method outside the standard set (405).
     Method,
@@ -139,5 +139,17 @@ mod tests {
         // A row named `other` joins the folded rest, never a second series.
         let kept = capped(vec![("other".into(), 2), ("a".into(), 1)], |a, b| a + b);
         assert_eq!(kept, vec![("a".to_owned(), 1), ("other".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn every_refusal_is_counted_and_one_a_second_is_logged() {
+        let m = super::super::Metrics::new();
+        assert!(m.refused(Refusal::Method));
+        for _ in 0..1000 {
+            assert!(!m.refused(Refusal::Method));
+        }
+        // Another reason has a line of its own.
+        assert!(m.refused(Refusal::Busy));
+        assert_eq!(m.refusals(Refusal::Method), 1001);
     }
 }
