@@ -11,7 +11,7 @@
 //! `Secure`, `SameSite=Strict` cookie named with the `__Host-` prefix
 //! (so it is bound to this host, `Path=/`, and no subdomain or plain-http
 //! page can set or shadow it). Each credential holds a bounded number of
-//! sessions and sign-ins are rate-limited ([`sessions`], [`signin`],
+//! sessions and sign-ins are rate-limited (`sessions.rs`, `signin.rs`,
 //! [`crate::ratelimit`]). Every form
 //! carries the session's CSRF token (the sign-in form a token of its own,
 //! double-submitted in a cookie), and a POST without it changes nothing.
