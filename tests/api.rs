@@ -470,7 +470,7 @@ async fn a_customer_manages_webhooks_over_the_api() {
     );
 
     // Metrics of the API and of the pipeline in this process.
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     for needle in [
         "walhook_dispatch_attempts_total{trigger=\"auto\",outcome=\"succeeded\",class=\"none\"}",
         "walhook_dispatch_attempts_total{trigger=\"auto\",outcome=\"rejected\",class=\"http_4xx\"}",
@@ -625,6 +625,54 @@ async fn walhook_api_serves_the_committed_document() {
     let out = run(walhook().args(["api", "--config"]).arg(&bare));
     assert!(!out.status.success());
     assert!(stderr(&out).contains("[api]"), "{}", stderr(&out));
+}
+
+/// `/metrics` is served without a token on `[api].metrics_listen` only;
+/// the API's port asks for one; a metrics port in use stops the start with
+/// an error naming the setting.
+#[tokio::test]
+async fn metrics_are_served_on_their_own_listener_and_a_busy_port_stops_the_start() {
+    let w = World::new().await;
+    let (port, metrics_port) = (free_port(), free_port());
+    let section = format!(
+        "[api]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n\
+         operator_token = \"{}\"\n",
+        crate::support::api::OPERATOR
+    );
+    let cfg = w.config(&section);
+    let child = Child(
+        walhook()
+            .args(["api", "--config"])
+            .arg(&cfg)
+            .spawn()
+            .expect("cannot start walhook api"),
+    );
+    let api = Http::new(port);
+    api.wait_ready().await;
+    let open = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    assert!(
+        open.text()
+            .await
+            .unwrap()
+            .contains("walhook_api_refusals_total")
+    );
+    let public = reqwest::get(format!("{}/metrics", api.base)).await.unwrap();
+    assert_eq!(public.status(), 401);
+    assert!(api.metrics().await.contains("walhook_api_refusals_total"));
+    assert!(child.terminate().success());
+
+    // The metrics port is taken: walhook api does not start, and says why.
+    let _taken = std::net::TcpListener::bind(format!("127.0.0.1:{metrics_port}")).unwrap();
+    let out = run(walhook().args(["api", "--config"]).arg(&cfg));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("[api].metrics_listen"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A pending delivery that keeps failing is cancelled: no attempt starts
@@ -1132,7 +1180,7 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
     let mut metrics = String::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
-        metrics = api.text("/metrics").await;
+        metrics = api.metrics().await;
         // Counters appear with their first value; the checkpoint's slot
         // lag with the first checkpoint after a heartbeat.
         let ready = [

@@ -713,7 +713,7 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         "{detail}"
     );
 
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     let gauge = |name: &str| -> f64 {
         metrics
             .lines()

@@ -293,13 +293,15 @@ async fn a_form_without_its_csrf_token_is_refused() {
         .send()
         .await
         .unwrap();
-    let login_cookie = login.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let login_set_cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        login_set_cookie.starts_with("__Host-walhook_console_login=")
+            && login_set_cookie.contains("Secure")
+            && login_set_cookie.contains("Path=/;")
+            && !login_set_cookie.to_lowercase().contains("domain"),
+        "{login_set_cookie}"
+    );
+    let login_cookie = login_set_cookie.split(';').next().unwrap().to_owned();
     let html = login.text().await.unwrap();
     let token = html
         .split("name=\"csrf\" value=\"")
@@ -335,11 +337,13 @@ async fn a_form_without_its_csrf_token_is_refused() {
         .get_all("set-cookie")
         .iter()
         .map(|v| v.to_str().unwrap().to_owned())
-        .find(|c| c.starts_with("walhook_console="))
+        .find(|c| c.starts_with("__Host-walhook_console="))
         .unwrap();
-    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/console"] {
+    // `__Host-`: browsers take it only with Secure, Path=/ and no Domain.
+    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/;"] {
         assert!(session.contains(attribute), "{session}");
     }
+    assert!(!session.to_lowercase().contains("domain"), "{session}");
     let session = session.split(';').next().unwrap().to_owned();
     // Signed in: a page shows, with the console's headers.
     let page = http

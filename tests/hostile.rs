@@ -397,7 +397,7 @@ async fn a_broken_endpoint_is_quarantined_and_nothing_else_stops() {
         before_doomed,
         "a deleted endpoint received"
     );
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("walhook_endpoints_quarantined 1"),
         "{metrics}"
@@ -571,4 +571,83 @@ async fn secrets_reach_neither_the_database_nor_the_debug_log() {
             assert!(!text.contains(s.as_str()), "a secret or key in {place}");
         }
     }
+}
+
+/// The resident set of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The tester's flood against `walhook run` itself (API and pipeline in one
+/// process): 3,000 unauthenticated requests, each with a 2 KB method of
+/// its own, leave `/metrics` within 100 KB of its size before and the
+/// process's RSS within 20 MB, and deliveries go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_do_not_grow_walhook_run() {
+    let (w, child, api) = crate::support::api::start("").await;
+    let key = onboard(&w, &api, "acme").await;
+    endpoint(&w, &api, &key, "hook", &["order.created"]).await;
+    let delivered = |n: usize| {
+        let w = &w;
+        async move {
+            let ok = w
+                .receiver
+                .wait_until(Duration::from_secs(30), |r| {
+                    crate::support::api::at(r, "hook").len() >= n
+                })
+                .await;
+            assert!(ok, "delivery {n} did not arrive");
+        }
+    };
+    let verification = crate::support::api::at(&w.receiver.received(), "hook").len();
+    crate::support::api::insert_order(&w, 1, "acme").await;
+    delivered(verification + 1).await;
+    api.metrics().await;
+    let pid = child.0.id();
+    let (before, rss_before) = (api.metrics().await, rss_kib(pid));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let base = api.base.clone();
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                for _ in 0..375 {
+                    let method: String = (0..2048)
+                        .map(|_| char::from(b'A' + rand::random::<u8>() % 26))
+                        .collect();
+                    let r = http
+                        .request(
+                            reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                            format!("{base}/v1/webhook-endpoints"),
+                        )
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 405);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (after, rss_after) = (api.metrics().await, rss_kib(pid));
+    println!(
+        "walhook run, 3,000 made-up 2 KB methods: /metrics {} -> {} bytes, RSS {rss_before} -> \
+         {rss_after} KiB ({:+} KiB)",
+        before.len(),
+        after.len(),
+        rss_after as i64 - rss_before as i64
+    );
+    assert!(after.len() <= before.len() + 100 * 1024);
+    assert!(rss_after <= rss_before + 20 * 1024);
+    assert!(after.contains("walhook_api_refusals_total{reason=\"method\"} 3000"));
+    // The pipeline in the same process goes on.
+    crate::support::api::insert_order(&w, 2, "acme").await;
+    delivered(verification + 2).await;
+    assert!(child.terminate().success());
 }

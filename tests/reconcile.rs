@@ -207,7 +207,7 @@ async fn a_clean_workload_reconciles_with_equal_counts_and_named_explanations() 
     assert_eq!(s, 200, "{page}");
     assert_eq!(page["data"].as_array().unwrap().len(), 2, "{page:#}");
     assert_eq!(page["data"][0]["clean"], true);
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("walhook_reconcile_gaps{class=\"missing_delivery\"} 0"),
         "{metrics}"
@@ -417,7 +417,7 @@ async fn injected_faults_are_classified_with_their_ids_and_repair_fixes_what_it_
         .get(&acme, &format!("/v1/reconciliations/{id}/report.html"))
         .await;
     assert_eq!(s, 403);
-    let metrics = api.text("/metrics").await;
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("walhook_reconcile_gaps{class=\"missing_event\"} 2"),
         "{metrics}"

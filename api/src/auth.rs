@@ -7,6 +7,14 @@
 //! no longer authenticates. Every handler of a tenant route gets the
 //! caller's [`TenantId`] from here and passes it to every query, so another
 //! tenant's object is never found (404).
+//!
+//! Failed authentications are limited per client address and per token
+//! presented (`[api].failed_authentications_per_minute`, see
+//! [`crate::ratelimit`]): past the limit a request is answered 429 with
+//! `Retry-After` before its token is even looked at. A request without
+//! any `Authorization` header presents nothing and is not counted.
+
+use std::time::Instant;
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
@@ -18,7 +26,9 @@ use uuid::Uuid;
 use walhook_pipeline::ids::TenantId;
 
 use crate::ApiState;
-use crate::error::ApiError;
+use crate::error::{ApiError, QuotaExceeded};
+use crate::metrics::Refusal;
+use crate::ratelimit::{CredentialKey, Refused};
 
 /// The prefix of tenant API keys.
 pub const KEY_PREFIX: &str = "whk_";
@@ -126,9 +136,109 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     Ok(token.trim())
 }
 
-/// Authenticates the request.
+/// Authenticates the request (within the failed-authentication limits),
+/// and counts a tenant's request against its share of the request slots.
 pub async fn authenticate(parts: &Parts, state: &ApiState) -> Result<Principal, ApiError> {
-    principal_of(bearer(parts)?, state).await
+    let principal = limited(parts, state, |token| principal_of(token, state)).await?;
+    if let Principal::Tenant { tenant, .. } = &principal {
+        crate::limits::admit_tenant(&parts.extensions, tenant)?;
+    }
+    Ok(principal)
+}
+
+/// Checks the request's bearer token with `check`, within
+/// `[api].failed_authentications_per_minute`: refused (429) when the
+/// address or the token used it up; a 401 from `check` counts against
+/// both.
+async fn limited<'p, T, F>(
+    parts: &'p Parts,
+    state: &ApiState,
+    check: impl FnOnce(&'p str) -> F,
+) -> Result<T, ApiError>
+where
+    F: Future<Output = Result<T, ApiError>>,
+{
+    let token = bearer(parts)?;
+    let client = parts
+        .extensions
+        .get::<crate::client::ClientAddr>()
+        .map(|c| c.key());
+    let credential = CredentialKey::of(token);
+    let failures = &state.guards.failed_auths;
+    if let Err(refused) = failures.check(client, credential, Instant::now()) {
+        if state.metrics.refused(Refusal::AuthenticationRate) {
+            tracing::warn!(
+                client = %client.map(|c| c.to_string()).unwrap_or_default(),
+                by = refused.whom(),
+                "request refused: too many failed authentications"
+            );
+        }
+        return Err(too_many_failures(&refused, failures.per_minute()));
+    }
+    let result = check(token).await;
+    if let Err(ApiError::Unauthorized(_)) = &result {
+        failures.record(client, credential, Instant::now());
+    }
+    result
+}
+
+/// The 429 of a request over `[api].failed_authentications_per_minute`.
+fn too_many_failures(refused: &Refused, per_minute: u32) -> ApiError {
+    let secs = refused.retry_after_secs();
+    ApiError::QuotaExceeded {
+        detail: format!(
+            "more than {per_minute} failed authentications in a minute {}, the most \
+             [api].failed_authentications_per_minute allows; this request's token was not \
+             checked. Retry in {secs} s with a valid API key",
+            refused.whom()
+        ),
+        quota: QuotaExceeded {
+            limit_name: "failed_authentications_per_minute".into(),
+            limit: u64::from(per_minute),
+            current: u64::from(per_minute),
+            retry_after_seconds: Some(secs),
+        },
+    }
+}
+
+/// A caller allowed to read `/metrics` on the public listener: the
+/// operator token, or `[api].metrics_token`; anyone else gets a 401.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsReader;
+
+impl FromRequestParts<ApiState> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        let refused = || {
+            ApiError::Unauthorized(
+                "/metrics needs `Authorization: Bearer <[api].metrics_token or the operator \
+                 token>`; or scrape [api].metrics_listen (loopback by default), which needs none"
+                    .into(),
+            )
+        };
+        let read = limited(parts, state, |token| async move {
+            let settings = &state.settings;
+            let metrics_token = settings
+                .metrics_token
+                .as_ref()
+                .map(|t| t.expose().as_bytes());
+            if constant_time_eq(
+                token.as_bytes(),
+                settings.operator_token.expose().as_bytes(),
+            ) || metrics_token.is_some_and(|t| constant_time_eq(token.as_bytes(), t))
+            {
+                Ok(MetricsReader)
+            } else {
+                Err(refused())
+            }
+        })
+        .await;
+        read.map_err(|e| match e {
+            ApiError::Unauthorized(_) => refused(),
+            other => other,
+        })
+    }
 }
 
 /// Who `token` (the operator token or a tenant's API key) is; 401 when it

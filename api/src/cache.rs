@@ -1,7 +1,8 @@
 //! One database read shared by every caller for an interval.
 //!
-//! `/metrics` and `/readyz` answer without a token, so anyone who can reach
-//! the port can call them as often as they like. Each keeps its last read
+//! `/readyz` answers without a token, so anyone who can reach the port can
+//! call it as often as they like; `/metrics` answers without one on the
+//! metrics listener, and scrapers may be many. Each keeps its last read
 //! in a [`TtlCache`]: within `[api].metrics_cache` of a read, callers get
 //! its result; after it, the first caller reads again while the others wait
 //! for that one read (they hold the lock), so a flood costs one read per

@@ -122,6 +122,9 @@ pub enum ApiError {
     /// The body is not JSON: 415.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// The body did not arrive within `[api].body_read_timeout`: 408.
+    #[error("{0}")]
+    BodyTimeout(String),
     /// A per-tenant quota or rate is used up: 429 (with `Retry-After` when
     /// waiting helps).
     #[error("{detail}")]
@@ -179,6 +182,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
@@ -199,6 +203,7 @@ impl ApiError {
             ApiError::Conflict(_) => ("conflict", "Conflict"),
             ApiError::TooLarge(_) => ("too-large", "Request body too large"),
             ApiError::UnsupportedMediaType(_) => ("media-type", "Unsupported media type"),
+            ApiError::BodyTimeout(_) => ("body-timeout", "Request body too slow"),
             ApiError::QuotaExceeded { .. } => ("quota", "Quota exceeded"),
             ApiError::Overloaded {
                 kind: Overload::Timeout,
@@ -279,6 +284,13 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"walhook\""),
             );
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still be on its way: the connection
+            // cannot carry another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let Some(secs) = self.retry_after() {
             response

@@ -161,10 +161,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let raw = Bytes::from_request(req, state).await.map_err(|_| {
-            ApiError::TooLarge(format!(
-                "the body is larger than {MAX_BODY_BYTES} bytes (or could not be read); send less"
-            ))
+        let raw = Bytes::from_request(req, state).await.map_err(|e| {
+            if crate::limits::is_body_timeout(&e) {
+                ApiError::BodyTimeout(
+                    "the body did not arrive within [api].body_read_timeout; nothing was done: \
+                     send it again, whole"
+                        .into(),
+                )
+            } else {
+                ApiError::TooLarge(format!(
+                    "the body is larger than {MAX_BODY_BYTES} bytes (or could not be read); send less"
+                ))
+            }
         })?;
         if raw.len() > MAX_BODY_BYTES {
             return Err(ApiError::TooLarge(format!(

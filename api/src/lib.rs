@@ -4,7 +4,8 @@
 //!  operator token ──▶ /v1/tenants, /v1/tenants/{id}/api-keys, /v1/audit-log
 //!  tenant API key ──▶ /v1/webhook-endpoints[/{id}[/versions|/rotate-secret|/recover|/test]]
 //!                     /v1/webhook-deliveries[/{id}[/replay|/cancel]], /v1/event-types, /v1/audit-log
-//!  anyone        ──▶ /healthz, /readyz, /metrics, /openapi.json
+//!  anyone        ──▶ /healthz, /readyz, /openapi.json
+//!  metrics token ──▶ /metrics (or, with no token, on [api].metrics_listen: loopback)
 //!  browser       ──▶ /console (pages over the routes above; see [`console`])
 //!                          │
 //!                          ▼
@@ -12,10 +13,18 @@
 //!        attempts, replay requests (carried out by the dispatcher), audit log
 //! ```
 //!
+//! - [`server`], [`edge`], [`client`]: what every connection and request
+//!   meets first: a header read timeout and connections capped per
+//!   address; methods outside the standard set refused before anything
+//!   else sees them; the client address (behind trusted proxies, from
+//!   `X-Forwarded-For`); HSTS when the public URL is https.
 //! - [`auth`]: bearer tokens; every tenant query is scoped to the caller's
 //!   tenant, so another tenant's object is a 404 like a missing one.
+//!   Failed authentications and console sign-ins are rate-limited per
+//!   address and per credential ([`ratelimit`]).
 //! - [`limits`], [`quota`], [`cache`]: what the API may take from the
-//!   process and the database: requests at once and their duration,
+//!   process and the database: requests at once (shared fairly between
+//!   addresses and tenants), their duration and their bodies' duration,
 //!   per-tenant quotas, and one database read per interval for the
 //!   unauthenticated `/metrics` and `/readyz`. The API has its own small
 //!   pool ([`connect`]) whose connections carry a `statement_timeout`.
@@ -30,12 +39,15 @@
 //!   document served at `/openapi.json` and committed as `api/openapi.json`.
 //!
 //! [`serve`] takes its listener and a shutdown token, so tests and
-//! `walhook run` start it in-process.
+//! `walhook run` start it in-process; [`serve_metrics`] serves `/metrics`
+//! alone on a listener of its own (`[api].metrics_listen`).
 
 pub mod auth;
 pub mod cache;
+pub mod client;
 pub mod console;
 pub mod cursor;
+pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
@@ -46,7 +58,9 @@ pub mod model;
 pub mod openapi;
 pub mod operator_token;
 pub mod quota;
+pub mod ratelimit;
 pub mod routes;
+pub mod server;
 pub mod settings;
 pub mod test_event;
 
@@ -104,6 +118,8 @@ pub(crate) struct Guards {
     pub(crate) readiness: cache::TtlCache<Result<(), String>>,
     /// Prefixes of live API keys: made-up keys cost no query.
     pub(crate) key_prefixes: keys::KnownPrefixes,
+    /// Failed authentications per address and per token.
+    pub(crate) failed_auths: ratelimit::Attempts,
     pub(crate) console: console::Console,
 }
 
@@ -114,15 +130,16 @@ impl ApiState {
         ApiState {
             platform,
             settings: Arc::new(settings),
-            metrics,
             guards: Arc::new(Guards {
-                requests: Arc::new(limits::RequestLimits::new(&limits)),
+                requests: Arc::new(limits::RequestLimits::new(&limits, metrics.clone())),
                 test_events: quota::PerMinute::new(limits.test_events_per_minute),
                 verify_requests: quota::PerMinute::new(limits.verify_requests_per_minute),
                 readiness: cache::TtlCache::default(),
                 key_prefixes: keys::KnownPrefixes::default(),
-                console: console::Console::default(),
+                failed_auths: ratelimit::Attempts::new(limits.failed_authentications_per_minute),
+                console: console::Console::new(limits.sign_in_attempts_per_minute),
             }),
+            metrics,
             cold: None,
         }
     }
@@ -143,6 +160,28 @@ impl ApiState {
     /// `[api].metrics_cache`).
     pub fn readiness_checks(&self) -> u64 {
         self.guards.readiness.reads()
+    }
+
+    /// Console sessions held now.
+    pub fn console_sessions(&self) -> usize {
+        self.guards.console.session_count()
+    }
+
+    /// Console sessions held by `credential` (an API key or the operator
+    /// token).
+    pub fn console_sessions_held_by(&self, credential: &str) -> usize {
+        self.guards.console.sessions_held_by(credential)
+    }
+
+    /// Entries of the attempt limits: (addresses, credentials) tracked for
+    /// failed authentications.
+    pub fn failed_auths_tracked(&self) -> (usize, usize) {
+        self.guards.failed_auths.tracked()
+    }
+
+    /// Client addresses with requests in progress or waiting for a slot.
+    pub fn clients_in_progress(&self) -> usize {
+        self.guards.requests.clients_tracked()
     }
 }
 
@@ -190,10 +229,34 @@ pub async fn serve(
             }
         })
     };
+    let connections = Arc::new(server::ConnectionLimits::new(
+        state.settings.limits.max_connections_per_client,
+        state.settings.trusted_proxies.clone(),
+    ));
+    let metrics = state.metrics.clone();
     let app = routes::router(state);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let result = server::run(listener, app, connections, Some(metrics), shutdown).await;
     purge.abort();
     result.map_err(ServeError::Io)
+}
+
+/// Serves `GET /metrics` alone, without a token, on `listener` until
+/// `shutdown`: the `[api].metrics_listen` address (loopback by default),
+/// for a Prometheus on this host. The series are the same as on the
+/// public listener, where reading them needs a token.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let app = routes::metrics_router(state);
+    server::run(
+        listener,
+        app,
+        Arc::new(server::ConnectionLimits::none()),
+        None,
+        shutdown,
+    )
+    .await
+    .map_err(ServeError::Io)
 }

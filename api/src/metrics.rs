@@ -13,6 +13,14 @@
 //! ```
 //!
 //! Names are the constants of [`names`]; counters get `_total` when encoded.
+//!
+//! Every label value comes from a bounded set, never from what a caller
+//! sent: methods outside the standard set are refused before this
+//! middleware ([`crate::edge`]) and would be `OTHER` here anyway; routes
+//! are the router's templates (`unmatched` for any unknown path); status
+//! codes are the server's own; tenants and endpoints are the first
+//! [`MAX_LABELLED`] seen, then `other`; the SQL gauges' names are capped
+//! the same way; refusals have a closed set of reasons ([`Refusal`]).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -31,8 +39,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use walhook_sql::Platform;
 
+use self::bounded::capped;
+pub use self::bounded::{ReasonLabel, Refusal, STANDARD_METHODS, method_label};
 use crate::ApiState;
 use crate::cache::TtlCache;
+
+mod bounded;
 
 /// Metric names.
 pub mod names {
@@ -161,6 +173,9 @@ pub mod names {
     pub const RECONCILE_LAST_RUN: &str = "walhook_reconcile_last_run_timestamp_seconds";
     /// 1 when the last scrape could read the platform database (gauge).
     pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
+    /// Requests and connections refused before they were served, by
+    /// reason (counter; see [`super::Refusal`]).
+    pub const API_REFUSALS: &str = "walhook_api_refusals";
 }
 
 /// Labels of API requests.
@@ -199,6 +214,9 @@ pub struct NameLabel {
     /// The value (a circuit state, a source name).
     pub name: String,
 }
+
+/// The shortest time between two log lines for one reason of refusal.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// How many endpoints (and tenants) get series of their own; later ones
 /// are counted as `other`, so a platform with many endpoints keeps a
@@ -398,6 +416,7 @@ fn request_histogram() -> Histogram {
 struct ApiMetrics {
     requests: Family<RequestLabels, Counter>,
     durations: HistogramFamily<RouteLabels>,
+    refusals: Family<ReasonLabel, Counter>,
 }
 
 /// The registry and the metrics in it.
@@ -409,6 +428,8 @@ pub struct Metrics {
     sql: Arc<SqlGauges>,
     /// When the SQL gauges were last read.
     gauge_cache: TtlCache<()>,
+    /// When each reason of refusal was last logged.
+    refusal_logged: Mutex<std::collections::HashMap<Refusal, Instant>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -431,7 +452,18 @@ impl Metrics {
         let api = ApiMetrics {
             requests: Family::default(),
             durations: Family::new_with_constructor(request_histogram),
+            refusals: Family::default(),
         };
+        for reason in Refusal::ALL {
+            let _ = api.refusals.get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            });
+        }
+        registry.register(
+            API_REFUSALS,
+            "Requests and connections refused before they were served, by reason",
+            api.refusals.clone(),
+        );
         registry.register(
             API_REQUESTS,
             "API requests by method, route and status",
@@ -610,6 +642,7 @@ impl Metrics {
             pipeline,
             sql,
             gauge_cache: TtlCache::default(),
+            refusal_logged: Mutex::default(),
         }
     }
 
@@ -636,6 +669,39 @@ impl Metrics {
         out
     }
 
+    /// Counts a refusal; true when it should also be logged: the first of
+    /// its reason in a second. Refusals are what a flood is made of, so
+    /// logging each would let an outsider fill the log; the counter has
+    /// them all.
+    #[must_use = "log the refusal when this says so"]
+    pub fn refused(&self, reason: Refusal) -> bool {
+        self.api
+            .refusals
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+        let now = Instant::now();
+        let mut logged = self.refusal_logged.lock();
+        match logged.get(&reason) {
+            Some(at) if now.duration_since(*at) < REFUSAL_LOG_EVERY => false,
+            _ => {
+                logged.insert(reason, now);
+                true
+            }
+        }
+    }
+
+    /// How many refusals for `reason` were counted.
+    pub fn refusals(&self, reason: Refusal) -> u64 {
+        self.api
+            .refusals
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            })
+            .get()
+    }
+
     /// How many times the SQL gauges were read.
     pub fn gauge_reads(&self) -> u64 {
         self.gauge_cache.reads()
@@ -648,7 +714,7 @@ impl Metrics {
                 self.sql.oldest_pending_age.set(g.oldest_pending_age_secs);
                 self.sql.overdue_unleased.set(g.overdue_unleased);
                 self.sql.circuits.clear();
-                for (state, n) in g.circuits {
+                for (state, n) in capped(g.circuits, |a, b| a + b) {
                     self.sql
                         .circuits
                         .get_or_create(&NameLabel { name: state })
@@ -665,7 +731,16 @@ impl Metrics {
                 }
                 self.sql.checkpoint_age.clear();
                 self.sql.checkpoint_slot_lag.clear();
-                for (source, lag, age) in g.capture {
+                let capture = g
+                    .capture
+                    .into_iter()
+                    .map(|(source, lag, age)| (source, (lag, age)))
+                    .collect();
+                // Past the cap, the worst lag and age stand for the rest.
+                let worst = |(l1, a1): (Option<i64>, f64), (l2, a2): (Option<i64>, f64)| {
+                    (l1.max(l2), a1.max(a2))
+                };
+                for (source, (lag, age)) in capped(capture, worst) {
                     if let Some(lag) = lag {
                         self.sql
                             .checkpoint_slot_lag
@@ -679,8 +754,21 @@ impl Metrics {
                         .get_or_create(&NameLabel { name: source })
                         .set(age);
                 }
-                for a in g.archive {
-                    let label = NameLabel { name: a.table };
+                let archive = g
+                    .archive
+                    .into_iter()
+                    .map(|a| (a.table.clone(), a))
+                    .collect();
+                let fold = |mut a: walhook_sql::gauges::ArchiveGauges,
+                            b: walhook_sql::gauges::ArchiveGauges| {
+                    a.rows += b.rows;
+                    a.bytes += b.bytes;
+                    a.verification_failures += b.verification_failures;
+                    a.oldest_hot_age_secs = a.oldest_hot_age_secs.max(b.oldest_hot_age_secs);
+                    a
+                };
+                for (table, a) in capped(archive, fold) {
+                    let label = NameLabel { name: table };
                     self.sql.archive_rows.get_or_create(&label).set(a.rows);
                     self.sql.archive_bytes.get_or_create(&label).set(a.bytes);
                     self.sql
@@ -726,7 +814,7 @@ pub async fn track(State(state): State<ApiState>, request: Request, next: Next) 
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method()).to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
     let m = &state.metrics.api;

@@ -17,7 +17,10 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
         description = "Tenants and API keys (operator token); webhook endpoints, deliveries, \
                        replays, the event-type catalog and the audit log (tenant API keys). \
                        Errors are RFC 9457 problem documents naming the field at fault. \
-                       POSTs honour `Idempotency-Key`.",
+                       POSTs honour `Idempotency-Key`. Any route may answer 429 with \
+                       `Retry-After` after too many failed authentications from the client's \
+                       address or with the token sent, and 408 when a body does not arrive \
+                       within `[api].body_read_timeout`.",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -58,6 +61,12 @@ impl Modify for Security {
         components.add_security_scheme(
             "operator",
             bearer("The operator token from the config ([api].operator_token or WALHOOK_API_OPERATOR_TOKEN)"),
+        );
+        components.add_security_scheme(
+            "metrics_token",
+            bearer(
+                "The token that reads /metrics ([api].metrics_token or WALHOOK_API_METRICS_TOKEN)",
+            ),
         );
         components.add_security_scheme(
             "tenant_key",

@@ -55,6 +55,28 @@ pub const DEFAULT_TEST_EVENTS_PER_MINUTE: u32 = 60;
 /// each fix of a receiver, too few for walhook to be a way of sending a
 /// stream of requests to someone else's URL.
 pub const DEFAULT_VERIFY_REQUESTS_PER_MINUTE: u32 = 5;
+/// The default time an authenticated request's body may take to arrive.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default number of requests one client address, or one tenant, may
+/// have in progress at once (at most `max_concurrent_requests`).
+pub const DEFAULT_MAX_REQUESTS_PER_CLIENT: usize = 16;
+
+/// The default number of connections one client address may hold open.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 64;
+
+/// The default number of console sign-in attempts per minute, per client
+/// address and per credential tried.
+pub const DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE: u32 = 10;
+
+/// The default number of failed authentications per minute, per client
+/// address and per credential presented.
+pub const DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE: u32 = 120;
+
+/// The default address of the metrics listener: loopback, so that only
+/// this host (a local Prometheus or agent) can read tenant and endpoint
+/// series without a token.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 
 /// The furthest back a recovery may start: older deliveries are past every
 /// retry deadline and most archives' hot window, and a wider window is an
@@ -82,6 +104,22 @@ pub struct ApiLimits {
     /// Ownership checks asked for per endpoint and minute
     /// (`[api].verify_requests_per_minute`).
     pub verify_requests_per_minute: u32,
+    /// The longest an authenticated request's body may take to arrive
+    /// (`[api].body_read_timeout`; capped by `request_timeout`).
+    pub body_read_timeout: Duration,
+    /// Requests one client address, or one tenant, may have in progress
+    /// at once (`[api].max_requests_per_client`; at most
+    /// `max_concurrent_requests` apply).
+    pub max_requests_per_client: usize,
+    /// Connections one client address may hold open
+    /// (`[api].max_connections_per_client`; trusted proxies are exempt).
+    pub max_connections_per_client: usize,
+    /// Console sign-in attempts per minute, per client address and per
+    /// credential (`[api].sign_in_attempts_per_minute`).
+    pub sign_in_attempts_per_minute: u32,
+    /// Failed authentications per minute, per client address and per
+    /// credential (`[api].failed_authentications_per_minute`).
+    pub failed_authentications_per_minute: u32,
 }
 
 impl Default for ApiLimits {
@@ -95,6 +133,11 @@ impl Default for ApiLimits {
             max_endpoints_per_tenant: DEFAULT_MAX_ENDPOINTS_PER_TENANT,
             test_events_per_minute: DEFAULT_TEST_EVENTS_PER_MINUTE,
             verify_requests_per_minute: DEFAULT_VERIFY_REQUESTS_PER_MINUTE,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_requests_per_client: DEFAULT_MAX_REQUESTS_PER_CLIENT,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+            sign_in_attempts_per_minute: DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE,
+            failed_authentications_per_minute: DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE,
         }
     }
 }
@@ -174,7 +217,70 @@ impl ApiLimits {
                 format!("is 0; give at least 1 ({DEFAULT_VERIFY_REQUESTS_PER_MINUTE} is usual)"),
             ));
         }
+        if self.body_read_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "body_read_timeout",
+                format!(
+                    "is {:?}; give at least \"1s\" (\"10s\" is usual)",
+                    self.body_read_timeout
+                ),
+            ));
+        }
+        for (field, value, usual) in [
+            (
+                "max_requests_per_client",
+                self.max_requests_per_client,
+                DEFAULT_MAX_REQUESTS_PER_CLIENT,
+            ),
+            (
+                "max_connections_per_client",
+                self.max_connections_per_client,
+                DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(
+                    field,
+                    format!("is 0; give at least 1 ({usual} is usual)"),
+                ));
+            }
+        }
+        for (field, value, usual) in [
+            (
+                "sign_in_attempts_per_minute",
+                self.sign_in_attempts_per_minute,
+                DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE,
+            ),
+            (
+                "failed_authentications_per_minute",
+                self.failed_authentications_per_minute,
+                DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "is 0, which would refuse every attempt; give at least 1 ({usual} is usual)"
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// How long a body may take: `body_read_timeout`, never more than the
+    /// whole request may.
+    pub fn body_deadline(&self) -> Duration {
+        self.body_read_timeout.min(self.request_timeout)
+    }
+
+    /// The requests one client address or tenant may have in progress:
+    /// `max_requests_per_client`, never more than `max_concurrent_requests`.
+    pub fn client_share(&self) -> usize {
+        self.max_requests_per_client
+            .min(self.max_concurrent_requests)
+            .max(1)
     }
 
     /// The session options of the API's pool.
@@ -210,6 +316,16 @@ pub struct ApiSettings {
     /// before anything is sent to them, at creation and whenever their URL's
     /// host changes (`[api] require_verification`, default on).
     pub require_verification: bool,
+    /// A token that may read `/metrics` on the public listener besides
+    /// the operator token (`[api].metrics_token`).
+    pub metrics_token: Option<Redacted<String>>,
+    /// Peers whose `X-Forwarded-For` names the client
+    /// (`[api].trusted_proxies`); from any other peer the header is
+    /// ignored.
+    pub trusted_proxies: crate::client::TrustedProxies,
+    /// The address browsers and clients use (`[api].public_url`); when it
+    /// is https, every response carries `Strict-Transport-Security`.
+    pub public_url: Option<url::Url>,
 }
 
 impl ApiSettings {
@@ -224,8 +340,53 @@ impl ApiSettings {
             replay_window: Duration::from_secs(30 * 86_400),
             retry_limits: Default::default(),
             require_verification: true,
+            metrics_token: None,
+            trusted_proxies: Default::default(),
+            public_url: None,
         }
     }
+
+    /// Whether responses carry `Strict-Transport-Security`: the API is
+    /// reached over https (it never terminates TLS itself; a proxy in
+    /// front does, and `public_url` says so).
+    pub fn strict_transport(&self) -> bool {
+        self.public_url
+            .as_ref()
+            .is_some_and(|u| u.scheme() == "https")
+    }
+}
+
+/// Parses `[api].public_url`: an absolute http(s) URL naming only a host
+/// and port (the console's links and redirects start at `/`).
+pub fn parse_public_url(text: &str) -> Result<url::Url, InvalidSetting> {
+    let fix = "write the scheme, host and port browsers use, e.g. \"https://hooks.example.com\"";
+    let url = url::Url::parse(text).map_err(|e| {
+        invalid(
+            "public_url",
+            format!("= {text:?} is not a URL ({e}); {fix}"),
+        )
+    })?;
+    if !matches!(url.scheme(), "https" | "http") || url.host().is_none() {
+        return Err(invalid(
+            "public_url",
+            format!("= {text:?} is not an http(s) URL with a host; {fix}"),
+        ));
+    }
+    if !url.username().is_empty()
+        || url.password().is_some()
+        || url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(invalid(
+            "public_url",
+            format!(
+                "= {text:?} has a user, path, query or fragment; the API is served at the root \
+                 of its host: {fix}"
+            ),
+        ));
+    }
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -266,6 +427,33 @@ mod tests {
             field(|l| l.verify_requests_per_minute = 0),
             "verify_requests_per_minute"
         );
+        assert_eq!(
+            field(|l| l.body_read_timeout = Duration::ZERO),
+            "body_read_timeout"
+        );
+        assert_eq!(
+            field(|l| l.max_requests_per_client = 0),
+            "max_requests_per_client"
+        );
+        assert_eq!(
+            field(|l| l.max_connections_per_client = 0),
+            "max_connections_per_client"
+        );
+        assert_eq!(
+            field(|l| l.sign_in_attempts_per_minute = 0),
+            "sign_in_attempts_per_minute"
+        );
+        assert_eq!(
+            field(|l| l.failed_authentications_per_minute = 0),
+            "failed_authentications_per_minute"
+        );
+        // The share never exceeds the slots.
+        let small = ApiLimits {
+            max_concurrent_requests: 4,
+            ..ApiLimits::default()
+        };
+        assert_eq!(small.client_share(), 4);
+        assert_eq!(ApiLimits::default().client_share(), 16);
         let message = ApiLimits {
             statement_timeout: Duration::from_secs(60),
             ..ApiLimits::default()
@@ -277,6 +465,28 @@ mod tests {
             message.starts_with("[api].statement_timeout") && message.contains("request_timeout"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_public_url_is_a_scheme_and_a_host() {
+        let https = parse_public_url("https://hooks.example.com").unwrap();
+        let mut s = ApiSettings::new("t", UrlPolicy::default());
+        assert!(!s.strict_transport());
+        s.public_url = Some(https);
+        assert!(s.strict_transport());
+        s.public_url = Some(parse_public_url("http://127.0.0.1:8080/").unwrap());
+        assert!(!s.strict_transport());
+        for bad in [
+            "hooks.example.com",
+            "ftp://hooks.example.com",
+            "https://hooks.example.com/walhook",
+            "https://user:pw@hooks.example.com",
+            "https://hooks.example.com/?a=1",
+        ] {
+            let e = parse_public_url(bad).unwrap_err();
+            assert_eq!(e.field, "public_url");
+            assert!(e.message.contains(bad), "{e}");
+        }
     }
 
     #[test]

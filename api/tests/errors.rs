@@ -354,15 +354,7 @@ async fn operations_routes_answer() {
     assert_eq!(doc.body["openapi"], "3.1.0");
     let key = api.tenant("acme").await;
     api.endpoint(&key, &[]).await;
-    let metrics = api
-        .http
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = api.metrics().await;
     for name in [
         "walhook_api_requests_total{method=\"POST\",route=\"/v1/webhook-endpoints\",status=\"201\"} 1",
         "walhook_deliveries_pending 0",

@@ -48,12 +48,16 @@ async fn the_api_pool_sets_statement_timeout() {
     );
 }
 
-/// `n` concurrent GETs of `path`, without a token.
-async fn flood(base: &str, path: &str, n: usize) -> Vec<(u16, String)> {
+/// `n` concurrent GETs of `path`, with `token` when not empty.
+async fn flood(base: &str, path: &str, token: &str, n: usize) -> Vec<(u16, String)> {
     let http = reqwest::Client::new();
     let tasks: Vec<_> = (0..n)
         .map(|_| {
-            let request = http.get(format!("{base}{path}")).send();
+            let mut request = http.get(format!("{base}{path}"));
+            if !token.is_empty() {
+                request = request.bearer_auth(token);
+            }
+            let request = request.send();
             tokio::spawn(async move {
                 let r = request.await.unwrap();
                 (r.status().as_u16(), r.text().await.unwrap())
@@ -71,11 +75,11 @@ async fn flood(base: &str, path: &str, n: usize) -> Vec<(u16, String)> {
 async fn probe_floods_read_the_database_once_per_interval() {
     let api = Api::start().await;
     // The default interval is 5 s; the floods take well under that.
-    for (status, text) in flood(&api.base, "/metrics", 40).await {
+    for (status, text) in flood(&api.base, "/metrics", OPERATOR, 40).await {
         assert_eq!(status, 200);
         assert!(text.contains("walhook_metrics_database_up 1"), "{text}");
     }
-    for (status, _) in flood(&api.base, "/readyz", 40).await {
+    for (status, _) in flood(&api.base, "/readyz", "", 40).await {
         assert_eq!(status, 200);
     }
     assert_eq!(api.state.metrics.gauge_reads(), 1);
@@ -125,16 +129,7 @@ async fn the_gauges_are_read_again_after_the_interval() {
     .await;
     let key = api.tenant("acme").await;
     let ep = api.endpoint(&key, &[]).await;
-    let scrape = || async {
-        api.http
-            .get(format!("{}/metrics", api.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || api.metrics();
     assert!(scrape().await.contains("walhook_deliveries_pending 0"));
     let test = api
         .post(
@@ -199,12 +194,7 @@ async fn readyz_with_the_database_down_shows_no_error_text() {
     }
     // One attempt to connect for all five.
     assert_eq!(state.readiness_checks(), 1);
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics_at(&reqwest::Client::new(), &base).await;
     assert!(
         metrics.contains("walhook_metrics_database_up 0"),
         "{metrics}"

@@ -81,6 +81,11 @@ impl Api {
 
     /// [`Api::start`] with `limits`.
     pub async fn start_with(limits: ApiLimits) -> Api {
+        Self::start_configured(limits, |_| {}).await
+    }
+
+    /// [`Api::start`] with `limits` and the settings `tweak` changes.
+    pub async fn start_configured(limits: ApiLimits, tweak: impl FnOnce(&mut ApiSettings)) -> Api {
         let pg = LocalPostgres::start().await.unwrap();
         let url = pg.create_database("platform").await.unwrap();
         let mut sql = pg.connect("platform").await.unwrap();
@@ -97,6 +102,7 @@ impl Api {
         };
         let mut settings = ApiSettings::new(OPERATOR, policy);
         settings.limits = limits;
+        tweak(&mut settings);
         let state = ApiState::new(platform.clone(), settings, Arc::new(Metrics::new()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -228,6 +234,12 @@ impl Api {
         e.body["endpoint"]["id"].as_str().unwrap().to_owned()
     }
 
+    /// `/metrics`, read with the operator token (the public listener
+    /// serves it to no one else).
+    pub async fn metrics(&self) -> String {
+        metrics_at(&self.http, &self.base).await
+    }
+
     /// A count from SQL.
     pub async fn count(&self, sql: &str) -> i64 {
         self.sql.query_one(sql, &[]).await.unwrap().get(0)
@@ -242,6 +254,22 @@ pub async fn serve(state: ApiState) -> (String, CancellationToken) {
     let shutdown = CancellationToken::new();
     tokio::spawn(walhook_api::serve(listener, state, shutdown.clone()));
     (base, shutdown)
+}
+
+/// `/metrics` at `base`, read with the operator token.
+pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
+    let response = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "GET /metrics with the operator token"
+    );
+    response.text().await.unwrap()
 }
 
 /// The connection settings of a test database URL (no TLS fields).

@@ -2,7 +2,8 @@
 //!
 //! See `walhook.example.toml` at the repository root for every field with
 //! comments. Environment variables override the file: `WALHOOK_PLATFORM_URL`,
-//! `WALHOOK_SOURCE_URL` and `WALHOOK_API_OPERATOR_TOKEN`, so that passwords
+//! `WALHOOK_SOURCE_URL`, `WALHOOK_API_OPERATOR_TOKEN` and
+//! `WALHOOK_API_METRICS_TOKEN`, so that passwords
 //! and tokens need not live in the file; `WALHOOK_MASTER_KEY` and
 //! `WALHOOK_OLD_MASTER_KEYS` give master keys (read when the keyring is
 //! built, never kept in [`Config`]).
@@ -415,6 +416,11 @@ impl Config {
             && let Some(api) = cfg.api.as_mut()
         {
             api.operator_token = Some(Redacted::new(token));
+        }
+        if let Ok(token) = std::env::var("WALHOOK_API_METRICS_TOKEN")
+            && let Some(api) = cfg.api.as_mut()
+        {
+            api.metrics_token = Some(Redacted::new(token));
         }
         cfg.source.validate(&cfg.rules)?;
         cfg.source.connect_options()?;

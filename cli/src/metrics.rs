@@ -309,7 +309,14 @@ pub async fn serve_stage_metrics(
             }),
         )
         .route("/healthz", axum::routing::get(|| async { "ok" }));
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "--metrics-listen is not loopback: anyone who can reach it reads tenant and endpoint metrics without a token"
+        );
+    }
+    tracing::info!(%addr, "serving /metrics");
     // Ends at shutdown; a failure before that is logged, and the stages
     // go on (metrics are not worth stopping delivery for).
     tokio::spawn(async move {
@@ -321,4 +328,99 @@ pub async fn serve_stage_metrics(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use walhook_api::metrics::{MAX_LABELLED, OTHER};
+    use walhook_pipeline::event::EventType;
+    use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId};
+
+    use super::*;
+
+    fn job(n: u32) -> DeliveryJob {
+        let mut id = [0u8; 16];
+        id[..4].copy_from_slice(&n.to_be_bytes());
+        DeliveryJob {
+            delivery_id: DeliveryId(id),
+            event_id: EventId(id),
+            endpoint_id: EndpointId(id),
+            tenant_id: TenantId::new(format!("tenant-{n}")).unwrap(),
+            event_type: EventType::new("invoice.paid").unwrap(),
+            payload: Default::default(),
+            attempt_count: 0,
+            manual_attempt_count: 0,
+            after_unknown: false,
+            materialized: true,
+            created_at: Timestamp(0),
+            next_attempt_at: Timestamp(0),
+            expires_at: Timestamp(i64::MAX),
+            lease_version: 1,
+            endpoint_config_version: 1,
+            event_occurred_at: Timestamp(0),
+            schema_version: 1,
+            replay: None,
+            order: None,
+        }
+    }
+
+    /// The distinct values of label `name` in `/metrics` text.
+    fn values<'t>(text: &'t str, name: &str) -> BTreeSet<&'t str> {
+        let key = format!("{name}=\"");
+        text.lines()
+            .filter_map(|l| l.split(key.as_str()).nth(1)?.split('"').next())
+            .collect()
+    }
+
+    /// Dispatch feeding 5,000 tenants and endpoints, with every status
+    /// class, trigger, final state and limit: the tenant and endpoint
+    /// labels stay at the first MAX_LABELLED and `other`, whatever the
+    /// ids.
+    #[tokio::test]
+    async fn tenant_and_endpoint_labels_stay_bounded() {
+        let metrics = walhook_api::Metrics::new();
+        let observer = MetricsObserver::new(metrics.pipeline.clone());
+        let outcomes = [
+            AttemptOutcome::Delivered { status: 200 },
+            AttemptOutcome::Retryable {
+                status: Some(503),
+                class: ErrorClass::ServerError,
+                retry_after: None,
+            },
+            AttemptOutcome::Rejected {
+                status: Some(404),
+                class: ErrorClass::ClientError,
+            },
+            AttemptOutcome::Gone,
+        ];
+        for n in 0..5_000u32 {
+            let job = job(n);
+            let seen = AttemptSeen {
+                job: &job,
+                trigger: if n % 2 == 0 {
+                    Trigger::Auto
+                } else {
+                    Trigger::Manual
+                },
+                number: 1,
+                first: n % 2 == 0,
+                started_at: Timestamp(0),
+            };
+            observer.started(&seen);
+            observer.finished(&seen, &outcomes[n as usize % 4], Timestamp(1));
+            observer.ended(&job, DeliveryStatus::Succeeded, 1);
+            observer.throttled(&job.tenant_id, Throttle::TenantBudget, 1);
+        }
+        let text = metrics.render(None, std::time::Duration::ZERO).await;
+        let tenants = values(&text, "tenant_id");
+        let endpoints = values(&text, "endpoint_id");
+        assert_eq!(tenants.len(), MAX_LABELLED + 1, "{tenants:?}");
+        assert_eq!(endpoints.len(), MAX_LABELLED + 1);
+        assert!(tenants.contains(OTHER) && endpoints.contains(OTHER));
+        // Every series of every family, all told.
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert!(series < 3_000, "{series} series");
+    }
 }

@@ -19,8 +19,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `[api]` on `port`; `/metrics` is read with the operator token on that
+/// port ([`Http::metrics`]), so the token-free metrics listener takes any
+/// free loopback port.
 pub fn api_section(port: u16) -> String {
-    format!("[api]\nlisten = \"127.0.0.1:{port}\"\noperator_token = \"{OPERATOR}\"\n")
+    format!(
+        "[api]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+         operator_token = \"{OPERATOR}\"\n"
+    )
 }
 
 /// A client of the API at a loopback port.
@@ -68,6 +74,12 @@ impl Http {
 
     pub async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         self.call(token, Method::POST, path, Some(body)).await
+    }
+
+    /// `/metrics`, read with the operator token (without one the public
+    /// listener answers 401).
+    pub async fn metrics(&self) -> String {
+        self.text_as(OPERATOR, "/metrics").await
     }
 
     pub async fn text(&self, path: &str) -> String {

@@ -8,7 +8,11 @@
 //! audit trail are the API's and cannot drift apart. The credential (an API
 //! key or the operator token) stays on the server, in a session of at most
 //! [`SESSION_TTL`]; the browser holds a random session id in an `HttpOnly`,
-//! `Secure`, `SameSite=Strict` cookie scoped to `/console`. Every form
+//! `Secure`, `SameSite=Strict` cookie named with the `__Host-` prefix
+//! (so it is bound to this host, `Path=/`, and no subdomain or plain-http
+//! page can set or shadow it). Each credential holds a bounded number of
+//! sessions and sign-ins are rate-limited (`sessions.rs`, `signin.rs`,
+//! [`crate::ratelimit`]). Every form
 //! carries the session's CSRF token (the sign-in form a token of its own,
 //! double-submitted in a cookie), and a POST without it changes nothing.
 //! Pages are escaped by the template engine (payloads, URLs and
@@ -19,14 +23,17 @@
 mod charts;
 mod operator;
 mod pages;
+pub(crate) mod sessions;
+mod signin;
 
-use std::collections::HashMap;
+pub(crate) use self::signin::{too_large_form, too_slow_form};
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -38,22 +45,25 @@ use maud::{DOCTYPE, Markup, html};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use self::sessions::Sessions;
 use crate::ApiState;
+use crate::ratelimit::{Attempts, CredentialKey};
 
 /// How long a console session lasts after sign-in.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 
-/// Sessions kept at most; the oldest go first beyond.
-const MAX_SESSIONS: usize = 10_000;
+/// The session cookie. `__Host-`: browsers accept it only with `Secure`,
+/// `Path=/` and no `Domain`, so it cannot be set by a subdomain or over
+/// plain http, nor shadowed by a cookie of a narrower path.
+const COOKIE: &str = "__Host-walhook_console";
+/// The sign-in form's CSRF cookie (double submit), prefixed the same way.
+const LOGIN_COOKIE: &str = "__Host-walhook_console_login";
 
-const COOKIE: &str = "walhook_console";
-const LOGIN_COOKIE: &str = "walhook_console_login";
-
-/// The console's state inside the API: its sessions and the API router it
-/// calls.
-#[derive(Default)]
+/// The console's state inside the API: its sessions, the sign-in attempts
+/// and the API router it calls.
 pub(crate) struct Console {
-    sessions: Mutex<HashMap<String, Session>>,
+    sessions: Mutex<Sessions>,
+    sign_ins: Attempts,
     api: OnceLock<Router>,
 }
 
@@ -66,6 +76,26 @@ impl std::fmt::Debug for Console {
 }
 
 impl Console {
+    /// A console allowing `sign_ins_per_minute` sign-in attempts per client
+    /// address and per credential.
+    pub(crate) fn new(sign_ins_per_minute: u32) -> Self {
+        Console {
+            sessions: Mutex::new(Sessions::default()),
+            sign_ins: Attempts::new(sign_ins_per_minute),
+            api: OnceLock::new(),
+        }
+    }
+
+    /// Sessions held now.
+    pub(crate) fn session_count(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    /// Sessions held by `credential`.
+    pub(crate) fn sessions_held_by(&self, credential: &str) -> usize {
+        self.sessions.lock().held_by(CredentialKey::of(credential))
+    }
+
     /// Hands the console the API routes it calls (set once, when the router
     /// is built).
     pub(crate) fn set_api(&self, api: Router) {
@@ -84,6 +114,8 @@ pub(crate) enum Who {
 #[derive(Clone)]
 pub(crate) struct Session {
     credential: String,
+    /// The credential's key (sessions are capped per credential).
+    owner: CredentialKey,
     pub(crate) who: Who,
     pub(crate) csrf: String,
     expires: Instant,
@@ -114,7 +146,7 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
     HeaderValue::from_str(&format!(
-        "{name}={value}; Path=/console; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
+        "{name}={value}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
     ))
     .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
@@ -124,15 +156,8 @@ impl FromRequestParts<ApiState> for Session {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
         let id = cookie(&parts.headers, COOKIE).unwrap_or_default();
-        let mut sessions = state.guards.console.sessions.lock();
-        match sessions.get(id) {
-            Some(s) if s.expires > Instant::now() => Ok(s.clone()),
-            Some(_) => {
-                sessions.remove(id);
-                Err(Redirect::to("/console/login").into_response())
-            }
-            None => Err(Redirect::to("/console/login").into_response()),
-        }
+        let session = state.guards.console.sessions.lock().get(id, Instant::now());
+        session.ok_or_else(|| Redirect::to("/console/login").into_response())
     }
 }
 
@@ -144,8 +169,15 @@ impl FromRequestParts<ApiState> for TenantSession {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
         let s = Session::from_request_parts(parts, state).await?;
-        match s.who {
-            Who::Tenant(_) => Ok(TenantSession(s)),
+        match &s.who {
+            Who::Tenant(t) => {
+                // The tenant's share of the request slots, as its API calls.
+                if let Ok(tenant) = walhook_pipeline::ids::TenantId::new(t.as_str()) {
+                    crate::limits::admit_tenant(&parts.extensions, &tenant)
+                        .map_err(IntoResponse::into_response)?;
+                }
+                Ok(TenantSession(s))
+            }
             Who::Operator => Err(not_found(
                 &s,
                 "This page belongs to a tenant's console; the operator's pages are Pipeline and Tenants.",
@@ -197,7 +229,13 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Form {
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(IntoResponse::into_response)?;
+            .map_err(|e| {
+                if crate::limits::is_body_timeout(&e) {
+                    too_slow_form()
+                } else {
+                    e.into_response()
+                }
+            })?;
         serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
             .map(Form)
             .map_err(|_| forbidden_form(None))
@@ -449,117 +487,17 @@ async fn index(s: Session) -> Response {
     }
 }
 
-fn login_page(token: &str, error: Option<&str>) -> Response {
-    let body = html! {
-        h1 { "Sign in" }
-        p { "Tenants sign in with an API key (" code { "whk_…" } "); the operator with the operator token of " code { "[api]" } "." }
-        @if let Some(e) = error { p class="error" role="alert" { (e) } }
-        form method="post" action="/console/login" {
-            input type="hidden" name="csrf" value=(token);
-            label for="key" { "API key or operator token" }
-            input id="key" name="key" type="password" autocomplete="off" required autofocus;
-            button type="submit" { "Sign in" }
-        }
-    };
-    let status = if error.is_some() {
-        StatusCode::UNAUTHORIZED
-    } else {
-        StatusCode::OK
-    };
-    (
-        status,
-        [(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, token, 3600))],
-        page("Sign in", None, None, body),
-    )
-        .into_response()
-}
-
-async fn login_form() -> Response {
-    login_page(&random_token(), None)
-}
-
-async fn login(State(state): State<ApiState>, headers: HeaderMap, form: Form) -> Response {
-    // Double submit: the form's token must match the cookie set with it.
-    let fresh = random_token();
-    match (form.get("csrf"), cookie(&headers, LOGIN_COOKIE)) {
-        (Some(a), Some(b)) if same(a, b) => {}
-        _ => return forbidden_form(None),
-    }
-    let key = form.get("key").unwrap_or_default().trim().to_owned();
-    if key.is_empty() {
-        return login_page(&fresh, Some("Give an API key or the operator token."));
-    }
-    let who = match crate::auth::principal_of(&key, &state).await {
-        Ok(crate::auth::Principal::Operator) => Who::Operator,
-        Ok(crate::auth::Principal::Tenant { tenant, .. }) => Who::Tenant(tenant.to_string()),
-        Err(crate::ApiError::Unauthorized(_)) => {
-            return login_page(
-                &fresh,
-                Some(
-                    "That key was not accepted: it is unknown or revoked, or its tenant is disabled.",
-                ),
-            );
-        }
-        Err(e) => return e.into_response(),
-    };
-    let id = random_token();
-    let session = Session {
-        credential: key,
-        who,
-        csrf: random_token(),
-        expires: Instant::now() + SESSION_TTL,
-    };
-    {
-        let mut sessions = state.guards.console.sessions.lock();
-        let now = Instant::now();
-        sessions.retain(|_, s| s.expires > now);
-        if sessions.len() >= MAX_SESSIONS
-            && let Some(oldest) = sessions
-                .iter()
-                .min_by_key(|(_, s)| s.expires)
-                .map(|(k, _)| k.clone())
-        {
-            sessions.remove(&oldest);
-        }
-        sessions.insert(id.clone(), session);
-    }
-    let mut response = Redirect::to("/console").into_response();
-    let h = response.headers_mut();
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(COOKIE, &id, SESSION_TTL.as_secs()),
-    );
-    h.append(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, "", 0));
-    response
-}
-
-async fn logout(
-    State(state): State<ApiState>,
-    s: Session,
-    headers: HeaderMap,
-    form: Form,
-) -> Response {
-    if let Some(r) = form.refused(&s) {
-        return r;
-    }
-    if let Some(id) = cookie(&headers, COOKIE) {
-        state.guards.console.sessions.lock().remove(id);
-    }
-    let mut response = Redirect::to("/console/login").into_response();
-    response
-        .headers_mut()
-        .append(header::SET_COOKIE, set_cookie(COOKIE, "", 0));
-    response
-}
-
 /// The console's routes (mounted by [`crate::routes::router`]).
 pub(crate) fn router() -> Router<ApiState> {
     Router::new()
         .route("/console", get(index))
         .route("/console/", get(index))
         .route("/console/static/console.css", get(stylesheet))
-        .route("/console/login", get(login_form).post(login))
-        .route("/console/logout", post(logout))
+        .route(
+            "/console/login",
+            get(signin::login_form).post(signin::login),
+        )
+        .route("/console/logout", post(signin::logout))
         .route(
             "/console/endpoints",
             get(pages::endpoints).post(pages::create_endpoint),

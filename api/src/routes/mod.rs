@@ -32,7 +32,7 @@ async fn no_method() -> impl IntoResponse {
     crate::error::problem_response(status, &problem)
 }
 
-/// Every route, with metrics, request limits, the body limit and
+/// Every route, with the edge, metrics, request limits, the body limit and
 /// problem-document fallbacks.
 pub fn router(state: ApiState) -> Router {
     use deliveries::*;
@@ -132,4 +132,18 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             crate::metrics::track,
         ))
+        // Outermost: what reaches the metrics has a standard method.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::edge,
+        ))
+}
+
+/// `GET /metrics` without a token, for the listener of
+/// `[api].metrics_listen`; anything else is a 404.
+pub fn metrics_router(state: ApiState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::open_metrics))
+        .fallback(no_route)
+        .with_state(state)
 }

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiState;
+use crate::auth::MetricsReader;
 use crate::error::{Problem, problem_response};
 use crate::model::Health;
 
@@ -85,12 +86,22 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Prometheus metrics of the API and of the pipeline stages in this
-/// process (OpenMetrics text). The SQL gauges are read at most once per
-/// `[api].metrics_cache`.
+/// process (OpenMetrics text), for the operator token or
+/// `[api].metrics_token`: they name tenants and endpoints. Without a
+/// token, scrape `[api].metrics_listen` (loopback by default) instead.
+/// The SQL gauges are read at most once per `[api].metrics_cache`.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Metrics", body = String,
-               content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8")))]
-pub async fn metrics(State(state): State<ApiState>) -> Response {
+               content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+              (status = 401, description = "No operator token or metrics token", body = Problem, content_type = "application/problem+json"),
+              (status = 429, description = "Too many failed authentications from this address or with this token; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json")),
+    security(("operator" = []), ("metrics_token" = [])))]
+pub async fn metrics(_reader: MetricsReader, State(state): State<ApiState>) -> Response {
+    open_metrics(State(state)).await
+}
+
+/// The metrics without a token: the handler of `[api].metrics_listen`.
+pub async fn open_metrics(State(state): State<ApiState>) -> Response {
     let text = state
         .metrics
         .render(Some(&state.platform), state.settings.limits.metrics_cache)

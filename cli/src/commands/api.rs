@@ -44,8 +44,10 @@ pub fn platform(cfg: &Config) -> anyhow::Result<Platform> {
     Ok(walhook_api::connect(&p.connect_options()?, &api.limits())?.with_keyring(keyring))
 }
 
-/// Binds `[api].listen` and serves until `shutdown`, in a task, on
-/// `platform` (the API's own pool: [`platform`]).
+/// Binds `[api].listen` (and `[api].metrics_listen`, unless "off") and
+/// serves until `shutdown`, in a task, on `platform` (the API's own pool:
+/// [`platform`]). Both addresses are bound before anything is served, so a
+/// busy port is a start error naming its setting.
 pub async fn spawn(
     cfg: &Config,
     platform: Platform,
@@ -60,6 +62,15 @@ pub async fn spawn(
         )
     })?;
     let addr = listener.local_addr()?;
+    let metrics_listener = match api.metrics_listen() {
+        Some(listen) => Some(TcpListener::bind(listen).await.with_context(|| {
+            format!(
+                "cannot listen on [api].metrics_listen = {listen:?}; is the port free? Give \
+                 another address, or \"off\" to serve /metrics only on [api].listen (with a token)"
+            )
+        })?),
+        None => None,
+    };
     let mut state = ApiState::new(platform.clone(), api.settings(cfg), metrics);
     // Archived history: the store [archive] names (a local directory by
     // default). A store that cannot be opened leaves the API on the hot
@@ -78,9 +89,30 @@ pub async fn spawn(
         ),
     }
     tracing::info!(%addr, "the API is listening");
+    if let Some(l) = &metrics_listener {
+        let metrics_addr = l.local_addr()?;
+        if !metrics_addr.ip().is_loopback() {
+            tracing::warn!(
+                addr = %metrics_addr,
+                "[api].metrics_listen is not loopback: anyone who can reach it reads tenant and endpoint metrics without a token"
+            );
+        }
+        tracing::info!(addr = %metrics_addr, "serving /metrics without a token ([api].metrics_listen)");
+    }
     Ok(tokio::spawn(async move {
-        if let Err(e) = walhook_api::serve(listener, state, shutdown).await {
+        let served = walhook_api::serve(listener, state.clone(), shutdown.clone());
+        let metrics = async {
+            match metrics_listener {
+                Some(l) => walhook_api::serve_metrics(l, state, shutdown).await,
+                None => Ok(()),
+            }
+        };
+        let (served, metrics) = tokio::join!(served, metrics);
+        if let Err(e) = served {
             tracing::error!(error = %e, "the API stopped");
+        }
+        if let Err(e) = metrics {
+            tracing::error!(error = %e, "the metrics listener stopped");
         }
     }))
 }

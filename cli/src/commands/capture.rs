@@ -36,7 +36,9 @@ pub struct Args {
     #[arg(long)]
     pub until_caught_up: bool,
     /// With the Fluvio log: serve Prometheus metrics of this process at
-    /// http://ADDR/metrics (and /healthz), for example 127.0.0.1:9464.
+    /// http://ADDR/metrics (and /healthz), for example 127.0.0.1:9464. No
+    /// token is asked for and the labels name tenants and endpoints: keep
+    /// it on loopback.
     #[arg(long, value_name = "ADDR", conflicts_with = "stdout")]
     pub metrics_listen: Option<String>,
     /// When the replication slot this source read from is gone (dropped,

@@ -34,7 +34,8 @@ pub struct Args {
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
     /// Serve Prometheus metrics of this process at http://ADDR/metrics
-    /// (and /healthz), for example 127.0.0.1:9464.
+    /// (and /healthz), for example 127.0.0.1:9464. No token is asked for and
+    /// the labels name tenants and endpoints: keep it on loopback.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
 }

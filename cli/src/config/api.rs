@@ -67,6 +67,66 @@ pub struct ApiConfig {
     /// their secret.
     #[serde(default = "yes")]
     pub require_verification: bool,
+    /// Where `/metrics` is served without a token (loopback by default),
+    /// or `"off"`. On `listen`, `/metrics` needs the operator token or
+    /// `metrics_token`.
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: String,
+    /// A token that may read `/metrics` on `listen` (at least 32
+    /// characters); better set through WALHOOK_API_METRICS_TOKEN.
+    #[serde(default)]
+    pub metrics_token: Option<Redacted<String>>,
+    /// Reverse proxies (addresses or CIDRs) whose `X-Forwarded-For` names
+    /// the client; without them every client behind a proxy shares the
+    /// proxy's address and limits.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// The URL browsers and clients use; when https, responses carry
+    /// `Strict-Transport-Security`.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// An authenticated request's body must arrive within this.
+    #[serde(
+        default = "default_body_read_timeout",
+        with = "walhook_pipeline::duration"
+    )]
+    pub body_read_timeout: std::time::Duration,
+    /// Requests one client address, or one tenant, may have in progress.
+    #[serde(default = "default_max_requests_per_client")]
+    pub max_requests_per_client: usize,
+    /// Connections one client address may hold open.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Console sign-in attempts per minute, per address and per key tried.
+    #[serde(default = "default_sign_in_attempts_per_minute")]
+    pub sign_in_attempts_per_minute: u32,
+    /// Failed authentications per minute, per address and per token.
+    #[serde(default = "default_failed_authentications_per_minute")]
+    pub failed_authentications_per_minute: u32,
+}
+
+fn default_metrics_listen() -> String {
+    walhook_api::settings::DEFAULT_METRICS_LISTEN.to_owned()
+}
+
+fn default_body_read_timeout() -> std::time::Duration {
+    walhook_api::settings::DEFAULT_BODY_READ_TIMEOUT
+}
+
+fn default_max_requests_per_client() -> usize {
+    walhook_api::settings::DEFAULT_MAX_REQUESTS_PER_CLIENT
+}
+
+fn default_max_connections_per_client() -> usize {
+    walhook_api::settings::DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+}
+
+fn default_sign_in_attempts_per_minute() -> u32 {
+    walhook_api::settings::DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE
+}
+
+fn default_failed_authentications_per_minute() -> u32 {
+    walhook_api::settings::DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE
 }
 
 fn yes() -> bool {
@@ -138,8 +198,38 @@ impl ApiConfig {
         if self.allowed_ports.is_empty() || self.allowed_ports.contains(&0) {
             bail!("[api].allowed_ports must list at least one port, none of them 0 (443 is usual)");
         }
+        if self.metrics_listen != "off"
+            && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            bail!(
+                "[api].metrics_listen = {:?} is not an address; write host:port, e.g. \"{}\" \
+                 (loopback), or \"off\" to serve /metrics only on [api].listen, with a token",
+                self.metrics_listen,
+                walhook_api::settings::DEFAULT_METRICS_LISTEN
+            );
+        }
+        // The metrics token reads every tenant's and endpoint's series: the
+        // same strength as the operator token.
+        if let Some(t) = &self.metrics_token
+            && let Err(weak) = walhook_api::operator_token::check(t.expose())
+        {
+            bail!(
+                "[api].metrics_token (or WALHOOK_API_METRICS_TOKEN) is too weak: it {}; make one \
+                 with `walhook secrets generate-token`, or leave it out and scrape [api].metrics_listen",
+                weak.why
+            );
+        }
+        walhook_api::client::TrustedProxies::parse(&self.trusted_proxies)?;
+        if let Some(url) = &self.public_url {
+            walhook_api::settings::parse_public_url(url)?;
+        }
         self.limits().validate()?;
         Ok(())
+    }
+
+    /// The address of the metrics listener, `None` when it is `"off"`.
+    pub fn metrics_listen(&self) -> Option<&str> {
+        (self.metrics_listen != "off").then_some(self.metrics_listen.as_str())
     }
 
     /// The limits of this section.
@@ -153,6 +243,11 @@ impl ApiConfig {
             max_endpoints_per_tenant: self.max_endpoints_per_tenant,
             test_events_per_minute: self.test_events_per_minute,
             verify_requests_per_minute: self.verify_requests_per_minute,
+            body_read_timeout: self.body_read_timeout,
+            max_requests_per_client: self.max_requests_per_client,
+            max_connections_per_client: self.max_connections_per_client,
+            sign_in_attempts_per_minute: self.sign_in_attempts_per_minute,
+            failed_authentications_per_minute: self.failed_authentications_per_minute,
         }
     }
 
@@ -171,6 +266,14 @@ impl ApiConfig {
         settings.replay_window = cfg.archive.replay_window;
         settings.retry_limits = cfg.retry.limits;
         settings.require_verification = self.require_verification;
+        settings.metrics_token = self.metrics_token.clone();
+        // Checked by validate().
+        settings.trusted_proxies =
+            walhook_api::client::TrustedProxies::parse(&self.trusted_proxies).unwrap_or_default();
+        settings.public_url = self
+            .public_url
+            .as_deref()
+            .and_then(|u| walhook_api::settings::parse_public_url(u).ok());
         settings
     }
 }
@@ -268,6 +371,82 @@ mod tests {
             (
                 "verify_requests_per_minute = 0",
                 "[api].verify_requests_per_minute",
+            ),
+        ] {
+            let message = err(line);
+            assert!(message.contains(field), "{line}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_edge_settings_have_defaults_and_are_checked() {
+        let token = "operator_token = \"Zk3q9VbX2mT8wLp4RsN7yC1dHf6GjQ0a\"";
+        let cfg = parse(&format!("listen = \"127.0.0.1:0\"\n{token}")).unwrap();
+        let api = cfg.api.as_ref().unwrap();
+        assert_eq!(api.metrics_listen(), Some("127.0.0.1:9464"));
+        let settings = api.settings(&cfg);
+        assert!(settings.metrics_token.is_none() && settings.trusted_proxies.is_empty());
+        assert!(!settings.strict_transport());
+        let set = parse(&format!(
+            "listen = \"127.0.0.1:0\"\n{token}\nmetrics_listen = \"off\"\n\
+             metrics_token = \"Mt7rQ2xVb9KpL4wZs8NcY3gHd6JfE1aU\"\n\
+             trusted_proxies = [\"10.0.0.0/8\", \"192.0.2.7\"]\n\
+             public_url = \"https://hooks.example.com\"\nbody_read_timeout = \"5s\"\n\
+             max_requests_per_client = 4\nmax_connections_per_client = 9\n\
+             sign_in_attempts_per_minute = 3\nfailed_authentications_per_minute = 7"
+        ))
+        .unwrap();
+        let api = set.api.as_ref().unwrap();
+        assert_eq!(api.metrics_listen(), None);
+        let settings = api.settings(&set);
+        assert!(settings.strict_transport());
+        assert!(
+            settings
+                .trusted_proxies
+                .contains("10.1.2.3".parse().unwrap())
+        );
+        assert!(!format!("{set:?}").contains("metrics-0123"));
+        let l = settings.limits;
+        assert_eq!(
+            (
+                l.body_read_timeout.as_secs(),
+                l.max_requests_per_client,
+                l.max_connections_per_client,
+                l.sign_in_attempts_per_minute,
+                l.failed_authentications_per_minute
+            ),
+            (5, 4, 9, 3, 7)
+        );
+        let err = |extra: &str| {
+            format!(
+                "{:#}",
+                parse(&format!("listen = \"127.0.0.1:0\"\n{token}\n{extra}")).unwrap_err()
+            )
+        };
+        for (line, field) in [
+            ("metrics_listen = \"nowhere\"", "[api].metrics_listen"),
+            ("metrics_token = \"short\"", "[api].metrics_token"),
+            (
+                "trusted_proxies = [\"10.0.0.0/99\"]",
+                "[api].trusted_proxies",
+            ),
+            ("public_url = \"hooks.example.com\"", "[api].public_url"),
+            ("body_read_timeout = \"0s\"", "[api].body_read_timeout"),
+            (
+                "max_requests_per_client = 0",
+                "[api].max_requests_per_client",
+            ),
+            (
+                "max_connections_per_client = 0",
+                "[api].max_connections_per_client",
+            ),
+            (
+                "sign_in_attempts_per_minute = 0",
+                "[api].sign_in_attempts_per_minute",
+            ),
+            (
+                "failed_authentications_per_minute = 0",
+                "[api].failed_authentications_per_minute",
             ),
         ] {
             let message = err(line);

@@ -1,8 +1,10 @@
 //! A flood of unauthenticated API requests for `walhook bench pipeline
-//! --api-flood`: `/metrics`, `/readyz` and calls with keys that do not
-//! exist, at a fixed rate, to loopback only. It shows what such a flood
-//! costs the pipeline next to it (the API has its own pool, limits and
-//! cached gauges).
+//! --api-flood`: `/metrics` without a token (401), `/readyz` and calls with
+//! keys that do not exist, at a fixed rate, to loopback only. It shows what
+//! such a flood costs the pipeline next to it (the API has its own pool,
+//! limits and cached gauges). From one address, the made-up keys soon meet
+//! `[api].failed_authentications_per_minute` (429) and the per-address
+//! share of request slots: the answers by status say so.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -60,7 +60,8 @@ pub struct Args {
     #[arg(long)]
     pub api: bool,
     /// While the writers run, send this many unauthenticated requests per
-    /// second to the API (`/metrics`, `/readyz`, unknown keys) from 32
+    /// second to the API (`/metrics` without a token, `/readyz`, unknown
+    /// keys) from 32
     /// loopback connections; implies `--api`. Compare the p99 with a run
     /// with `--api` alone.
     #[arg(long, default_value_t = 0)]

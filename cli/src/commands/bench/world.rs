@@ -166,6 +166,7 @@ impl World {
             "",
             &format!(
                 "{extra}\n[api]\nlisten = \"127.0.0.1:{port}\"\n\
+                 metrics_listen = \"127.0.0.1:0\"\n\
                  operator_token = \"bench-operator-token-0123456789abcdef\"\n"
             ),
         )?;
