@@ -80,7 +80,7 @@ fn run_refuses_a_low_entropy_operator_token_and_names_the_generator() {
 async fn wait_metric(api: &Http, line: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let metrics = api.text("/metrics").await;
+        let metrics = api.metrics().await;
         if metrics.lines().any(|l| l == line) {
             return;
         }
