@@ -208,7 +208,9 @@ pub fn parse_retry_after(value: &str, now_unix: i64) -> Option<Duration> {
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         // delta-seconds = 1*DIGIT (RFC 9110 §10.2.3): only too many digits
         // can fail to parse, and they mean "longer than anyone waits".
-        return Some(Duration::from_secs(value.parse::<u64>().unwrap_or(u64::MAX)));
+        return Some(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
     }
     let when = parse_http_date(value)?;
     Some(Duration::from_secs(

@@ -501,10 +501,7 @@ mod tests {
             retry_after_cap: Duration::MAX,
             ..policy()
         };
-        assert_eq!(
-            lax.delay(1, &huge, 0.5),
-            Duration::from_secs(u64::MAX)
-        );
+        assert_eq!(lax.delay(1, &huge, 0.5), Duration::from_secs(u64::MAX));
         let after = DeliveryState::new(Timestamp(0), &lax).next(&huge, &lax, Timestamp(1), 0.5);
         assert_eq!(after.status, DeliveryStatus::Exhausted);
     }

@@ -26,7 +26,10 @@ async fn answer(response: &str, closing: bool) -> walhook_pipeline::dispatch::eg
     let recorder = Arc::new(Recorder::default());
     let egress = egress(dev_settings(), &table, &recorder);
     let result = egress
-        .send(outbound(&format!("http://127.0.0.1:{}/hook", server.port())))
+        .send(outbound(&format!(
+            "http://127.0.0.1:{}/hook",
+            server.port()
+        )))
         .await;
     recorder.assert_only_loopback();
     result
