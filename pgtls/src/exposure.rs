@@ -163,10 +163,16 @@ mod tests {
         );
         let text = e.message();
         assert!(text.starts_with("[platform].url reaches db.example.com with sslmode=prefer"));
-        assert!(text.contains("Set sslmode=verify-full in [platform].url"), "{text}");
+        assert!(
+            text.contains("Set sslmode=verify-full in [platform].url"),
+            "{text}"
+        );
         assert!(!text.contains("pw"), "the password printed: {text}");
         let e = exposure("[source]", "postgres://u@10.1.2.3/app?sslmode=require").unwrap();
-        assert!(e.message().starts_with("[source].url reaches 10.1.2.3 with sslmode=require"));
+        assert!(
+            e.message()
+                .starts_with("[source].url reaches 10.1.2.3 with sslmode=require")
+        );
     }
 
     /// A writer the test reads back: the log lines as emitted.
@@ -196,8 +202,16 @@ mod tests {
                 ConnectOptions::parse(&DatabaseUrl::new(url), "[source]", &TlsFields::default())
                     .unwrap()
             };
-            assert!(parse("postgres://cap:s3cret@db.example.com/shop").warn_if_exposed().is_some());
-            assert!(parse("postgres://cap:s3cret@127.0.0.1/shop").warn_if_exposed().is_none());
+            assert!(
+                parse("postgres://cap:s3cret@db.example.com/shop")
+                    .warn_if_exposed()
+                    .is_some()
+            );
+            assert!(
+                parse("postgres://cap:s3cret@127.0.0.1/shop")
+                    .warn_if_exposed()
+                    .is_none()
+            );
         });
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();

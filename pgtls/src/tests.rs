@@ -165,9 +165,18 @@ fn channel_binding_is_read_from_either_url_form() {
     use tokio_postgres::config::ChannelBinding;
     for (url, want) in [
         ("postgres://h/d", ChannelBinding::Prefer),
-        ("postgres://h/d?channel_binding=require", ChannelBinding::Require),
-        ("postgres://h/d?channel_binding=disable", ChannelBinding::Disable),
-        ("host=h dbname=d channel_binding=require", ChannelBinding::Require),
+        (
+            "postgres://h/d?channel_binding=require",
+            ChannelBinding::Require,
+        ),
+        (
+            "postgres://h/d?channel_binding=disable",
+            ChannelBinding::Disable,
+        ),
+        (
+            "host=h dbname=d channel_binding=require",
+            ChannelBinding::Require,
+        ),
     ] {
         assert_eq!(
             parse(url, TlsFields::default()).unwrap().channel_binding(),
@@ -175,8 +184,11 @@ fn channel_binding_is_read_from_either_url_form() {
             "{url}"
         );
     }
-    let err = parse("postgres://u:hunter2@h/d?channel_binding=always", TlsFields::default())
-        .unwrap_err();
+    let err = parse(
+        "postgres://u:hunter2@h/d?channel_binding=always",
+        TlsFields::default(),
+    )
+    .unwrap_err();
     let shown = format!("{err} {err:?}");
     assert!(shown.contains("[platform].url is not a valid"), "{shown}");
     assert!(!shown.contains("hunter2"), "{shown}");

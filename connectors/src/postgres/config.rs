@@ -567,13 +567,17 @@ impl RuleConfig {
 
 impl SourceConfig {
     /// The connection settings of `url` and the TLS fields (checked, no
-    /// file read).
+    /// file read). `channel_binding=require` needs `verify-full` here: the
+    /// replication stream's client cannot bind (see
+    /// [`super::connect::replication_config`]).
     pub fn connect_options(&self) -> Result<ConnectOptions, ConnectError> {
         let fields = TlsFields {
             sslmode: self.sslmode,
             sslrootcert: self.sslrootcert.clone(),
         };
-        ConnectOptions::parse(&self.url, "[source]", &fields)
+        let options = ConnectOptions::parse(&self.url, "[source]", &fields)?;
+        options.require_binding_everywhere(super::connect::STREAM_CLIENT)?;
+        Ok(options)
     }
 
     /// Checks the source and its rules without touching a database.
