@@ -657,6 +657,26 @@ mod tests {
     }
 
     #[test]
+    fn channel_binding_require_needs_verify_full_for_the_stream() {
+        let with = |url: &str| {
+            toml::from_str::<SourceConfig>(&format!("url = {url:?}"))
+                .unwrap()
+                .connect_options()
+        };
+        with("postgres://u@db.example.com/db?channel_binding=prefer").unwrap();
+        with("postgres://u@db.example.com/db?channel_binding=require&sslmode=verify-full").unwrap();
+        let err = with("postgres://u:pw@db.example.com/db?channel_binding=require&sslmode=require")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[source].url sets channel_binding=require")
+                && err.contains("pgwire-replication")
+                && err.contains("sslmode=verify-full"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn valid_rules_pass() {
         let rules = vec![
             rule(
