@@ -156,6 +156,10 @@ pub mod names {
     /// Archive verifications that found an object or count not matching,
     /// by table (gauge, SQL).
     pub const ARCHIVE_VERIFICATION_FAILURES: &str = "walhook_archive_verification_failures";
+    /// Days that failed to archive and that no run has archived since, by
+    /// table (gauge, SQL: open `archive_day_failed` incidents). Their rows
+    /// stay hot; the incident says why.
+    pub const ARCHIVE_FAILED_DAYS: &str = "walhook_archive_failed_days";
     /// Seconds since the oldest day still in the hot tables began, by table
     /// (gauge, SQL): above the hot window plus a day, archiving is behind.
     pub const ARCHIVE_OLDEST_HOT_AGE: &str = "walhook_archive_oldest_hot_age_seconds";
@@ -397,6 +401,7 @@ struct SqlGauges {
     archive_rows: Family<NameLabel, Gauge>,
     archive_bytes: Family<NameLabel, Gauge>,
     archive_failures: Family<NameLabel, Gauge>,
+    archive_failed_days: Family<NameLabel, Gauge>,
     archive_oldest_hot_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
     reconcile_gaps: Family<ClassLabel, Gauge>,
     reconcile_open_gaps: Gauge,
@@ -607,6 +612,11 @@ impl Metrics {
             sql.archive_failures.clone(),
         );
         registry.register(
+            ARCHIVE_FAILED_DAYS,
+            "Days that failed to archive and no run has archived since, by table",
+            sql.archive_failed_days.clone(),
+        );
+        registry.register(
             ARCHIVE_OLDEST_HOT_AGE,
             "Seconds since the oldest day still in the hot tables began, by table",
             sql.archive_oldest_hot_age.clone(),
@@ -775,6 +785,10 @@ impl Metrics {
                         .archive_failures
                         .get_or_create(&label)
                         .set(a.verification_failures);
+                    self.sql
+                        .archive_failed_days
+                        .get_or_create(&label)
+                        .set(a.failed_days);
                     self.sql
                         .archive_oldest_hot_age
                         .get_or_create(&label)

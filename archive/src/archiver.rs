@@ -15,7 +15,6 @@
 //!   planned, pending or replaying delivery of that day; for events, no such
 //!   delivery of an event of that day (the dispatcher still needs its body).
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -29,9 +28,10 @@ use crate::catalog::CatalogRow;
 use crate::copy::{CopyReader, Next};
 use crate::dates::{NaiveDateSql, bounds};
 use crate::encode::encode;
-use crate::layout::{bucket_sql_over, manifest_key, part_key, partition_day, partition_name};
+use crate::failure::failure_text;
+use crate::layout::{bucket_sql_over, manifest_key, part_key, partition_name};
 use crate::manifest::{FileEntry, Manifest};
-use crate::part::PartBuilder;
+use crate::part::{PartBuilder, PartLimits};
 use crate::table::Table;
 use crate::{ArchiveError, verify};
 
@@ -39,6 +39,14 @@ use crate::{ArchiveError, verify};
 pub const DEFAULT_HOT_DAYS: u32 = 3;
 /// The default number of rows per Parquet part.
 pub const DEFAULT_PART_ROWS: usize = 1_000_000;
+/// The default size of a part's rows (256 MiB): a part is built in memory,
+/// so this bounds the export's memory, and DuckDB, Athena and Spark read
+/// files of this size in a few row groups.
+pub const DEFAULT_PART_BYTES: u64 = 256 * 1024 * 1024;
+/// The largest `part_bytes` (1 GiB). With one row at most 1 GB (Postgres's
+/// limit for a row in a `COPY`), no part can reach Arrow's 2 GiB limit for
+/// one array.
+pub const MAX_PART_BYTES: u64 = 1024 * 1024 * 1024;
 /// Rows deleted per statement when a day of deliveries leaves.
 const DELETE_BATCH: i64 = 10_000;
 
@@ -51,6 +59,9 @@ pub struct Settings {
     pub tenant_buckets: u16,
     /// Rows per Parquet part at most.
     pub part_rows: usize,
+    /// Bytes of rows per Parquet part at most (as the copy stream holds
+    /// them); a single row bigger than this gets a part of its own.
+    pub part_bytes: u64,
     /// The tables to archive.
     pub tables: Vec<Table>,
     /// Plan only: read counts, write and drop nothing.
@@ -69,6 +80,7 @@ impl Default for Settings {
             hot_days: DEFAULT_HOT_DAYS,
             tenant_buckets: crate::layout::DEFAULT_TENANT_BUCKETS,
             part_rows: DEFAULT_PART_ROWS,
+            part_bytes: DEFAULT_PART_BYTES,
             tables: Table::ALL.to_vec(),
             dry_run: false,
             today: None,
@@ -85,6 +97,14 @@ impl Settings {
 
     pub(crate) fn today(&self) -> NaiveDate {
         self.today.unwrap_or_else(|| Utc::now().date_naive())
+    }
+
+    /// How big a part may grow.
+    pub fn part_limits(&self) -> PartLimits {
+        PartLimits {
+            rows: self.part_rows,
+            bytes: self.part_bytes,
+        }
     }
 }
 
@@ -190,9 +210,13 @@ impl<S: ObjectStore> Archiver<S> {
         &self.store
     }
 
-    /// Archives every due day of every table, oldest first; a day that fails
-    /// is reported and the run goes on with the next (a definite failure of
-    /// the store or the database ends the run).
+    /// Archives every due day of every table, oldest first. A day that
+    /// fails (a row the exporter refuses, a part Parquet cannot take, a
+    /// verification that does not match, a transient error) is reported,
+    /// counted and recorded as an incident, its hot rows kept, and the run
+    /// goes on with the next day and the other tables; only a definite
+    /// failure of the store or the database ends the run (see
+    /// [`ArchiveError::ends_the_run`]).
     ///
     /// One round runs at a time per platform database (a session advisory
     /// lock, released when the round ends or its process dies): a second
@@ -226,19 +250,17 @@ impl<S: ObjectStore> Archiver<S> {
             for day in self.due_days(table).await? {
                 let started = Instant::now();
                 let mut report = match self.archive_day(table, day, progress).await {
-                    Ok(r) => r,
-                    Err(e) if matches!(e, ArchiveError::Verification { .. }) => {
-                        tracing::error!(%table, %day, error = %e, "archive verification failed; the hot rows are kept");
-                        self.count_failure(table, day).await?;
-                        failed(table, day, &e)
-                    }
-                    Err(e) => {
-                        tracing::error!(%table, %day, error = %e, "archiving a day failed; the hot rows are kept");
-                        if !e.is_transient() && !matches!(e, ArchiveError::Shape { .. }) {
-                            return Err(e);
+                    Ok(r) => {
+                        if r.outcome == Outcome::Archived {
+                            self.resolve_failure(table, day).await;
                         }
-                        failed(table, day, &e)
+                        r
                     }
+                    Err(e) if e.ends_the_run() => {
+                        tracing::error!(%table, %day, error = %failure_text(&e), "the archive store or the platform database failed; the run stops and the hot rows are kept");
+                        return Err(e);
+                    }
+                    Err(e) => self.day_failed(table, day, &e).await,
                 };
                 report.seconds = started.elapsed().as_secs_f64();
                 progress.finish(&report);
@@ -252,77 +274,6 @@ impl<S: ObjectStore> Archiver<S> {
             }
         }
         Ok(reports)
-    }
-
-    /// The days of `table` that a run takes: hot days before the cutoff and
-    /// days whose protocol stopped half-way, oldest first.
-    pub async fn due_days(&self, table: Table) -> Result<Vec<NaiveDate>, ArchiveError> {
-        let cutoff = self.settings.cutoff();
-        let client = self.platform.client().await?;
-        let mut days = BTreeSet::new();
-        for row in client
-            .query(
-                "SELECT day FROM walhook.archive_partitions WHERE table_name = $1 AND state IN ('written', 'verified')",
-                &[&table.name()],
-            )
-            .await
-            .map_err(ArchiveError::query("read the archive catalog"))?
-        {
-            days.insert(row.get::<_, NaiveDateSql>(0).0);
-        }
-        if table.partitioned() {
-            let parent = format!("walhook.{}", table.name());
-            for row in client
-                .query(
-                    "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                     WHERE i.inhparent = $1::text::regclass",
-                    &[&parent],
-                )
-                .await
-                .map_err(ArchiveError::query("list the day partitions"))?
-            {
-                if let Some(day) = partition_day(table, row.get(0))
-                    && day < cutoff
-                {
-                    days.insert(day);
-                }
-            }
-        } else {
-            // The oldest delivery through each tenant's index, then every day
-            // from there to the cutoff that has rows.
-            let oldest: Option<i64> = client
-                .query_one(
-                    "SELECT min(x.m) FROM walhook.tenants t, LATERAL (SELECT \
-                     (extract(epoch FROM min(created_at)) / 86400)::int8 AS m \
-                     FROM walhook.deliveries d WHERE d.tenant_id = t.id) x",
-                    &[],
-                )
-                .await
-                .map_err(ArchiveError::query("find the oldest delivery"))?
-                .get(0);
-            if let Some(first) = oldest {
-                let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date");
-                let mut day = epoch + Duration::days(first - 1);
-                while day < cutoff {
-                    let (from, to) = bounds(day);
-                    let has: bool = client
-                        .query_one(
-                            "SELECT EXISTS (SELECT 1 FROM walhook.tenants t, LATERAL (SELECT 1 \
-                             FROM walhook.deliveries d WHERE d.tenant_id = t.id \
-                             AND d.created_at >= $1 AND d.created_at < $2 LIMIT 1) x)",
-                            &[&from, &to],
-                        )
-                        .await
-                        .map_err(ArchiveError::query("look for deliveries of a day"))?
-                        .get(0);
-                    if has {
-                        days.insert(day);
-                    }
-                    day += Duration::days(1);
-                }
-            }
-        }
-        Ok(days.into_iter().collect())
     }
 
     /// Takes one table's day as far as it can go.
@@ -418,48 +369,6 @@ impl<S: ObjectStore> Archiver<S> {
             ));
         }
         Ok(report)
-    }
-
-    /// Why `table`'s `day` is not due yet, if it is not: a delivery still
-    /// planned, pending or replaying that was made on or before the day
-    /// (deliveries), or that belongs to an event of the day or older
-    /// (events, whose bodies the dispatcher still needs).
-    async fn not_due_because(
-        &self,
-        table: Table,
-        day: NaiveDate,
-    ) -> Result<Option<String>, ArchiveError> {
-        let (column, pending, meaning) = match table {
-            Table::Attempts => return Ok(None),
-            Table::Deliveries => (
-                "created_at",
-                "SELECT count(*) FROM walhook.pending WHERE created_at < $1",
-                "deliveries were made on or before this day; they end by their retry deadline",
-            ),
-            Table::Events => (
-                "event_occurred_at",
-                "SELECT count(*) FROM walhook.pending p LEFT JOIN walhook.deliveries d \
-                 ON d.id = p.delivery_id WHERE d.id IS NULL OR d.event_occurred_at < $1",
-                "deliveries are of events of this day or older; their bodies stay hot until they end",
-            ),
-        };
-        let (_, to) = bounds(day);
-        let client = self.platform.client().await?;
-        let row = client
-            .query_one(
-                &format!(
-                    "SELECT (SELECT count(*) FROM walhook.fanouts WHERE {column} < $1), ({pending}), \
-                     (SELECT count(*) FROM walhook.replay_requests r JOIN walhook.deliveries d \
-                      ON d.id = r.delivery_id WHERE r.done_at IS NULL AND d.{column} < $1)"
-                ),
-                &[&to],
-            )
-            .await
-            .map_err(ArchiveError::query("count the deliveries that keep a day hot"))?;
-        let (planned, pending, replaying): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        Ok((planned + pending + replaying > 0).then(|| {
-            format!("{planned} planned, {pending} pending and {replaying} replaying {meaning}")
-        }))
     }
 
     /// Rows of `table`'s `day` in the hot table.
@@ -571,6 +480,7 @@ impl<S: ObjectStore> Archiver<S> {
             buckets,
         );
         let mut part = PartBuilder::new(table);
+        let limits = self.settings.part_limits();
         let bucket_col = table.columns().len();
         let status_col = table.column_index("status");
         let mut current: Option<(u16, u32)> = None; // (bucket, next sequence)
@@ -612,8 +522,9 @@ impl<S: ObjectStore> Archiver<S> {
                 .and_then(|v| v.try_into().ok())
                 .map(i32::from_be_bytes)
                 .unwrap_or_default() as u16;
+            let row_bytes = copy.tuple_bytes() as u64;
             let seq = match current {
-                Some((b, seq)) if b == bucket && part.len() < self.settings.part_rows => seq,
+                Some((b, seq)) if b == bucket && part.fits(row_bytes, limits) => seq,
                 Some((b, seq)) => {
                     let file = self
                         .put_part(&mut part, table, day, generation, b, seq)
@@ -777,15 +688,4 @@ impl<S: ObjectStore> Archiver<S> {
         let left = self.hot_count(table, day).await?;
         Ok(DropOutcome::Dropped { left })
     }
-}
-
-fn failed(table: Table, day: NaiveDate, e: &ArchiveError) -> PartitionReport {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    PartitionReport::new(table, day, Outcome::Failed(text))
 }

@@ -98,6 +98,13 @@ impl CopyReader {
             .map(|(a, b)| &self.tuple[a..b])
     }
 
+    /// The current tuple's size in the copy stream (its field lengths and
+    /// values): what the part it joins grows by, give or take the offsets
+    /// Arrow keeps.
+    pub fn tuple_bytes(&self) -> usize {
+        self.tuple.len()
+    }
+
     /// Fields in the current tuple.
     pub fn len(&self) -> usize {
         self.fields.len()

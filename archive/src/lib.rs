@@ -22,7 +22,10 @@
 //! - [`manifest`]: what a day's objects hold; [`part`]: one part in the
 //!   making.
 //! - [`dates`]: UTC days and Postgres `date` values.
-//! - [`archiver`]: the protocol above, its plan and its report.
+//! - [`archiver`]: the protocol above, its plan and its report; `due`:
+//!   which days a run takes.
+//! - [`failure`]: a day that fails is reported (log, incident, metric) and
+//!   the run goes on; which failures end the run instead.
 //! - [`verify`]: reading every object back.
 //! - [`cold`]: archived deliveries, attempts and events by id and by
 //!   listing, and the restore behind replays of archived deliveries.
@@ -36,7 +39,9 @@ mod catalog;
 pub mod cold;
 pub mod copy;
 pub mod dates;
+mod due;
 pub mod encode;
+pub mod failure;
 pub mod layout;
 pub mod manifest;
 pub mod part;

@@ -280,6 +280,23 @@ fn data_type(kind: Kind) -> DataType {
     }
 }
 
+/// The most bytes one Arrow `Binary`/`Utf8` array holds: its offsets are
+/// `i32`. Parts are cut long before (`[archive] part_bytes`, at most 1 GiB);
+/// this bound turns a part that would still pass it into an error instead
+/// of the builder's panic.
+pub const ARRAY_BYTES_MAX: usize = i32::MAX as usize;
+
+/// Whether `more` bytes fit in an array already holding `held`.
+fn within_array_limit(held: usize, more: usize) -> Result<(), String> {
+    if held.saturating_add(more) > ARRAY_BYTES_MAX {
+        return Err(format!(
+            "the part would hold {} bytes in this column, past Arrow's limit of {ARRAY_BYTES_MAX} for one array; lower [archive] part_bytes",
+            held.saturating_add(more)
+        ));
+    }
+    Ok(())
+}
+
 /// Microseconds from the Unix epoch to Postgres's, 2000-01-01 UTC: binary
 /// timestamps count from there.
 pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
@@ -358,10 +375,13 @@ impl BatchBuilder {
                     None => b.append_null(),
                 },
                 Builder::Text(b) => match v {
-                    Some(v) => b.append_value(
-                        std::str::from_utf8(v)
-                            .map_err(|_| shape("text that is not UTF-8".into()))?,
-                    ),
+                    Some(v) => {
+                        within_array_limit(b.values_slice().len(), v.len()).map_err(shape)?;
+                        b.append_value(
+                            std::str::from_utf8(v)
+                                .map_err(|_| shape("text that is not UTF-8".into()))?,
+                        )
+                    }
                     None => b.append_null(),
                 },
                 Builder::Int32(b) => b.append_option(
@@ -382,7 +402,12 @@ impl BatchBuilder {
                     .transpose()
                     .map_err(|_| shape("a timestamp that is not 8 bytes".into()))?,
                 ),
-                Builder::Bytes(b) => b.append_option(v),
+                Builder::Bytes(b) => {
+                    if let Some(v) = v {
+                        within_array_limit(b.values_slice().len(), v.len()).map_err(shape)?;
+                    }
+                    b.append_option(v)
+                }
             }
         }
         self.rows += 1;
@@ -413,6 +438,15 @@ impl BatchBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_array_past_the_i32_offset_limit_is_an_error_not_a_panic() {
+        assert!(within_array_limit(0, 1 << 30).is_ok());
+        assert!(within_array_limit(ARRAY_BYTES_MAX - 10, 10).is_ok());
+        let err = within_array_limit(ARRAY_BYTES_MAX - 10, 11).unwrap_err();
+        assert!(err.contains("part_bytes"), "{err}");
+        assert!(within_array_limit(usize::MAX, usize::MAX).is_err());
+    }
 
     #[test]
     fn every_table_has_an_id_a_tenant_and_its_day_column() {

@@ -354,6 +354,21 @@ fn default_connections() -> usize {
 }
 
 impl Config {
+    /// Logs a warning, once at start, for each database URL this command
+    /// connects with (`[platform].url`, and `[source].url` when `source`)
+    /// that reaches another machine under an `sslmode` below
+    /// `verify-full` (see `walhook_pgtls::exposure`).
+    pub fn warn_unauthenticated_databases(&self, source: bool) {
+        if source && let Ok(options) = self.source.connect_options() {
+            options.warn_if_exposed();
+        }
+        if let Some(platform) = &self.platform
+            && let Ok(options) = platform.connect_options()
+        {
+            options.warn_if_exposed();
+        }
+    }
+
     /// Reads, parses and validates `path` (no database is touched).
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)

@@ -212,9 +212,17 @@ impl AsyncWrite for RustlsStream {
 
 impl TlsStream for RustlsStream {
     fn channel_binding(&self) -> ChannelBinding {
-        // SCRAM then runs without channel binding (the default
-        // `channel_binding=prefer` accepts that).
-        ChannelBinding::none()
+        // `tls-server-end-point` over the certificate the server presented
+        // in this session: tokio-postgres then logs in with
+        // SCRAM-SHA-256-PLUS when the server offers it (and, under
+        // `channel_binding=require`, refuses to log in without it).
+        self.0
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| crate::binding::server_end_point(leaf))
+            .map_or_else(ChannelBinding::none, ChannelBinding::tls_server_end_point)
     }
 }
 

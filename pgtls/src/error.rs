@@ -43,6 +43,17 @@ pub enum ConnectError {
         /// The value in the URL.
         url: String,
     },
+    /// `channel_binding=require` on a URL that a client which cannot bind
+    /// also connects with, and no `verify-full` to stand in for it.
+    #[error(
+        "{section}.url sets channel_binding=require, but {client} cannot bind its login to TLS; set sslmode=verify-full in {section}.url as well (it authenticates the server on every connection), or use channel_binding=prefer"
+    )]
+    BindingUnavailable {
+        /// The config section (`[source]`).
+        section: String,
+        /// The client that cannot bind.
+        client: &'static str,
+    },
     /// `sslrootcert` names a file that cannot be read.
     #[error("sslrootcert {} cannot be read; check the path and that walhook may read the file", path.display())]
     RootCertUnreadable {

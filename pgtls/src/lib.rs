@@ -17,11 +17,19 @@
 //! - [`RustlsConnector`]: the `MakeTlsConnect` carrying out the policy with
 //!   rustls (no OpenSSL), whose errors name the check that failed.
 //!
+//! - [`binding`]: SCRAM channel binding (`tls-server-end-point`), offered
+//!   on every TLS session the connector makes.
+//! - [`exposure`]: whether a connection leaves the machine without the
+//!   server being authenticated, and the start-up warning that says so.
+//!
 //! The platform pool and capture's SQL session use the connector; the
-//! replication stream gives the same [`TlsOptions`] to pgwire-replication.
+//! replication stream gives the same [`TlsOptions`] to pgwire-replication
+//! (which cannot bind SCRAM to TLS: see [`ConnectOptions::channel_binding`]).
 
+pub mod binding;
 pub mod connector;
 pub mod error;
+pub mod exposure;
 pub mod mode;
 pub mod options;
 mod params;

@@ -98,6 +98,8 @@ impl TlsOptions {
 pub struct ConnectOptions {
     config: tokio_postgres::Config,
     tls: TlsOptions,
+    /// The config section the URL came from (`[source]`), for messages.
+    section: String,
 }
 
 impl ConnectOptions {
@@ -162,7 +164,11 @@ impl ConnectOptions {
             },
             root_given: root.is_some(),
         };
-        Ok(ConnectOptions { config, tls })
+        Ok(ConnectOptions {
+            config,
+            tls,
+            section: section.to_owned(),
+        })
     }
 
     /// tokio-postgres's settings; their `ssl_mode` is the transport side
@@ -174,6 +180,38 @@ impl ConnectOptions {
     /// The TLS policy.
     pub fn tls(&self) -> &TlsOptions {
         &self.tls
+    }
+
+    /// The config section the URL came from (`[platform]`, `[source]`).
+    pub fn section(&self) -> &str {
+        &self.section
+    }
+
+    /// The URL's `channel_binding` (`disable`, `prefer`, the default, or
+    /// `require`), which tokio-postgres carries out on the SQL sessions:
+    /// SCRAM-SHA-256-PLUS whenever the server offers it over TLS, bound to
+    /// the server's certificate ([`crate::binding`]). The replication
+    /// stream's client (pgwire-replication 0.5) cannot bind; see
+    /// [`ConnectOptions::require_binding_everywhere`].
+    pub fn channel_binding(&self) -> tokio_postgres::config::ChannelBinding {
+        self.config.get_channel_binding()
+    }
+
+    /// Refuses `channel_binding=require` for a connection that is also
+    /// opened by `client`, a client that cannot bind, unless `verify-full`
+    /// authenticates the server there instead: otherwise the promise of
+    /// `require` (no man in the middle can relay the login) would hold for
+    /// one connection and silently not for the other.
+    pub fn require_binding_everywhere(&self, client: &'static str) -> Result<(), ConnectError> {
+        if self.channel_binding() == tokio_postgres::config::ChannelBinding::Require
+            && self.tls.verification() != Verification::Full
+        {
+            return Err(ConnectError::BindingUnavailable {
+                section: self.section.clone(),
+                client,
+            });
+        }
+        Ok(())
     }
 
     /// The connector carrying out the policy; reads `sslrootcert` now, so

@@ -159,3 +159,65 @@ fn a_missing_or_empty_root_file_is_named() {
         .connector()
         .unwrap();
 }
+
+#[test]
+fn channel_binding_is_read_from_either_url_form() {
+    use tokio_postgres::config::ChannelBinding;
+    for (url, want) in [
+        ("postgres://h/d", ChannelBinding::Prefer),
+        (
+            "postgres://h/d?channel_binding=require",
+            ChannelBinding::Require,
+        ),
+        (
+            "postgres://h/d?channel_binding=disable",
+            ChannelBinding::Disable,
+        ),
+        (
+            "host=h dbname=d channel_binding=require",
+            ChannelBinding::Require,
+        ),
+    ] {
+        assert_eq!(
+            parse(url, TlsFields::default()).unwrap().channel_binding(),
+            want,
+            "{url}"
+        );
+    }
+    let err = parse(
+        "postgres://u:hunter2@h/d?channel_binding=always",
+        TlsFields::default(),
+    )
+    .unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("[platform].url is not a valid"), "{shown}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[test]
+fn require_binds_everywhere_or_verify_full_stands_in() {
+    let client = "the replication stream (pgwire-replication)";
+    let check = |url: &str| {
+        ConnectOptions::parse(&DatabaseUrl::new(url), "[source]", &TlsFields::default())
+            .unwrap()
+            .require_binding_everywhere(client)
+    };
+    check("postgres://h/d").unwrap();
+    check("postgres://h/d?channel_binding=prefer&sslmode=require").unwrap();
+    check("postgres://h/d?channel_binding=require&sslmode=verify-full").unwrap();
+    check("postgres://h/d?channel_binding=require&sslrootcert=system").unwrap();
+    for url in [
+        "postgres://u:hunter2@h/d?channel_binding=require",
+        "postgres://u:hunter2@h/d?channel_binding=require&sslmode=verify-ca&sslrootcert=/ca.pem",
+    ] {
+        let err = check(url).unwrap_err().to_string();
+        assert!(
+            err.contains("[source].url sets channel_binding=require")
+                && err.contains(client)
+                && err.contains("sslmode=verify-full")
+                && err.contains("channel_binding=prefer"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

@@ -1,7 +1,8 @@
 //! What a stage set aside instead of failing: one bad record, one broken
-//! endpoint, one unknown tenant. Never dropped silently: counted, logged,
-//! stored (table `walhook.incidents`, one open row per stage, kind and
-//! subject, with an occurrence count) and shown by reconciliation.
+//! endpoint, one unknown tenant, one day the archive could not write. Never
+//! dropped silently: counted, logged, stored (table `walhook.incidents`, one
+//! open row per stage, kind and subject, with an occurrence count) and shown
+//! by reconciliation.
 //!
 //! Capture's own incidents (truncates, rows a rule could not turn into an
 //! event) carry WAL positions and live in [`crate::capture::Incident`].
@@ -23,6 +24,8 @@ pub enum Stage {
     Dispatch,
     /// The endpoint directory (loading endpoints and secrets).
     Directory,
+    /// The archive (day partitions into Parquet).
+    Archive,
 }
 
 impl Stage {
@@ -32,6 +35,7 @@ impl Stage {
             Stage::Fanout => "fanout",
             Stage::Dispatch => "dispatch",
             Stage::Directory => "directory",
+            Stage::Archive => "archive",
         }
     }
 }
@@ -53,6 +57,10 @@ pub enum IncidentKind {
     /// An endpoint whose row or secret could not be loaded: its deliveries
     /// wait, every other endpoint goes on (subject: the endpoint id).
     EndpointQuarantined,
+    /// A table's day that could not be archived: its rows stay hot, later
+    /// days and other tables go on; resolved when a run archives it
+    /// (subject: `table/YYYY-MM-DD`).
+    ArchiveDayFailed,
 }
 
 impl IncidentKind {
@@ -64,6 +72,7 @@ impl IncidentKind {
             IncidentKind::UnstorableResult => "unstorable_result",
             IncidentKind::UnreadableDelivery => "unreadable_delivery",
             IncidentKind::EndpointQuarantined => "endpoint_quarantined",
+            IncidentKind::ArchiveDayFailed => "archive_day_failed",
         }
     }
 }

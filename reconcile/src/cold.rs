@@ -1,6 +1,9 @@
 //! Archived days the window touches: every object their manifests name is
 //! read back and matched (the archive's own verification), and the rows
-//! they hold are counted per tenant from the manifests.
+//! they hold are counted per tenant from the manifests. Days the archive
+//! failed to write (open `archive_day_failed` incidents) are listed too,
+//! with the cause: their rows are still hot (counted by the hot stage), so
+//! they are no gap, but an auditor sees that the day is not cold yet.
 
 use std::time::SystemTime;
 
@@ -120,5 +123,30 @@ pub async fn run<S: ObjectStore>(
         tracing::debug!(table = %name, %day, took = ?started.elapsed().unwrap_or_default(), "archived day checked");
         out.push(checked);
     }
+    out.extend(failed_days(client, *first, *last).await?);
     Ok(out)
+}
+
+/// Days of `first..=last` whose archiving failed and that no run has
+/// archived since, with the incident's cause.
+async fn failed_days(
+    client: &tokio_postgres::Client,
+    first: chrono::NaiveDate,
+    last: chrono::NaiveDate,
+) -> Result<Vec<ArchiveDay>, ReconcileError> {
+    Ok(walhook_archive::failure::failed_days(client, first, last)
+        .await
+        .map_err(ReconcileError::Archive)?
+        .into_iter()
+        .map(|f| ArchiveDay {
+            table: f.table.name().to_owned(),
+            day: f.day.to_string(),
+            generation: 0,
+            state: "failed".into(),
+            rows: 0,
+            files: 0,
+            verified: false,
+            problem: Some(f.cause),
+        })
+        .collect())
 }

@@ -25,8 +25,8 @@ pub struct PipelineGauges {
     pub capture: Vec<(String, Option<i64>, f64)>,
     /// Per archived table (`events`, `deliveries`, `attempts`): rows and
     /// Parquet bytes archived and dropped from the hot tables, failed
-    /// verifications, and seconds since the start of the oldest day still
-    /// hot (0 when none).
+    /// verifications, days that failed to archive, and seconds since the
+    /// start of the oldest day still hot (0 when none).
     pub archive: Vec<ArchiveGauges>,
     /// The latest reconciliation over every tenant, if any ran.
     pub reconcile: Option<ReconcileGauges>,
@@ -58,6 +58,9 @@ pub struct ArchiveGauges {
     pub verification_failures: i64,
     /// Seconds since the oldest hot day began.
     pub oldest_hot_age_secs: f64,
+    /// Days whose last archive attempt failed and that no run has archived
+    /// since (open `archive_day_failed` incidents).
+    pub failed_days: i64,
 }
 
 impl Platform {
@@ -114,7 +117,9 @@ impl Platform {
                    coalesce((SELECT sum(row_count) FILTER (WHERE state = 'dropped') FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
                    coalesce((SELECT sum(byte_count) FILTER (WHERE state = 'dropped') FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
                    coalesce((SELECT sum(verify_failures) FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
-                   coalesce((SELECT extract(epoch FROM now() - min(o.at))::float8 FROM oldest o WHERE o.name = t.name), 0) \
+                   coalesce((SELECT extract(epoch FROM now() - min(o.at))::float8 FROM oldest o WHERE o.name = t.name), 0), \
+                   (SELECT count(*) FROM walhook.incidents i WHERE i.stage = 'archive' AND i.kind = 'archive_day_failed' \
+                      AND i.resolved_at IS NULL AND split_part(i.subject, '/', 1) = t.name) \
                  FROM t ORDER BY t.name",
                 &[],
             )
@@ -156,6 +161,7 @@ impl Platform {
                     bytes: r.get(2),
                     verification_failures: r.get(3),
                     oldest_hot_age_secs: r.get(4),
+                    failed_days: r.get(5),
                 })
                 .collect(),
             pending: row.get(0),

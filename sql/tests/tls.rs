@@ -183,3 +183,72 @@ async fn a_missing_ca_file_stops_the_pool_and_names_the_path() {
     );
     assert!(!text.contains("hunter2"));
 }
+
+/// SCRAM over TLS binds the login to the TLS session (SCRAM-SHA-256-PLUS,
+/// `tls-server-end-point`): with `channel_binding=require` tokio-postgres
+/// logs in only when the server offered -PLUS and walhook's connector gave
+/// it the hash of the certificate this session presented, and the server
+/// accepts the login only when that hash is the one of its own
+/// certificate. Against the same server a wrong password is refused, so
+/// the login really is SCRAM's.
+#[tokio::test]
+async fn scram_over_tls_binds_the_login_to_the_session() {
+    let w = world(true).await;
+    let admin = w.pg.connect("postgres").await.unwrap();
+    admin
+        .batch_execute(
+            "SET password_encryption = 'scram-sha-256'; \
+             CREATE ROLE binder LOGIN PASSWORD 'b1nd-me'",
+        )
+        .await
+        .unwrap();
+    // Passwords only over TLS, only by SCRAM (the superuser keeps its
+    // trust rule for devkit's own sessions).
+    std::fs::write(
+        w.pg.data_dir().join("pg_hba.conf"),
+        "local   all all                 trust\n\
+         hostssl all postgres 127.0.0.1/32 trust\n\
+         hostssl all binder   127.0.0.1/32 scram-sha-256\n",
+    )
+    .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let url = |password: &str, params: &str| {
+        format!(
+            "postgres://binder:{password}@localhost:{}/postgres?{params}",
+            w.pg.port()
+        )
+    };
+    // The reload is asynchronous: wait until the server asks for SCRAM
+    // (a wrong password is refused) instead of sleeping.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let wrong = Platform::new(&url("wrong", "sslmode=require"), 1).unwrap();
+        match ssl_in_use(&wrong).await {
+            Err(e) if chain(&e).contains("password authentication failed") => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the SCRAM rule never took effect: {other:?}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let ca = w.ca.display().to_string();
+    for params in [
+        "sslmode=require&channel_binding=require".to_string(),
+        format!("sslmode=verify-full&sslrootcert={ca}&channel_binding=require"),
+        // The default (`prefer`) binds too; `disable` logs in unbound.
+        format!("sslmode=verify-full&sslrootcert={ca}"),
+        "sslmode=require&channel_binding=disable".to_string(),
+    ] {
+        let platform = Platform::new(&url("b1nd-me", &params), 1).unwrap();
+        let in_use = ssl_in_use(&platform).await;
+        assert!(
+            matches!(in_use, Ok(true)),
+            "{params}: {:?}",
+            in_use.map_err(|e| chain(&e))
+        );
+    }
+}

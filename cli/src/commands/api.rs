@@ -120,6 +120,7 @@ pub async fn spawn(
 /// Serves until SIGINT/SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
+    cfg.warn_unauthenticated_databases(false);
     let platform = platform(&cfg)?;
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",

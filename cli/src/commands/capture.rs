@@ -64,6 +64,7 @@ impl CaptureObserver for StderrObserver {
 /// Runs capture.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = Config::load(&args.config)?;
+    cfg.warn_unauthenticated_databases(true);
     cfg.accept_slot_loss = args.accept_slot_loss;
     if !args.stdout && cfg.log.kind == LogKind::Fluvio {
         if args.until_caught_up {

@@ -43,6 +43,7 @@ pub struct Args {
 /// Runs until SIGINT/SIGTERM, then drains attempts in flight and exits.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
+    cfg.warn_unauthenticated_databases(false);
     let mut settings = crate::pipeline::dispatch_settings(&cfg);
     if let Some(id) = args.node_id {
         settings.node_id = super::fanout::check_node_id(&id)?;

@@ -77,6 +77,7 @@ pub fn check_node_id(id: &str) -> anyhow::Result<String> {
 /// batch, dispatch drains its attempts in flight).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
+    cfg.warn_unauthenticated_databases(false);
     if cfg.log.kind != LogKind::Fluvio {
         bail!(
             "walhook fanout needs a log shared between processes: set [log] kind = \"fluvio\" (and [log] endpoint) in {}, \

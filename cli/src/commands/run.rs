@@ -30,6 +30,7 @@ pub struct Args {
 /// (up to [dispatch].drain_timeout) and exits.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = Config::load(&args.config)?;
+    cfg.warn_unauthenticated_databases(true);
     cfg.accept_slot_loss = args.accept_slot_loss;
     let p = cfg.platform()?;
     let keyring = cfg

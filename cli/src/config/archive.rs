@@ -23,6 +23,11 @@ pub struct ArchiveConfig {
     pub tenant_buckets: u16,
     /// Rows per Parquet part at most.
     pub part_rows: usize,
+    /// Bytes of rows per Parquet part at most (default 256 MiB, at most
+    /// 1 GiB): a part is built in memory, and a day of large payloads in
+    /// one tenant bucket is cut into parts of this size. A row bigger than
+    /// this gets a part of its own.
+    pub part_bytes: u64,
     /// How often `walhook run` archives due days; `0s` turns it off (then
     /// run `walhook archive` from cron).
     #[serde(with = "walhook_pipeline::duration")]
@@ -68,6 +73,7 @@ impl Default for ArchiveConfig {
             hot_days: walhook_archive::archiver::DEFAULT_HOT_DAYS,
             tenant_buckets: walhook_archive::layout::DEFAULT_TENANT_BUCKETS,
             part_rows: walhook_archive::archiver::DEFAULT_PART_ROWS,
+            part_bytes: walhook_archive::archiver::DEFAULT_PART_BYTES,
             every: Duration::from_secs(3600),
             replay_window: walhook_archive::cold::DEFAULT_REPLAY_WINDOW,
             retention_days: 0,
@@ -124,6 +130,15 @@ impl ArchiveConfig {
                 self.part_rows
             );
         }
+        const MIB: u64 = 1024 * 1024;
+        let max = walhook_archive::archiver::MAX_PART_BYTES;
+        if !(MIB..=max).contains(&self.part_bytes) {
+            bail!(
+                "[archive] part_bytes = {} is out of range: use {MIB} (1 MiB) to {max} (1 GiB); the default is {} (256 MiB)",
+                self.part_bytes,
+                walhook_archive::archiver::DEFAULT_PART_BYTES
+            );
+        }
         Ok(())
     }
 
@@ -141,6 +156,7 @@ impl ArchiveConfig {
             hot_days: self.hot_days,
             tenant_buckets: self.tenant_buckets,
             part_rows: self.part_rows,
+            part_bytes: self.part_bytes,
             retention_days: (self.retention_days > 0).then_some(self.retention_days),
             ..walhook_archive::Settings::default()
         }
@@ -161,5 +177,37 @@ impl ArchiveConfig {
             }
             _ => AnyStore::Local(LocalDirStore::open(&self.path)?),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_bytes_is_read_bounded_and_named_with_its_fix() {
+        let default = ArchiveConfig::default();
+        default.validate().unwrap();
+        assert_eq!(default.settings().part_bytes, 256 * 1024 * 1024);
+        let small: ArchiveConfig = toml::from_str("part_bytes = 4194304").unwrap();
+        small.validate().unwrap();
+        assert_eq!(small.settings().part_bytes, 4 * 1024 * 1024);
+        for bad in [
+            0,
+            1024 * 1024 - 1,
+            walhook_archive::archiver::MAX_PART_BYTES + 1,
+        ] {
+            let cfg = ArchiveConfig {
+                part_bytes: bad,
+                ..ArchiveConfig::default()
+            };
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("[archive] part_bytes = {bad} is out of range"))
+                    && err.contains("1 MiB")
+                    && err.contains("1 GiB"),
+                "{err}"
+            );
+        }
     }
 }

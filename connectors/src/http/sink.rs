@@ -309,27 +309,43 @@ pub fn response_excerpt(body: &[u8]) -> String {
     )
 }
 
-/// What the outcome needs of a response's head.
-struct Head {
-    status: u16,
-    retry_after: Option<std::time::Duration>,
+/// What the outcome needs of a receiver's response head: its status and
+/// its `Retry-After`, read once the head has arrived (hyper parsed the
+/// status line and headers and refused what HTTP/1.1 does not allow, a
+/// `Content-Length` that is not a number included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// The status code.
+    pub status: u16,
+    /// The first `Retry-After`, as a delay from `now_unix` (saturating: see
+    /// [`parse_retry_after`]); `None` when absent or not a delay.
+    pub retry_after: Option<std::time::Duration>,
 }
 
-impl Head {
-    fn of(status: http::StatusCode, headers: &http::HeaderMap) -> Head {
-        Head {
+impl ResponseHead {
+    /// Reads `status` and `headers` as they came from the receiver, at
+    /// `now_unix` (Unix seconds). Never panics, whatever the values.
+    pub fn read(status: http::StatusCode, headers: &http::HeaderMap, now_unix: i64) -> Self {
+        ResponseHead {
             status: status.as_u16(),
             retry_after: headers
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, Timestamp::now().unix_seconds())),
+                .and_then(|v| parse_retry_after(v, now_unix)),
         }
+    }
+
+    fn now(status: http::StatusCode, headers: &http::HeaderMap) -> Self {
+        Self::read(status, headers, Timestamp::now().unix_seconds())
     }
 }
 
 /// What is kept of a response body: its SHA-256 and its first bytes, up to
-/// a limit on the bytes read.
-struct BodyTap {
+/// a limit on the bytes read (`[egress].max_response_bytes`), whatever the
+/// receiver declared in `Content-Length`: the count is ours, so no size a
+/// receiver writes enters any arithmetic.
+#[derive(Debug, Clone)]
+pub struct BodyTap {
     hasher: Sha256,
     kept: Vec<u8>,
     read: usize,
@@ -337,7 +353,8 @@ struct BodyTap {
 }
 
 impl BodyTap {
-    fn new(limit: usize) -> Self {
+    /// A tap that reads at most `limit` bytes.
+    pub fn new(limit: usize) -> Self {
         BodyTap {
             hasher: Sha256::new(),
             kept: Vec::new(),
@@ -347,22 +364,27 @@ impl BodyTap {
     }
 
     /// Takes `chunk`, cut at the limit; `false` once the limit is reached.
-    fn take(&mut self, chunk: &[u8]) -> bool {
-        let take = chunk.len().min(self.limit - self.read);
+    pub fn take(&mut self, chunk: &[u8]) -> bool {
+        let take = chunk.len().min(self.limit.saturating_sub(self.read));
         self.hasher.update(&chunk[..take]);
         if self.kept.len() < EXCERPT_READ_BYTES {
             self.kept
                 .extend_from_slice(&chunk[..take.min(EXCERPT_READ_BYTES - self.kept.len())]);
         }
-        self.read += take;
+        self.read = self.read.saturating_add(take);
         self.read < self.limit
+    }
+
+    /// Bytes taken so far (never more than the limit).
+    pub fn read(&self) -> usize {
+        self.read
     }
 
     /// The attempt's result for a response with `head`: the status
     /// decides the outcome (a body cut short or too slow does not change
     /// it).
-    fn result(self, head: Head) -> EgressResult {
-        let Head {
+    pub fn result(self, head: ResponseHead) -> EgressResult {
+        let ResponseHead {
             status,
             retry_after,
         } = head;
@@ -401,7 +423,7 @@ impl HttpEgress {
                 Err(_) => return EgressResult::bare(classify_failure(ErrorClass::Timeout)),
             };
         let (parts, mut body) = response.into_parts();
-        let head = Head::of(parts.status, &parts.headers);
+        let head = ResponseHead::now(parts.status, &parts.headers);
         let mut tap = BodyTap::new(self.settings.max_response_bytes);
         let complete = loop {
             match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -437,7 +459,7 @@ impl HttpEgress {
             Ok(r) => r,
             Err(e) => return EgressResult::bare(classify_failure(classify_error(&e))),
         };
-        let head = Head::of(response.status(), response.headers());
+        let head = ResponseHead::now(response.status(), response.headers());
         let mut tap = BodyTap::new(self.settings.max_response_bytes);
         let mut stream = response.bytes_stream();
         while let Some(Ok(chunk)) = stream.next().await {

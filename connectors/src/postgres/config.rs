@@ -567,13 +567,17 @@ impl RuleConfig {
 
 impl SourceConfig {
     /// The connection settings of `url` and the TLS fields (checked, no
-    /// file read).
+    /// file read). `channel_binding=require` needs `verify-full` here: the
+    /// replication stream's client cannot bind (see
+    /// [`super::connect::replication_config`]).
     pub fn connect_options(&self) -> Result<ConnectOptions, ConnectError> {
         let fields = TlsFields {
             sslmode: self.sslmode,
             sslrootcert: self.sslrootcert.clone(),
         };
-        ConnectOptions::parse(&self.url, "[source]", &fields)
+        let options = ConnectOptions::parse(&self.url, "[source]", &fields)?;
+        options.require_binding_everywhere(super::connect::STREAM_CLIENT)?;
+        Ok(options)
     }
 
     /// Checks the source and its rules without touching a database.
@@ -650,6 +654,26 @@ mod tests {
 
     fn source() -> SourceConfig {
         toml::from_str(r#"url = "postgres://u@127.0.0.1/db""#).unwrap()
+    }
+
+    #[test]
+    fn channel_binding_require_needs_verify_full_for_the_stream() {
+        let with = |url: &str| {
+            toml::from_str::<SourceConfig>(&format!("url = {url:?}"))
+                .unwrap()
+                .connect_options()
+        };
+        with("postgres://u@db.example.com/db?channel_binding=prefer").unwrap();
+        with("postgres://u@db.example.com/db?channel_binding=require&sslmode=verify-full").unwrap();
+        let err = with("postgres://u:pw@db.example.com/db?channel_binding=require&sslmode=require")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[source].url sets channel_binding=require")
+                && err.contains("pgwire-replication")
+                && err.contains("sslmode=verify-full"),
+            "{err}"
+        );
     }
 
     #[test]

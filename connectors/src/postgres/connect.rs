@@ -12,12 +12,25 @@
 //! Capture opens the SQL session first, so a certificate that does not
 //! verify is reported by walhook's connector, whose errors name the check
 //! that failed, before the stream tries.
+//!
+//! Channel binding: the SQL session binds its SCRAM login to the TLS
+//! session (SCRAM-SHA-256-PLUS, `tls-server-end-point`) whenever the server
+//! offers it. pgwire-replication 0.5, the stream's client, implements
+//! SCRAM-SHA-256 only (its client-first message says `n,,`: no binding),
+//! so the stream's login is never bound; with `channel_binding=require`
+//! the source must therefore use `sslmode=verify-full`, which authenticates
+//! the server on the stream as well ([`STREAM_CLIENT`] names it in the
+//! refusal).
 
 use pgwire_replication::{ReplicationConfig, SslMode as WireMode, TlsConfig};
 use tokio_postgres::config::Host;
 use walhook_pgtls::{ConnectOptions, Roots, SslMode, Verification};
 
 use super::error::CaptureError;
+
+/// The replication stream's client, as refusals name it.
+pub const STREAM_CLIENT: &str =
+    "capture's replication stream (pgwire-replication 0.5 logs in with SCRAM-SHA-256 only)";
 
 /// Connects a plain SQL session to the captured database.
 pub async fn connect_sql(options: &ConnectOptions) -> Result<tokio_postgres::Client, CaptureError> {

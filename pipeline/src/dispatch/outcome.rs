@@ -197,36 +197,53 @@ pub fn classify_failure(class: ErrorClass) -> AttemptOutcome {
 }
 
 /// Parses `Retry-After` (seconds or an HTTP date) relative to `now_unix`.
+///
+/// The receiver writes this value, so no value may overflow or panic:
+/// delta-seconds too large for a `u64` saturate (the retry policy caps
+/// what it honours anyway, see `RetryPolicy::delay`), a date in the past
+/// means "now", and a date outside what an IMF-fixdate can write (years
+/// 0000 to 9999, valid clock fields) is not a date.
 pub fn parse_retry_after(value: &str, now_unix: i64) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // delta-seconds = 1*DIGIT (RFC 9110 §10.2.3): only too many digits
+        // can fail to parse, and they mean "longer than anyone waits".
+        return Some(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
     }
     let when = parse_http_date(value)?;
     Some(Duration::from_secs(
-        u64::try_from(when - now_unix).unwrap_or(0),
+        u64::try_from(when.saturating_sub(now_unix)).unwrap_or(0),
     ))
 }
 
 /// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) to Unix seconds.
+///
+/// Every field is range-checked before any arithmetic, so the sum below
+/// stays within ±400 billion seconds: no input can overflow it.
 fn parse_http_date(s: &str) -> Option<i64> {
     let parts: Vec<&str> = s.split_whitespace().collect();
     if parts.len() != 6 || parts[5] != "GMT" {
         return None;
     }
-    let day: i64 = parts[1].parse().ok()?;
+    let day = two_digits_or_one(parts[1])?;
     let month = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ]
     .iter()
     .position(|m| *m == parts[2])? as i64
         + 1;
+    // An IMF-fixdate's year is exactly four digits.
+    if parts[3].len() != 4 || !parts[3].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let year: i64 = parts[3].parse().ok()?;
     let hms: Vec<i64> = parts[4]
         .split(':')
-        .map(|p| p.parse().ok())
+        .map(two_digits_or_one)
         .collect::<Option<_>>()?;
-    if hms.len() != 3 || !(1..=31).contains(&day) {
+    if hms.len() != 3 || !(1..=31).contains(&day) || hms[0] > 23 || hms[1] > 59 || hms[2] > 60 {
         return None;
     }
     // Days from civil (Howard Hinnant).
@@ -238,6 +255,14 @@ fn parse_http_date(s: &str) -> Option<i64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     Some(days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2])
+}
+
+/// A clock or day field: one or two ASCII digits (no sign, no spaces).
+fn two_digits_or_one(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 2 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 #[cfg(test)]
@@ -290,5 +315,85 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("soon", 0), None);
+    }
+
+    #[test]
+    fn retry_after_extremes_saturate_and_never_panic() {
+        let now = 1_700_000_000;
+        // Too many digits for a u64: "longer than anyone waits".
+        assert_eq!(
+            parse_retry_after("99999999999999999999", now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse_retry_after("18446744073709551615", now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse_retry_after(&"9".repeat(10_000), now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        // Negative, signed, fractional and empty values are not delays.
+        for bad in ["-1", "-99999999999999999999", "+5", "1.5", "", " ", "1e9"] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
+        }
+        // Far past: now. Far future: the whole span, in range.
+        assert_eq!(
+            parse_retry_after("Mon, 01 Jan 0001 00:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            parse_retry_after("Sat, 01 Jan 0000 00:00:00 GMT", i64::MAX),
+            Some(Duration::ZERO)
+        );
+        let far = parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now).unwrap();
+        assert_eq!(far.as_secs(), 253_402_300_799 - now as u64);
+        assert_eq!(
+            parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", i64::MIN),
+            Some(Duration::from_secs(i64::MAX as u64))
+        );
+        // Fields outside an IMF-fixdate are refused, not wrapped.
+        for bad in [
+            "Sun, 06 Nov 99999999999999999999 08:49:37 GMT",
+            "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+            "Sun, 06 Nov -1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 9223372036854775807:00:00 GMT",
+            "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Nov 1994 08:60:00 GMT",
+            "Sun, 06 Nov 1994 08:49:61 GMT",
+            "Sun, 99 Nov 1994 08:49:37 GMT",
+            "Sun, -6 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 -8:49:37 GMT",
+            "Sun, 06 Nov 1994 08:49 GMT",
+            "Sun, 06 Nov 1994 08:49:37:01 GMT",
+        ] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(5_000))]
+
+        /// Whatever a receiver writes and whatever the clock says, parsing
+        /// returns (never panics), and a parsed date is never negative.
+        #[test]
+        fn any_retry_after_parses_without_panicking(value in ".{0,64}", now: i64) {
+            let _ = parse_retry_after(&value, now);
+        }
+
+        /// Dates built from any field values: in range they parse to the
+        /// right span, out of range they are refused.
+        #[test]
+        fn any_http_date_fields_are_safe(
+            day in -5i64..40, month in 0usize..13, year in -10i64..10_010,
+            h in -2i64..30, m in -2i64..70, s in -2i64..70, now: i64,
+        ) {
+            const MONTHS: [&str; 13] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec", "Foo"];
+            let text = format!("Mon, {day:02} {} {year:04} {h:02}:{m:02}:{s:02} GMT", MONTHS[month]);
+            let got = parse_retry_after(&text, now);
+            let valid = (1..=31).contains(&day) && month < 12 && (0..=9999).contains(&year)
+                && (0..=23).contains(&h) && (0..=59).contains(&m) && (0..=60).contains(&s);
+            proptest::prop_assert_eq!(got.is_some(), valid, "{}", text);
+        }
     }
 }

@@ -483,13 +483,36 @@ mod tests {
         assert_eq!(after.status, DeliveryStatus::Exhausted);
     }
 
+    #[test]
+    fn a_receivers_extreme_retry_after_is_capped_and_never_overflows() {
+        let p = policy();
+        let huge = retryable(ErrorClass::RateLimited, Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(p.delay(1, &huge, 0.999), p.retry_after_cap);
+        assert_eq!(p.delay(u32::MAX, &huge, 1.0), p.retry_after_cap);
+        // Near the end of time the next attempt saturates instead of
+        // wrapping into the past, and the deadline ends the delivery.
+        let s = DeliveryState::new(Timestamp(i64::MAX - 10), &p);
+        assert_eq!(s.expires_at, Timestamp(i64::MAX));
+        let after = s.next(&huge, &p, Timestamp(i64::MAX - 5), 0.5);
+        assert_eq!(after.status, DeliveryStatus::Pending);
+        assert_eq!(after.next_attempt_at, Timestamp(i64::MAX));
+        // A policy that honours any Retry-After still cannot overflow.
+        let lax = RetryPolicy {
+            retry_after_cap: Duration::MAX,
+            ..policy()
+        };
+        assert_eq!(lax.delay(1, &huge, 0.5), Duration::from_secs(u64::MAX));
+        let after = DeliveryState::new(Timestamp(0), &lax).next(&huge, &lax, Timestamp(1), 0.5);
+        assert_eq!(after.status, DeliveryStatus::Exhausted);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(10_000))]
 
         /// The delay stays within [0, ceiling], raised only by the floor and
         /// a capped Retry-After.
         #[test]
-        fn delays_stay_in_bounds(attempts in 1u32..100, jitter in 0.0f64..1.0, ra in proptest::option::of(0u64..100_000), rate_limited: bool) {
+        fn delays_stay_in_bounds(attempts in 1u32..100, jitter in 0.0f64..1.0, ra in proptest::option::of(prop_oneof![0u64..100_000, Just(u64::MAX), any::<u64>()]), rate_limited: bool) {
             let p = policy();
             let class = if rate_limited { ErrorClass::RateLimited } else { ErrorClass::ServerError };
             let outcome = retryable(class, ra.map(Duration::from_secs));

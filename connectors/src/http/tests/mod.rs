@@ -8,6 +8,7 @@
 
 mod client;
 mod corpus;
+mod extremes;
 mod prop;
 mod server;
 
