@@ -62,7 +62,10 @@ async fn contract<S: ObjectStore>(store: &S) {
         .unwrap();
     let range = |r: std::ops::Range<u64>| store.get_range("t/r", r);
     assert_eq!(range(2..5).await.unwrap().as_deref(), Some(&b"234"[..]));
-    assert_eq!(range(0..10).await.unwrap().as_deref(), Some(&b"0123456789"[..]));
+    assert_eq!(
+        range(0..10).await.unwrap().as_deref(),
+        Some(&b"0123456789"[..])
+    );
     assert_eq!(range(7..100).await.unwrap().as_deref(), Some(&b"789"[..]));
     assert_eq!(range(10..20).await.unwrap().as_deref(), Some(&b""[..]));
     assert_eq!(range(4..4).await.unwrap().as_deref(), Some(&b""[..]));

@@ -121,7 +121,10 @@ mod tests {
         let day = h.day_sql(1);
         assert!(day.contains("('2026-01-01'::date + 1)"));
         for table in ["events", "deliveries", "attempts"] {
-            assert!(day.contains(&format!("INSERT INTO walhook.{table}")), "{table}");
+            assert!(
+                day.contains(&format!("INSERT INTO walhook.{table}")),
+                "{table}"
+            );
         }
         assert!(h.setup_sql().contains("walhook.tenants"));
     }
