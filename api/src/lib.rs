@@ -19,6 +19,8 @@
 //!   per-tenant quotas, and one database read per interval for the
 //!   unauthenticated `/metrics` and `/readyz`. The API has its own small
 //!   pool ([`connect`]) whose connections carry a `statement_timeout`.
+//! - [`cold`]: archived history (listings paged through archived days
+//!   within a budget, lookups in one day, reads at once per tenant).
 //! - [`error`]: RFC 9457 problem documents naming the field at fault.
 //! - [`extract`]: JSON bodies and query strings parsed into problems, not
 //!   plain-text rejections.
@@ -33,6 +35,7 @@
 
 pub mod auth;
 pub mod cache;
+pub mod cold;
 pub mod console;
 pub mod cursor;
 pub mod error;
@@ -54,6 +57,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use walhook_sql::{Platform, StoreError};
 
+pub use cold::Cold;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use settings::{ApiLimits, ApiSettings};
@@ -85,9 +89,6 @@ pub struct ApiState {
     /// details and replays of deliveries that left the hot tables.
     pub cold: Option<Arc<Cold>>,
 }
-
-/// The archive's cold history over the configured store.
-pub type Cold = walhook_archive::cold::ColdHistory<walhook_connectors::objstore::AnyStore>;
 
 /// What requests share to stay within the limits.
 #[derive(Debug)]
@@ -122,8 +123,11 @@ impl ApiState {
         }
     }
 
-    /// The same state, reading archived history from `cold`.
+    /// The same state, reading archived history from `cold` (its reads
+    /// and refusals are on `/metrics`).
     pub fn with_cold(mut self, cold: Arc<Cold>) -> Self {
+        self.metrics
+            .register_collector(Box::new(cold::ColdCollector(cold.clone())));
         self.cold = Some(cold);
         self
     }

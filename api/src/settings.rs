@@ -50,6 +50,10 @@ pub const DEFAULT_MAX_ENDPOINTS_PER_TENANT: u32 = 100;
 /// The default number of test events a tenant may send per minute.
 pub const DEFAULT_TEST_EVENTS_PER_MINUTE: u32 = 60;
 
+/// The default number of archive reads (listings reaching archived days,
+/// lookups of archived deliveries, restores) one tenant may have at once.
+pub const DEFAULT_COLD_READS_PER_TENANT: usize = walhook_archive::cold::DEFAULT_READS_PER_TENANT;
+
 /// The furthest back a recovery may start: older deliveries are past every
 /// retry deadline and most archives' hot window, and a wider window is an
 /// unbounded amount of work.
@@ -73,6 +77,9 @@ pub struct ApiLimits {
     pub max_endpoints_per_tenant: u32,
     /// Test events per tenant and minute (`[api].test_events_per_minute`).
     pub test_events_per_minute: u32,
+    /// Archive reads one tenant may have at once
+    /// (`[api].cold_reads_per_tenant`): more are answered 429.
+    pub cold_reads_per_tenant: usize,
 }
 
 impl Default for ApiLimits {
@@ -85,6 +92,7 @@ impl Default for ApiLimits {
             metrics_cache: DEFAULT_METRICS_CACHE,
             max_endpoints_per_tenant: DEFAULT_MAX_ENDPOINTS_PER_TENANT,
             test_events_per_minute: DEFAULT_TEST_EVENTS_PER_MINUTE,
+            cold_reads_per_tenant: DEFAULT_COLD_READS_PER_TENANT,
         }
     }
 }
@@ -150,6 +158,14 @@ impl ApiLimits {
             return Err(invalid(
                 "max_endpoints_per_tenant",
                 format!("is 0; give at least 1 ({DEFAULT_MAX_ENDPOINTS_PER_TENANT} is usual)"),
+            ));
+        }
+        if self.cold_reads_per_tenant == 0 {
+            return Err(invalid(
+                "cold_reads_per_tenant",
+                format!(
+                    "is 0, which would refuse every archive read; give at least 1 ({DEFAULT_COLD_READS_PER_TENANT} is usual)"
+                ),
             ));
         }
         if self.test_events_per_minute == 0 {
@@ -245,6 +261,10 @@ mod tests {
         assert_eq!(
             field(|l| l.test_events_per_minute = 0),
             "test_events_per_minute"
+        );
+        assert_eq!(
+            field(|l| l.cold_reads_per_tenant = 0),
+            "cold_reads_per_tenant"
         );
         let message = ApiLimits {
             statement_timeout: Duration::from_secs(60),

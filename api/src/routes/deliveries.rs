@@ -113,6 +113,12 @@ fn filter(q: &DeliveryQuery, caller: &TenantCaller) -> Result<(DeliveryFilter, S
 }
 
 /// Lists the tenant's deliveries, newest first, with a stable cursor.
+///
+/// Past the hot rows the listing continues into archived days. A request
+/// reads a bounded number of archived days and bytes: when that budget is
+/// spent before the page is full, the page holds fewer rows than `limit`
+/// (possibly none) and a `next_cursor` to go on with. An `endpoint_id` that
+/// is not one of the tenant's endpoints is a 404.
 #[utoipa::path(get, path = "/v1/webhook-deliveries", tag = "deliveries", params(DeliveryQuery),
     responses((status = 200, description = "A page of deliveries", body = DeliveryPage), ErrorResponses),
     security(("tenant_key" = [])))]
@@ -122,45 +128,60 @@ pub async fn list_deliveries(
     QueryParams(q): QueryParams<DeliveryQuery>,
 ) -> Result<Response, ApiError> {
     let (mut f, canonical) = filter(&q, &caller)?;
+    // Another tenant's endpoint is a 404 like a missing one, before any
+    // hot or archived row is read for it.
+    if let Some(ep) = f.endpoint
+        && !state
+            .platform
+            .endpoint_is_tenants(&caller.tenant, ep)
+            .await?
+    {
+        return Err(ApiError::NotFound(format!(
+            "no endpoint {:?}",
+            ep.to_string()
+        )));
+    }
     let limit = f.limit;
     f.limit = limit + 1;
     let mut rows = state.platform.list_deliveries(&f).await?;
-    // Past the hot rows, the archive: deliveries of archived days (a
-    // delivery hot again after a restore is shown once, from the hot row).
-    if (rows.len() as i64) < f.limit
-        && let Some(cold) = &state.cold
-    {
+    let mut resume = None;
+    if let Some(cold) = &state.cold {
+        // Archived deliveries at or above the last hot row the page can
+        // show (every one, when the hot rows ran short). A delivery hot
+        // again after a restore is shown once, from the hot row.
+        let floor = (rows.len() as i64 >= f.limit)
+            .then(|| rows.last().map(keyset))
+            .flatten();
+        let page = cold.list_deliveries(&f, floor).await?;
         let hot: std::collections::HashSet<DeliveryId> = rows.iter().map(|d| d.id).collect();
-        rows.extend(
-            cold.list_deliveries(&f)
-                .await?
-                .into_iter()
-                .filter(|d| !hot.contains(&d.id)),
-        );
-        rows.sort_by(|a, b| {
-            (b.created_at, uuid::Uuid::from_bytes(b.id.0))
-                .cmp(&(a.created_at, uuid::Uuid::from_bytes(a.id.0)))
-        });
+        rows.extend(page.rows.into_iter().filter(|d| !hot.contains(&d.id)));
+        rows.sort_by_key(|d| std::cmp::Reverse(keyset(d)));
+        if let Some(at) = page.resume {
+            // The archive was not read below this position: what lies
+            // there comes on the next page.
+            rows.retain(|d| keyset(d) >= at);
+            resume = Some(at);
+        }
     }
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| {
-            rows.last().map(|d| {
-                let uuid = uuid::Uuid::from_bytes(d.id.0);
-                cursor::encode(
-                    "deliveries",
-                    &canonical,
-                    &cursor::keyset(d.created_at, uuid),
-                )
-            })
-        })
-        .flatten();
+    let position = if more {
+        rows.last().map(keyset)
+    } else {
+        resume
+    };
+    let next_cursor =
+        position.map(|(at, id)| cursor::encode("deliveries", &canonical, &cursor::keyset(at, id)));
     Ok(axum::Json(DeliveryPage {
         data: rows.into_iter().map(Delivery::from).collect(),
         next_cursor,
     })
     .into_response())
+}
+
+/// A delivery's place in listings: `(created_at, id)`.
+fn keyset(d: &walhook_sql::deliveries::DeliveryRecord) -> (std::time::SystemTime, uuid::Uuid) {
+    (d.created_at, uuid::Uuid::from_bytes(d.id.0))
 }
 
 /// One delivery with its event (the exact body) and every attempt.
@@ -208,7 +229,7 @@ pub async fn get_delivery(
         // archived delivery adds hot attempts to cold ones).
         let hot: std::collections::HashSet<_> = attempts.iter().map(|a| a.id).collect();
         let mut all: Vec<_> = cold
-            .attempts(&caller.tenant, &delivery)
+            .attempts(&caller.tenant, &delivery, attempts.len())
             .await?
             .into_iter()
             .filter(|a| !hot.contains(&a.id))

@@ -56,6 +56,9 @@ pub struct ApiConfig {
     /// Test events per tenant and minute.
     #[serde(default = "default_test_events_per_minute")]
     pub test_events_per_minute: u32,
+    /// Archive reads one tenant may have at once; more are answered 429.
+    #[serde(default = "default_cold_reads_per_tenant")]
+    pub cold_reads_per_tenant: usize,
     /// Endpoints created through the API (and those whose URL's host
     /// changes) receive nothing until they echo a signed challenge.
     #[serde(default = "yes")]
@@ -92,6 +95,10 @@ fn default_max_endpoints_per_tenant() -> u32 {
 
 fn default_test_events_per_minute() -> u32 {
     walhook_api::settings::DEFAULT_TEST_EVENTS_PER_MINUTE
+}
+
+fn default_cold_reads_per_tenant() -> usize {
+    walhook_api::settings::DEFAULT_COLD_READS_PER_TENANT
 }
 
 fn default_rotation_overlap() -> std::time::Duration {
@@ -151,6 +158,7 @@ impl ApiConfig {
             metrics_cache: self.metrics_cache,
             max_endpoints_per_tenant: self.max_endpoints_per_tenant,
             test_events_per_minute: self.test_events_per_minute,
+            cold_reads_per_tenant: self.cold_reads_per_tenant,
         }
     }
 
@@ -218,7 +226,7 @@ mod tests {
         let set = parse(&format!(
             "listen = \"127.0.0.1:0\"\n{token}\nmax_connections = 3\nstatement_timeout = \"2s\"\n\
              request_timeout = \"5s\"\nmax_concurrent_requests = 9\nmetrics_cache = \"1s\"\n\
-             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11"
+             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11\ncold_reads_per_tenant = 2"
         ))
         .unwrap();
         let limits = set.api.as_ref().unwrap().limits();
@@ -230,9 +238,10 @@ mod tests {
                 limits.max_concurrent_requests,
                 limits.metrics_cache.as_secs(),
                 limits.max_endpoints_per_tenant,
-                limits.test_events_per_minute
+                limits.test_events_per_minute,
+                limits.cold_reads_per_tenant
             ),
-            (3, 2, 5, 9, 1, 7, 11)
+            (3, 2, 5, 9, 1, 7, 11, 2)
         );
         let err = |extra: &str| {
             format!(
@@ -253,6 +262,7 @@ mod tests {
                 "[api].max_endpoints_per_tenant",
             ),
             ("test_events_per_minute = 0", "[api].test_events_per_minute"),
+            ("cold_reads_per_tenant = 0", "[api].cold_reads_per_tenant"),
         ] {
             let message = err(line);
             assert!(message.contains(field), "{line}: {message}");
