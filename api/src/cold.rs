@@ -1,12 +1,29 @@
-//! Archived history as the API reads it: the store counted as it is read
-//! (for `/metrics`), and the 429 of a tenant over its archive reads at
-//! once.
+//! Archived history as the API reads it: on threads of its own, the store
+//! counted as it is read (for `/metrics`), and the 429 of a tenant over its
+//! archive reads at once.
+//!
+//! ```text
+//!  request (API workers) ── hot rows ──▶ Postgres
+//!        │ archive read: ColdPool::run ──▶ walhook-cold threads (half the cores)
+//!        │                                  manifests, footers, pages, Parquet decoding
+//!        ◀──────────── records ─────────────┘
+//! ```
+//!
+//! Decoding Parquet is CPU work: on the API's own workers, four reads of
+//! one tenant would hold both cores of a small machine and every other
+//! tenant's request would wait behind them. On a pool of their own the
+//! archive reads of all tenants share at most half the cores, at a lower
+//! CPU priority ([`COLD_NICE`]), and the workers that answer hot requests
+//! stay free. A read handed to the pool
+//! keeps its tenant's read slot until it ends, even when the request that
+//! asked for it has gone.
 //!
 //! What a request may take from the archive is decided in
 //! [`walhook_archive::cold`]: days and bytes per listing request, reads at
 //! once per tenant (`[api].cold_reads_per_tenant`), memory for manifests
 //! and footers.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
@@ -92,5 +109,88 @@ impl Collector for ColdCollector {
         )?;
         cache.encode(metric)?;
         Ok(())
+    }
+}
+
+/// How much lower the archive read threads' CPU priority is (`nice`): when
+/// the machine is busy, the threads that answer hot requests (and
+/// Postgres) come first, and archive reads take what is left.
+pub const COLD_NICE: i32 = 10;
+
+/// Threads of [`ColdPool`]: half the cores, at least one.
+pub fn cold_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+/// A runtime of its own for archive reads (see the module docs), owned by
+/// a thread that drops it when the pool is dropped.
+#[derive(Debug)]
+pub struct ColdPool {
+    handle: tokio::runtime::Handle,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl ColdPool {
+    /// A pool of `threads` worker threads named `walhook-cold`.
+    pub fn new(threads: usize) -> std::io::Result<ColdPool> {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("walhook-cold-owner".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads.max(1))
+                    .thread_name("walhook-cold")
+                    .on_thread_start(|| {
+                        // Per thread on Linux; elsewhere the pool just runs
+                        // at the usual priority.
+                        if let Err(e) = rustix::process::nice(COLD_NICE) {
+                            tracing::debug!(error = %e, "archive read threads keep the usual CPU priority");
+                        }
+                    })
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => {
+                        let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                        // Until the pool is dropped (or its sender is).
+                        let _ = stopped.recv();
+                        runtime.shutdown_background();
+                    }
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e));
+                    }
+                }
+            })?;
+        let handle = handle_rx.recv().map_err(|_| {
+            std::io::Error::other("the archive read pool's thread ended at start")
+        })??;
+        Ok(ColdPool {
+            handle,
+            stop: Some(stop),
+        })
+    }
+
+    /// Runs `work` on the pool and waits for it.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T, walhook_archive::ArchiveError>> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        match self.handle.spawn(work).await {
+            Ok(done) => Ok(done?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(ApiError::Overloaded {
+                kind: crate::error::Overload::Busy,
+                detail: "the server is stopping; archived history could not be read".into(),
+            }),
+        }
+    }
+}
+
+impl Drop for ColdPool {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }

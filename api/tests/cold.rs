@@ -111,7 +111,9 @@ async fn start(days: u32, events: u64, limits: ApiLimits, cold_limits: ColdLimit
         Duration::from_secs(3650 * 86_400),
         cold_limits,
     ));
-    let state = ApiState::new(platform, settings, Arc::new(Metrics::new())).with_cold(cold.clone());
+    let state = ApiState::new(platform, settings, Arc::new(Metrics::new()))
+        .with_cold(cold.clone())
+        .unwrap();
     let (base, stop) = serve(state).await;
     ColdApi {
         _pg: pg,

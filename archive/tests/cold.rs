@@ -252,7 +252,7 @@ async fn a_lookup_reads_one_day(kind: Kind) {
         cold.store().take_keys();
         let id = DeliveryId(*r.id.as_bytes());
         let d = cold
-            .delivery(&tenant, id)
+            .delivery(&tenant, id, None)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{} not found", r.id));
@@ -267,9 +267,13 @@ async fn a_lookup_reads_one_day(kind: Kind) {
             );
         }
         // Its event: the day it occurred; its attempts: the days of its life.
-        let event = cold.event(&tenant, &d).await.unwrap().expect("its event");
+        let event = cold
+            .event(&tenant, &d, None)
+            .await
+            .unwrap()
+            .expect("its event");
         assert_eq!(event.record.id, d.event_id);
-        let attempts = cold.attempts(&tenant, &d, 0).await.unwrap();
+        let attempts = cold.attempts(&tenant, &d, 0, None).await.unwrap();
         assert_eq!(attempts.len(), d.attempt_count as usize, "{}", r.id);
         let event_day = chrono::DateTime::<chrono::Utc>::from(d.event_occurred_at)
             .date_naive()
@@ -289,7 +293,7 @@ async fn a_lookup_reads_one_day(kind: Kind) {
         .find(|r| r.tenant == "tenant-1")
         .unwrap();
     assert!(
-        cold.delivery(&tenant, DeliveryId(*other.id.as_bytes()))
+        cold.delivery(&tenant, DeliveryId(*other.id.as_bytes()), None)
             .await
             .unwrap()
             .is_none()
@@ -297,7 +301,7 @@ async fn a_lookup_reads_one_day(kind: Kind) {
     cold.store().take_keys();
     let before = cold.store().totals();
     assert!(
-        cold.delivery(&tenant, DeliveryId([0xee; 16]))
+        cold.delivery(&tenant, DeliveryId([0xee; 16]), None)
             .await
             .unwrap()
             .is_none()
@@ -319,7 +323,7 @@ async fn a_lookup_reads_one_day(kind: Kind) {
     let cold = a.cold(ColdLimits::default());
     for r in &picks {
         let id = DeliveryId(*r.id.as_bytes());
-        assert!(cold.delivery(&tenant, id).await.unwrap().is_some());
+        assert!(cold.delivery(&tenant, id, None).await.unwrap().is_some());
     }
 }
 
@@ -391,11 +395,11 @@ async fn a_tenants_reads_past_its_cap_are_refused_and_others_go_on() {
     let waiting = gate.waiting.notified();
     let first = tokio::spawn({
         let cold = cold.clone();
-        async move { cold.list_deliveries(&filter("tenant-0"), None).await }
+        async move { cold.list_deliveries(&filter("tenant-0"), None, None).await }
     });
     waiting.await;
     let refused = cold
-        .list_deliveries(&filter("tenant-0"), None)
+        .list_deliveries(&filter("tenant-0"), None, None)
         .await
         .unwrap_err();
     assert!(
@@ -419,7 +423,7 @@ async fn a_tenants_reads_past_its_cap_are_refused_and_others_go_on() {
             .as_bytes(),
     );
     assert!(matches!(
-        cold.delivery(&tenant, id).await,
+        cold.delivery(&tenant, id, None).await,
         Err(ArchiveError::TenantReadsBusy { .. })
     ));
     assert_eq!(cold.stats().refused, 2);
@@ -431,14 +435,14 @@ async fn a_tenants_reads_past_its_cap_are_refused_and_others_go_on() {
     // Another tenant is not held back by tenant-0's cap.
     gate.open.add_permits(1_000_000);
     let other = cold
-        .list_deliveries(&filter("tenant-1"), None)
+        .list_deliveries(&filter("tenant-1"), None, None)
         .await
         .unwrap();
     assert_eq!(other.rows.len(), 40);
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.rows.len(), 40);
     // The slot is free again.
-    cold.list_deliveries(&filter("tenant-0"), None)
+    cold.list_deliveries(&filter("tenant-0"), None, None)
         .await
         .unwrap();
 }

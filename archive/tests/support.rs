@@ -238,7 +238,7 @@ pub async fn page_through(
     loop {
         let before = cold.store().totals();
         cold.store().take_keys();
-        let page = cold.list_deliveries(&filter, None).await.unwrap();
+        let page = cold.list_deliveries(&filter, None, None).await.unwrap();
         let after = cold.store().totals();
         assert_eq!(
             page.bytes,

@@ -72,7 +72,7 @@ impl History {
                     convert_to('{{\"id\":' || i || ',\"total\":' || (i % 997) || '}}', 'UTF8'),
                     sha256(convert_to('{{\"id\":' || i || ',\"total\":' || (i % 997) || '}}', 'UTF8'))
              FROM generate_series({first}, {first} + {n} - 1) i,
-                  LATERAL (SELECT ({lsn}::int8 + i * 4096) AS lsn) l;
+                  LATERAL (SELECT ({lsn}::int8 + i::int8 * 4096) AS lsn) l;
              INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at,
                  endpoint_config_version, status, attempt_count, next_attempt_at, expires_at, created_at,
                  updated_at, last_http_status, last_error_class)

@@ -41,7 +41,7 @@ use walhook_sql::deliveries::{DeliveryFilter, DeliveryRecord};
 use super::predicate::{Keyset, Pred};
 use super::prune::{Cond, Selection};
 use super::reader::Spend;
-use super::{ColdHistory, Read, day_of, day_start, instant, micros, rows, tenant_files};
+use super::{ColdHistory, Read, Slot, day_of, day_start, instant, micros, rows, tenant_files};
 use crate::ArchiveError;
 use crate::manifest::FileEntry;
 use crate::table::Table;
@@ -104,11 +104,13 @@ impl<S: ObjectStore> ColdHistory<S> {
     /// has from elsewhere: nothing below it is needed).
     ///
     /// Reads nothing, and takes no read slot, when no archived day lies in
-    /// the window.
+    /// the window; uses `held` when the caller took the tenant's slot
+    /// already ([`ColdHistory::hold`]).
     pub async fn list_deliveries(
         &self,
         filter: &DeliveryFilter,
         floor: Option<(SystemTime, Uuid)>,
+        held: Option<&Slot>,
     ) -> Result<ListPage, ArchiveError> {
         let need = filter.limit.max(0) as usize;
         let key = |(t, id): (SystemTime, Uuid)| (micros(t), *id.as_bytes());
@@ -126,21 +128,21 @@ impl<S: ObjectStore> ColdHistory<S> {
         if need == 0 || upper.is_some_and(|u| lower.is_some_and(|l| u <= l)) {
             return Ok(ListPage::default());
         }
-        let Some(newest) = self.newest_day(Table::Deliveries).await? else {
-            return Ok(ListPage::default());
-        };
         // The last day the window reaches (a nil id at a day's start
-        // excludes that day).
-        let top = upper.map_or(newest, |u| day_of(last_time(u)).min(newest));
+        // excludes that day), and the first.
+        let top = upper.map(|u| day_of(last_time(u)));
         let bottom = lower.map(|(t, _)| day_of(t));
-        if bottom.is_some_and(|b| b > top) {
+        if bottom.is_some_and(|b| top.is_some_and(|t| b > t)) {
             return Ok(ListPage::default());
         }
-        let _slot = self.slot(&filter.tenant)?;
         let budget_days = self.limits.days_per_request.max(1);
         let days = self
-            .days(Table::Deliveries, bottom, Some(top), Some(budget_days + 1))
+            .days(Table::Deliveries, bottom, top, Some(budget_days + 1))
             .await?;
+        if days.is_empty() {
+            return Ok(ListPage::default());
+        }
+        let _slot = self.slot(&filter.tenant, held)?;
         let spend = Spend::unlimited();
         let mut page = ListPage::default();
         let mut rows: Vec<DeliveryRecord> = Vec::new();

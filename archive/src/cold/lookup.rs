@@ -17,7 +17,7 @@ use walhook_sql::deliveries::{AttemptRow, DeliveryRecord};
 use super::predicate::Pred;
 use super::prune::{Cond, Selection};
 use super::reader::Spend;
-use super::{ColdEvent, ColdHistory, Read, day_of, micros, rows, tenant_files};
+use super::{ColdEvent, ColdHistory, Read, Slot, day_of, micros, rows, tenant_files};
 use crate::ArchiveError;
 use crate::dates::NaiveDateSql;
 use crate::table::Table;
@@ -83,18 +83,20 @@ impl<S: ObjectStore> ColdHistory<S> {
 
     /// Archived delivery `id` of `tenant`, in its latest generation: read
     /// from the one day the id index names (and days not yet indexed,
-    /// newest first, when it is not there).
+    /// newest first, when it is not there). Takes a read slot of the
+    /// tenant unless `held` is one.
     pub async fn delivery(
         &self,
         tenant: &TenantId,
         id: DeliveryId,
+        held: Option<&Slot>,
     ) -> Result<Option<DeliveryRecord>, ArchiveError> {
         let place = self.place(id).await?;
         let days: Vec<NaiveDate> = place.indexed.into_iter().chain(place.unindexed).collect();
         if days.is_empty() {
             return Ok(None);
         }
-        let _slot = self.slot(tenant)?;
+        let _slot = self.slot(tenant, held)?;
         let spend = Spend::unlimited();
         let key = Uuid::from_bytes(id.0).to_string();
         let table = Table::Deliveries;
@@ -161,6 +163,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         &self,
         tenant: &TenantId,
         delivery: &DeliveryRecord,
+        held: Option<&Slot>,
     ) -> Result<Option<ColdEvent>, ArchiveError> {
         let table = Table::Events;
         let at = micros(delivery.event_occurred_at);
@@ -169,7 +172,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         if days.is_empty() {
             return Ok(None);
         }
-        let _slot = self.slot(tenant)?;
+        let _slot = self.slot(tenant, held)?;
         let spend = Spend::unlimited();
         let id = delivery.event_id.0;
         let key = Uuid::from_bytes(id).to_string();
@@ -246,6 +249,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         tenant: &TenantId,
         delivery: &DeliveryRecord,
         known: usize,
+        held: Option<&Slot>,
     ) -> Result<Vec<AttemptRow>, ArchiveError> {
         let table = Table::Attempts;
         let from = micros(delivery.created_at) - CLOCK_SLACK.as_micros() as i64;
@@ -268,7 +272,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         let changed = day_of(micros(last));
         let first = |d: NaiveDate| (created <= d && d <= deadline) || d == changed;
         days.sort_by_key(|d| (!first(d.day), std::cmp::Reverse(d.day)));
-        let _slot = self.slot(tenant)?;
+        let _slot = self.slot(tenant, held)?;
         let spend = Spend::unlimited();
         let output = columns(table);
         let time = table.column_index("started_at").expect("a time column");

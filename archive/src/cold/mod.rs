@@ -44,7 +44,7 @@ pub(crate) mod rows;
 mod slots;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arrow_array::RecordBatch;
 use chrono::NaiveDate;
@@ -67,13 +67,13 @@ use cache::{Meta, MetaCache};
 use predicate::Pred;
 use prune::Selection;
 use reader::{PartReader, Spend};
-use slots::{Slot, TenantSlots};
+use slots::TenantSlots;
 
 pub use cache::DEFAULT_CACHE_BYTES;
 pub use counting::{CountingStore, ReadTotals};
 pub use listing::ListPage;
 pub use predicate::Keyset;
-pub use slots::DEFAULT_READS_PER_TENANT;
+pub use slots::{DEFAULT_READS_PER_TENANT, Slot};
 
 /// The default replay window for archived deliveries.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30 * 86_400);
@@ -164,8 +164,17 @@ pub struct ColdHistory<S: ObjectStore> {
     replay_window: Duration,
     limits: ColdLimits,
     cache: MetaCache,
-    slots: TenantSlots,
+    slots: Arc<TenantSlots>,
+    /// The newest archived day of each table and when it was read
+    /// ([`ColdHistory::archived_through`]).
+    horizon: parking_lot::Mutex<[Option<Horizon>; 3]>,
 }
+
+/// When the newest archived day of a table was read, and what it was.
+type Horizon = (Instant, Option<NaiveDate>);
+
+/// How long [`ColdHistory::archived_through`] trusts what it read.
+const HORIZON_TTL: Duration = Duration::from_secs(1);
 
 impl<S: ObjectStore> std::fmt::Debug for ColdHistory<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,7 +214,8 @@ impl<S: ObjectStore> ColdHistory<S> {
             replay_window,
             limits,
             cache: MetaCache::new(limits.cache_bytes),
-            slots: TenantSlots::new(limits.reads_per_tenant),
+            slots: Arc::new(TenantSlots::new(limits.reads_per_tenant)),
+            horizon: parking_lot::Mutex::new([None; 3]),
         }
     }
 
@@ -230,9 +240,61 @@ impl<S: ObjectStore> ColdHistory<S> {
         }
     }
 
-    /// A read slot of `tenant`, or the refusal past its cap.
-    fn slot(&self, tenant: &TenantId) -> Result<Slot<'_>, ArchiveError> {
+    /// A read slot of `tenant` (one of its archive reads at once, freed
+    /// when dropped), or the refusal past its cap. A caller that knows a
+    /// request will read the archive takes it first, so that a tenant over
+    /// its cap is refused before the request costs anything else.
+    pub fn hold(&self, tenant: &TenantId) -> Result<Slot, ArchiveError> {
         self.slots.take(tenant)
+    }
+
+    /// `held` if it is `tenant`'s, else a slot of its own.
+    fn slot(&self, tenant: &TenantId, held: Option<&Slot>) -> Result<Option<Slot>, ArchiveError> {
+        match held {
+            Some(h) if h.tenant() == tenant => Ok(None),
+            _ => self.slots.take(tenant).map(Some),
+        }
+    }
+
+    /// The newest archived day of `table`, as read from the catalog at
+    /// most once a second: a guess for deciding early (taking a read slot
+    /// before anything else, or sending a request to the archive at all),
+    /// never for what a read returns. Callers allow it a day's margin.
+    pub async fn archived_through(&self, table: Table) -> Result<Option<NaiveDate>, ArchiveError> {
+        let slot = match table {
+            Table::Events => 0,
+            Table::Deliveries => 1,
+            Table::Attempts => 2,
+        };
+        if let Some((at, newest)) = self.horizon.lock()[slot]
+            && at.elapsed() < HORIZON_TTL
+        {
+            return Ok(newest);
+        }
+        let newest = self.newest_day(table).await?;
+        self.horizon.lock()[slot] = Some((Instant::now(), newest));
+        Ok(newest)
+    }
+
+    /// Whether rows of `table` made at or after `since` may be archived.
+    /// Decided from [`ColdHistory::archived_through`] when its answer
+    /// cannot have changed since it was read (`since` falls well after or
+    /// on or before it), else from the catalog now: a day archived in the
+    /// last second is never missed.
+    pub async fn may_hold_since(
+        &self,
+        table: Table,
+        since: SystemTime,
+    ) -> Result<bool, ArchiveError> {
+        let day = day_of(micros(since));
+        match self.archived_through(table).await? {
+            Some(newest) if day <= newest => Ok(true),
+            Some(newest) if day > newest + chrono::Duration::days(1) => Ok(false),
+            _ => Ok(self
+                .newest_day(table)
+                .await?
+                .is_some_and(|newest| day <= newest)),
+        }
     }
 
     /// The newest archived day of `table` (at least verified), if any.

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use walhook_pipeline::ids::{DeliveryId, TenantId};
 use walhook_pipeline::objstore::ObjectStore;
 
-use super::{ColdHistory, Restore};
+use super::{ColdHistory, Restore, Slot};
 use crate::ArchiveError;
 
 impl<S: ObjectStore> ColdHistory<S> {
@@ -19,8 +19,12 @@ impl<S: ObjectStore> ColdHistory<S> {
         &self,
         tenant: &TenantId,
         id: DeliveryId,
+        held: Option<&Slot>,
     ) -> Result<Restore, ArchiveError> {
-        let Some(delivery) = self.delivery(tenant, id).await? else {
+        // One slot for both reads.
+        let own = self.slot(tenant, held)?;
+        let held = own.as_ref().or(held);
+        let Some(delivery) = self.delivery(tenant, id, held).await? else {
             return Ok(Restore::NotFound);
         };
         let age = SystemTime::now()
@@ -32,7 +36,7 @@ impl<S: ObjectStore> ColdHistory<S> {
                 window: self.replay_window,
             });
         }
-        let Some(event) = self.event(tenant, &delivery).await? else {
+        let Some(event) = self.event(tenant, &delivery, held).await? else {
             return Ok(Restore::NotFound);
         };
         let mut client = self.platform.client().await?;

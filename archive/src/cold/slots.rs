@@ -8,6 +8,7 @@
 //! by the reads in progress, whoever sends them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -26,10 +27,11 @@ pub(crate) struct TenantSlots {
     refused: AtomicU64,
 }
 
-/// One read in progress; dropping it frees the slot.
+/// One read in progress; dropping it frees the slot. It owns its share
+/// of the table, so a read handed to another task keeps its slot.
 #[derive(Debug)]
-pub(crate) struct Slot<'a> {
-    slots: &'a TenantSlots,
+pub struct Slot {
+    slots: Arc<TenantSlots>,
     tenant: TenantId,
 }
 
@@ -44,7 +46,7 @@ impl TenantSlots {
     }
 
     /// A slot for `tenant`, or the refusal when it holds them all.
-    pub(crate) fn take(&self, tenant: &TenantId) -> Result<Slot<'_>, ArchiveError> {
+    pub(crate) fn take(self: &Arc<Self>, tenant: &TenantId) -> Result<Slot, ArchiveError> {
         let mut held = self.held.lock();
         let n = held.entry(tenant.clone()).or_insert(0);
         if *n >= self.limit {
@@ -60,7 +62,7 @@ impl TenantSlots {
         }
         *n += 1;
         Ok(Slot {
-            slots: self,
+            slots: self.clone(),
             tenant: tenant.clone(),
         })
     }
@@ -77,7 +79,14 @@ impl TenantSlots {
     }
 }
 
-impl Drop for Slot<'_> {
+impl Slot {
+    /// The tenant it counts for.
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
         let mut held = self.slots.held.lock();
         if let Some(n) = held.get_mut(&self.tenant) {
@@ -95,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_tenant_past_its_cap_is_refused_and_others_are_not() {
-        let slots = TenantSlots::new(2);
+        let slots = Arc::new(TenantSlots::new(2));
         let a = TenantId::new("a").unwrap();
         let b = TenantId::new("b").unwrap();
         let one = slots.take(&a).unwrap();

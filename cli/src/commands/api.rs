@@ -70,12 +70,14 @@ pub async fn spawn(
                 reads_per_tenant: api.cold_reads_per_tenant,
                 ..walhook_archive::cold::ColdLimits::default()
             };
-            state = state.with_cold(Arc::new(walhook_archive::cold::ColdHistory::with_limits(
-                platform,
-                walhook_archive::cold::CountingStore::new(store),
-                cfg.archive.replay_window,
-                limits,
-            )));
+            state = state
+                .with_cold(Arc::new(walhook_archive::cold::ColdHistory::with_limits(
+                    platform,
+                    walhook_archive::cold::CountingStore::new(store),
+                    cfg.archive.replay_window,
+                    limits,
+                )))
+                .context("cannot start the threads that read archived history")?;
         }
         Err(e) => tracing::warn!(
             error = format!("{e:#}"),
