@@ -55,6 +55,9 @@ pub struct Args {
     /// Clients of one tenant listing at once in (c).
     #[arg(long, default_value_t = 64)]
     pub concurrent: usize,
+    /// `[api].cold_reads_per_tenant` of the API served.
+    #[arg(long, default_value_t = walhook_api::settings::DEFAULT_COLD_READS_PER_TENANT)]
+    pub reads_per_tenant: usize,
     /// Length of each phase of (c).
     #[arg(long, default_value = "10s", value_parser = walhook_pipeline::duration::parse)]
     pub phase: Duration,
@@ -235,8 +238,11 @@ struct Served {
 }
 
 impl Served {
-    fn start(url: &str, store_dir: &Path) -> anyhow::Result<Served> {
-        let limits = walhook_api::ApiLimits::default();
+    fn start(url: &str, store_dir: &Path, reads_per_tenant: usize) -> anyhow::Result<Served> {
+        let limits = walhook_api::ApiLimits {
+            cold_reads_per_tenant: reads_per_tenant,
+            ..walhook_api::ApiLimits::default()
+        };
         let options = walhook_pgtls::ConnectOptions::parse(
             &walhook_pipeline::redact::DatabaseUrl::new(url),
             "[platform]",
@@ -409,7 +415,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         )
         .await?
         .get(0);
-    let served = Served::start(&url, &dir.join("objects"))?;
+    let served = Served::start(&url, &dir.join("objects"), args.reads_per_tenant)?;
     let walker = served.key("tenant-0").await?;
     let calm = served.key("tenant-1").await?;
     let limits = served.cold.limits();
