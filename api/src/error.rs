@@ -148,7 +148,22 @@ pub enum ApiError {
     Store(#[from] StoreError),
     /// Reading archived history failed (the store, or a part).
     #[error("reading archived history failed")]
-    Archive(#[from] walhook_archive::ArchiveError),
+    Archive(#[source] walhook_archive::ArchiveError),
+}
+
+impl From<walhook_archive::ArchiveError> for ApiError {
+    /// A tenant over its archive reads at once is a 429 naming the limit
+    /// ([`crate::cold::reads_busy`]); anything else a failed read.
+    fn from(e: walhook_archive::ArchiveError) -> Self {
+        match e {
+            walhook_archive::ArchiveError::TenantReadsBusy {
+                tenant,
+                limit,
+                current,
+            } => crate::cold::reads_busy(&tenant, limit, current),
+            e => ApiError::Archive(e),
+        }
+    }
 }
 
 impl ApiError {

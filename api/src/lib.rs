@@ -29,6 +29,8 @@
 //!   unauthenticated `/metrics` and `/readyz`. The API has its own small
 //!   pool ([`connect`]) whose connections carry a `statement_timeout`.
 //! - [`operator_token`]: the operator token's strength, checked at load.
+//! - [`cold`]: archived history (listings paged through archived days
+//!   within a budget, lookups in one day, reads at once per tenant).
 //! - [`error`]: RFC 9457 problem documents naming the field at fault.
 //! - [`extract`]: JSON bodies and query strings parsed into problems, not
 //!   plain-text rejections.
@@ -45,6 +47,7 @@
 pub mod auth;
 pub mod cache;
 pub mod client;
+pub mod cold;
 pub mod console;
 pub mod cursor;
 pub mod edge;
@@ -70,6 +73,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use walhook_sql::{Platform, StoreError};
 
+pub use cold::Cold;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use settings::{ApiLimits, ApiSettings};
@@ -100,10 +104,9 @@ pub struct ApiState {
     /// Archived history, when the archive's store is configured: listings,
     /// details and replays of deliveries that left the hot tables.
     pub cold: Option<Arc<Cold>>,
+    /// The threads archive reads run on ([`cold::ColdPool`]).
+    pub(crate) cold_pool: Option<Arc<cold::ColdPool>>,
 }
-
-/// The archive's cold history over the configured store.
-pub type Cold = walhook_archive::cold::ColdHistory<walhook_connectors::objstore::AnyStore>;
 
 /// What requests share to stay within the limits.
 #[derive(Debug)]
@@ -141,13 +144,49 @@ impl ApiState {
             }),
             metrics,
             cold: None,
+            cold_pool: None,
         }
     }
 
-    /// The same state, reading archived history from `cold`.
-    pub fn with_cold(mut self, cold: Arc<Cold>) -> Self {
+    /// The same state, reading archived history from `cold` (its reads
+    /// and refusals are on `/metrics`).
+    ///
+    /// Starts the threads archive reads run on; fails when the system
+    /// refuses a thread.
+    pub fn with_cold(mut self, cold: Arc<Cold>) -> std::io::Result<Self> {
+        self.cold_pool = Some(Arc::new(cold::ColdPool::new(cold::cold_threads())?));
+        self.metrics
+            .register_collector(Box::new(cold::ColdCollector(cold.clone())));
         self.cold = Some(cold);
-        self
+        Ok(self)
+    }
+
+    /// Runs `read` of archived history for `tenant` on the archive read
+    /// threads, with one of the tenant's read slots (`held`, or one taken
+    /// here: a tenant at its cap is refused before anything is queued or
+    /// read); `None` when no archive is configured.
+    pub(crate) async fn cold_read<T, F, Fut>(
+        &self,
+        tenant: &walhook_pipeline::ids::TenantId,
+        held: Option<walhook_archive::cold::Slot>,
+        read: F,
+    ) -> Result<Option<T>, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Cold>, walhook_archive::cold::Slot) -> Fut,
+        Fut:
+            std::future::Future<Output = Result<T, walhook_archive::ArchiveError>> + Send + 'static,
+    {
+        match (&self.cold, &self.cold_pool) {
+            (Some(cold), Some(pool)) => {
+                let slot = match held {
+                    Some(slot) => slot,
+                    None => cold.hold(tenant)?,
+                };
+                pool.run(read(cold.clone(), slot)).await.map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// How many times the live keys' prefixes were read (at most once a

@@ -77,6 +77,9 @@ pub const DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE: u32 = 120;
 /// this host (a local Prometheus or agent) can read tenant and endpoint
 /// series without a token.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+/// The default number of archive reads (listings reaching archived days,
+/// lookups of archived deliveries, restores) one tenant may have at once.
+pub const DEFAULT_COLD_READS_PER_TENANT: usize = walhook_archive::cold::DEFAULT_READS_PER_TENANT;
 
 /// The furthest back a recovery may start: older deliveries are past every
 /// retry deadline and most archives' hot window, and a wider window is an
@@ -120,6 +123,9 @@ pub struct ApiLimits {
     /// Failed authentications per minute, per client address and per
     /// credential (`[api].failed_authentications_per_minute`).
     pub failed_authentications_per_minute: u32,
+    /// Archive reads one tenant may have at once
+    /// (`[api].cold_reads_per_tenant`): more are answered 429.
+    pub cold_reads_per_tenant: usize,
 }
 
 impl Default for ApiLimits {
@@ -138,6 +144,7 @@ impl Default for ApiLimits {
             max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             sign_in_attempts_per_minute: DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE,
             failed_authentications_per_minute: DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE,
+            cold_reads_per_tenant: DEFAULT_COLD_READS_PER_TENANT,
         }
     }
 }
@@ -203,6 +210,14 @@ impl ApiLimits {
             return Err(invalid(
                 "max_endpoints_per_tenant",
                 format!("is 0; give at least 1 ({DEFAULT_MAX_ENDPOINTS_PER_TENANT} is usual)"),
+            ));
+        }
+        if self.cold_reads_per_tenant == 0 {
+            return Err(invalid(
+                "cold_reads_per_tenant",
+                format!(
+                    "is 0, which would refuse every archive read; give at least 1 ({DEFAULT_COLD_READS_PER_TENANT} is usual)"
+                ),
             ));
         }
         if self.test_events_per_minute == 0 {
@@ -454,6 +469,10 @@ mod tests {
         };
         assert_eq!(small.client_share(), 4);
         assert_eq!(ApiLimits::default().client_share(), 16);
+        assert_eq!(
+            field(|l| l.cold_reads_per_tenant = 0),
+            "cold_reads_per_tenant"
+        );
         let message = ApiLimits {
             statement_timeout: Duration::from_secs(60),
             ..ApiLimits::default()

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod cold;
 mod errors;
 mod hostile;
 mod idempotency;

@@ -49,6 +49,8 @@ pub const DEFAULT_PART_BYTES: u64 = 256 * 1024 * 1024;
 pub const MAX_PART_BYTES: u64 = 1024 * 1024 * 1024;
 /// Rows deleted per statement when a day of deliveries leaves.
 const DELETE_BATCH: i64 = 10_000;
+/// Days of deliveries archived before the id index that a round indexes.
+const EARLIER_DAYS_INDEXED: i64 = 30;
 
 /// What a run archives and how.
 #[derive(Debug, Clone)]
@@ -267,6 +269,15 @@ impl<S: ObjectStore> Archiver<S> {
                 reports.push(report);
             }
         }
+        if !self.settings.dry_run && self.settings.tables.contains(&Table::Deliveries) {
+            let n = self.index_earlier_days(EARLIER_DAYS_INDEXED).await?;
+            if n > 0 {
+                tracing::info!(
+                    generations = n,
+                    "indexed days of deliveries archived before the id index"
+                );
+            }
+        }
         if let Some(days) = self.settings.retention_days {
             for report in self.expire(days).await? {
                 progress.finish(&report);
@@ -345,7 +356,7 @@ impl<S: ObjectStore> Archiver<S> {
                 ));
                 return Ok(report);
             }
-            self.set_state(table, day, row.generation, "verified")
+            self.record_verified(table, day, row.generation, &manifest)
                 .await?;
         }
         failpoint::hit("archive.before_drop");

@@ -1,5 +1,6 @@
 //! The archive's catalog (`walhook.archive_partitions`): how far each
-//! generation of each table's day got through the protocol.
+//! generation of each table's day got through the protocol, and (for
+//! deliveries) the id index written with the step to `verified`.
 
 use chrono::NaiveDate;
 use tokio_postgres::types::ToSql;
@@ -8,6 +9,8 @@ use walhook_pipeline::objstore::ObjectStore;
 use crate::ArchiveError;
 use crate::archiver::Archiver;
 use crate::dates::NaiveDateSql;
+use crate::index;
+use crate::manifest::Manifest;
 use crate::table::Table;
 
 /// One catalog row.
@@ -106,6 +109,63 @@ impl<S: ObjectStore> Archiver<S> {
             ],
         )
         .await
+    }
+
+    /// Moves a verified generation to `verified`; for deliveries, writes
+    /// its id index ([`crate::index`]) in the same transaction, so that a
+    /// verified day is always indexed.
+    pub(crate) async fn record_verified(
+        &self,
+        table: Table,
+        day: NaiveDate,
+        generation: u32,
+        manifest: &Manifest,
+    ) -> Result<(), ArchiveError> {
+        if table != Table::Deliveries {
+            return self.set_state(table, day, generation, "verified").await;
+        }
+        let index = index::build(&self.platform, &self.store, table, day, manifest).await?;
+        index::write(&self.platform, table, day, generation, &index, true).await?;
+        tracing::debug!(%table, %day, generation, ranges = index.ranges.len(), exceptions = index.exceptions.len(), "id index written");
+        Ok(())
+    }
+
+    /// Indexes up to `limit` generations of deliveries archived before the
+    /// id index existed, newest first; lookups search those days one by
+    /// one until then. Returns how many it indexed.
+    pub(crate) async fn index_earlier_days(&self, limit: i64) -> Result<usize, ArchiveError> {
+        let table = Table::Deliveries;
+        let rows = self
+            .platform
+            .client()
+            .await?
+            .query(
+                "SELECT day, generation, manifest_key FROM walhook.archive_partitions \
+                 WHERE table_name = $1 AND state IN ('verified', 'dropped') AND NOT indexed \
+                 ORDER BY day DESC, generation LIMIT $2",
+                &[&table.name(), &limit],
+            )
+            .await
+            .map_err(ArchiveError::query("find days without an id index"))?;
+        let mut done = 0;
+        for r in rows {
+            let day = r.get::<_, NaiveDateSql>(0).0;
+            let generation = r.get::<_, i32>(1) as u32;
+            let key: String = r.get(2);
+            let Some(bytes) = self.store.get(&key).await? else {
+                tracing::warn!(%day, key, "a manifest named by the catalog is missing; its day stays unindexed");
+                continue;
+            };
+            let manifest = Manifest::from_bytes(&bytes).map_err(|e| ArchiveError::Shape {
+                table,
+                column: "manifest",
+                detail: format!("{key} does not parse: {e}"),
+            })?;
+            let index = index::build(&self.platform, &self.store, table, day, &manifest).await?;
+            index::write(&self.platform, table, day, generation, &index, false).await?;
+            done += 1;
+        }
+        Ok(done)
     }
 
     pub(crate) async fn catalog_execute(

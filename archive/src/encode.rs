@@ -1,6 +1,7 @@
 //! Rows to Parquet bytes: zstd, dictionaries where values repeat, page
-//! statistics for pruning, row groups sized for DuckDB and Athena, and the
-//! sort order (tenant, then time) declared in the footer.
+//! statistics and the page index (column and offset indexes) for pruning,
+//! row groups sized for DuckDB and Athena, pages sized for cold reads, and
+//! the sort order (tenant, then time) declared in the footer.
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
@@ -17,6 +18,12 @@ use crate::table::{SCHEMA_VERSION, Table};
 /// rows) rounded up, and gives Athena row groups of a few MB to tens of MB.
 pub const ROW_GROUP_ROWS: usize = 131_072;
 
+/// Rows per data page at most: the unit a cold read fetches. A lookup by id
+/// reads one page of each column; 8 Ki rows keeps that to tens of KB, where
+/// the writer's default (20,000 rows, or 1 MB) would make it hundreds,
+/// while the page index of a million-row part stays near 100 KB.
+pub const PAGE_ROWS: usize = 8192;
+
 /// The writer settings of `table`'s parts.
 pub fn properties(table: Table) -> WriterProperties {
     let tenant = table
@@ -32,6 +39,7 @@ pub fn properties(table: Table) -> WriterProperties {
         .set_dictionary_enabled(true)
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_data_page_row_count_limit(PAGE_ROWS)
         .set_sorting_columns(Some(vec![
             SortingColumn {
                 column_idx: tenant,

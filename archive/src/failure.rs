@@ -41,7 +41,10 @@ impl ArchiveError {
             | ArchiveError::Parquet(_)
             | ArchiveError::Verification { .. } => false,
             ArchiveError::Query { source, .. } => !about_the_rows(source),
-            ArchiveError::Db(_) | ArchiveError::Store(_) | ArchiveError::Busy => true,
+            ArchiveError::Db(_)
+            | ArchiveError::Store(_)
+            | ArchiveError::Busy
+            | ArchiveError::TenantReadsBusy { .. } => true,
         }
     }
 }

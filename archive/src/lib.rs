@@ -28,7 +28,10 @@
 //!   the run goes on; which failures end the run instead.
 //! - [`verify`]: reading every object back.
 //! - [`cold`]: archived deliveries, attempts and events by id and by
-//!   listing, and the restore behind replays of archived deliveries.
+//!   listing (paged day by day within a budget), and the restore behind
+//!   replays of archived deliveries.
+//! - [`index`]: which day holds a delivery id, written when a day is
+//!   verified.
 //!
 //! The archive is generic over the object-store port
 //! ([`walhook_pipeline::objstore::ObjectStore`]); `connectors` provides the
@@ -42,6 +45,7 @@ pub mod dates;
 mod due;
 pub mod encode;
 pub mod failure;
+pub mod index;
 pub mod layout;
 pub mod manifest;
 pub mod part;
@@ -90,6 +94,19 @@ pub enum ArchiveError {
     /// Arrow could not build or read a batch.
     #[error("arrow")]
     Arrow(#[source] arrow_schema::ArrowError),
+    /// A tenant has as many archive reads in progress as it may
+    /// (`[api].cold_reads_per_tenant`); this one was refused, nothing read.
+    #[error(
+        "tenant {tenant:?} has {current} archive reads in progress, the most it may have at once ({limit})"
+    )]
+    TenantReadsBusy {
+        /// The tenant.
+        tenant: String,
+        /// The cap.
+        limit: usize,
+        /// Its reads in progress.
+        current: usize,
+    },
     /// Another archive round holds the platform database's archive lock.
     #[error(
         "another archive round is running on this platform database (`walhook run`'s [archive] schedule or another `walhook archive`); run again when it has ended"
@@ -127,7 +144,7 @@ impl ArchiveError {
                 walhook_sql::kind_of(source) == walhook_pipeline::store::ErrorKind::Transient
             }
             ArchiveError::Store(e) => e.is_transient(),
-            ArchiveError::Busy => true,
+            ArchiveError::Busy | ArchiveError::TenantReadsBusy { .. } => true,
             _ => false,
         }
     }

@@ -1,7 +1,10 @@
-//! The archive against real Postgres clusters and the real S3-compatible
-//! server (`s3s-fs`, devkit): parts cut by bytes as well as rows, and days
-//! that fail without stopping the others.
+//! The archive against real Postgres clusters (one throwaway cluster per
+//! test), the real archiver and real stores (a local directory and the
+//! S3-compatible `s3s-fs` over loopback): parts cut by bytes as well as
+//! rows, days that fail without stopping the others, and cold reads.
 
+mod support;
+
+mod cold;
 mod failures;
 mod parts;
-mod support;

@@ -11,6 +11,8 @@
 //!   `scripts/ensure-s3.sh`) on a free loopback port, with one bucket.
 //! - [`fluvio`]: a throwaway Fluvio cluster (one SC, one SPU) on loopback,
 //!   from the tools built from Fluvio's source, or a skip that says why.
+//! - [`history`]: days of events, deliveries and attempts written straight
+//!   into the hot tables, for archive benchmarks and tests.
 //! - [`receiver`]: HTTP receivers on `127.0.0.1:0` that record what arrives,
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
@@ -18,6 +20,7 @@
 pub mod browser;
 pub mod faultproxy;
 pub mod fluvio;
+pub mod history;
 pub mod postgres;
 pub mod receiver;
 pub mod s3;

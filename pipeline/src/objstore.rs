@@ -13,6 +13,10 @@
 //! - A `put` returns only once the object is durable (fsynced, or acknowledged
 //!   by S3 with a matching SHA-256 checksum).
 //! - [`ObjectStore::get`] of a missing key is `Ok(None)`, not an error.
+//! - [`ObjectStore::get_range`] returns the bytes of `start..end` (cut at
+//!   the object's end, so a range past it is shorter or empty) without
+//!   reading the rest: cold reads fetch a Parquet footer and a few pages,
+//!   not whole parts. A missing key is `Ok(None)`.
 //! - [`ObjectStore::list`] returns every object under a prefix, sorted by key,
 //!   across as many pages as the backend needs.
 
@@ -122,6 +126,14 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
     fn get(
         &self,
         key: &str,
+    ) -> impl Future<Output = Result<Option<Bytes>, ObjectStoreError>> + Send;
+
+    /// The bytes of `range` of the object (cut at its end), or `None` when
+    /// there is none; only those bytes are read.
+    fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
     ) -> impl Future<Output = Result<Option<Bytes>, ObjectStoreError>> + Send;
 
     /// Every object whose key starts with `prefix`, sorted by key.

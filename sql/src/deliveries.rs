@@ -166,6 +166,25 @@ fn delivery_row(r: &tokio_postgres::Row) -> DeliveryRecord {
 }
 
 impl Platform {
+    /// Whether endpoint `id` is `tenant`'s, deleted or not (its history
+    /// stays listable): a listing filtered by another tenant's endpoint is
+    /// answered 404 before anything is read.
+    pub async fn endpoint_is_tenants(
+        &self,
+        tenant: &TenantId,
+        id: EndpointId,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_opt(
+                "SELECT 1 FROM walhook.endpoints WHERE id = $1 AND tenant_id = $2",
+                &[&Uuid::from_bytes(id.0), &tenant.as_str()],
+            )
+            .await
+            .map_err(StoreError::query("look up an endpoint of the tenant"))?
+            .is_some())
+    }
+
     /// Deliveries matching `f`, newest first: those with a row, and those
     /// fan-out planned that have none yet (pending, not attempted).
     pub async fn list_deliveries(

@@ -124,6 +124,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "attempt_tallies",
         sql: include_str!("../migrations/0020_attempt_tallies.sql"),
     },
+    Migration {
+        version: 21,
+        name: "archive_id_index",
+        sql: include_str!("../migrations/0021_archive_id_index.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

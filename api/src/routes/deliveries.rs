@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use walhook_archive::cold::Restore;
+use walhook_archive::table::Table;
 use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
@@ -113,6 +114,12 @@ fn filter(q: &DeliveryQuery, caller: &TenantCaller) -> Result<(DeliveryFilter, S
 }
 
 /// Lists the tenant's deliveries, newest first, with a stable cursor.
+///
+/// Past the hot rows the listing continues into archived days. A request
+/// reads a bounded number of archived days and bytes: when that budget is
+/// spent before the page is full, the page holds fewer rows than `limit`
+/// (possibly none) and a `next_cursor` to go on with. An `endpoint_id` that
+/// is not one of the tenant's endpoints is a 404.
 #[utoipa::path(get, path = "/v1/webhook-deliveries", tag = "deliveries", params(DeliveryQuery),
     responses((status = 200, description = "A page of deliveries", body = DeliveryPage), ErrorResponses),
     security(("tenant_key" = [])))]
@@ -122,45 +129,84 @@ pub async fn list_deliveries(
     QueryParams(q): QueryParams<DeliveryQuery>,
 ) -> Result<Response, ApiError> {
     let (mut f, canonical) = filter(&q, &caller)?;
+    // A page below the newest archived day reads the archive: its read
+    // slot is taken first, so a tenant over [api].cold_reads_per_tenant
+    // is refused before the request costs a query.
+    let held = match (&state.cold, f.before) {
+        (Some(cold), Some((at, _))) if cold.may_hold_since(Table::Deliveries, at).await? => {
+            Some(cold.hold(&caller.tenant)?)
+        }
+        _ => None,
+    };
+    // Another tenant's endpoint is a 404 like a missing one, before any
+    // hot or archived row is read for it.
+    if let Some(ep) = f.endpoint
+        && !state
+            .platform
+            .endpoint_is_tenants(&caller.tenant, ep)
+            .await?
+    {
+        return Err(ApiError::NotFound(format!(
+            "no endpoint {:?}",
+            ep.to_string()
+        )));
+    }
     let limit = f.limit;
     f.limit = limit + 1;
     let mut rows = state.platform.list_deliveries(&f).await?;
-    // Past the hot rows, the archive: deliveries of archived days (a
-    // delivery hot again after a restore is shown once, from the hot row).
-    if (rows.len() as i64) < f.limit
-        && let Some(cold) = &state.cold
-    {
+    let mut resume = None;
+    // Archived deliveries at or above the last hot row the page can show
+    // (every one, when the hot rows ran short). A delivery hot again after
+    // a restore is shown once, from the hot row.
+    let floor = (rows.len() as i64 >= f.limit)
+        .then(|| rows.last().map(keyset))
+        .flatten();
+    // A page of recent hot rows needs nothing archived: it is answered
+    // here, without waiting behind archive reads.
+    let reaches = match (&state.cold, floor) {
+        (Some(cold), Some((at, _))) => cold.may_hold_since(Table::Deliveries, at).await?,
+        (cold, _) => cold.is_some(),
+    };
+    let archived = if reaches {
+        let f = f.clone();
+        state
+            .cold_read(&caller.tenant, held, move |cold, slot| async move {
+                cold.list_deliveries(&f, floor, Some(&slot)).await
+            })
+            .await?
+    } else {
+        None
+    };
+    if let Some(page) = archived {
         let hot: std::collections::HashSet<DeliveryId> = rows.iter().map(|d| d.id).collect();
-        rows.extend(
-            cold.list_deliveries(&f)
-                .await?
-                .into_iter()
-                .filter(|d| !hot.contains(&d.id)),
-        );
-        rows.sort_by(|a, b| {
-            (b.created_at, uuid::Uuid::from_bytes(b.id.0))
-                .cmp(&(a.created_at, uuid::Uuid::from_bytes(a.id.0)))
-        });
+        rows.extend(page.rows.into_iter().filter(|d| !hot.contains(&d.id)));
+        rows.sort_by_key(|d| std::cmp::Reverse(keyset(d)));
+        if let Some(at) = page.resume {
+            // The archive was not read below this position: what lies
+            // there comes on the next page.
+            rows.retain(|d| keyset(d) >= at);
+            resume = Some(at);
+        }
     }
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| {
-            rows.last().map(|d| {
-                let uuid = uuid::Uuid::from_bytes(d.id.0);
-                cursor::encode(
-                    "deliveries",
-                    &canonical,
-                    &cursor::keyset(d.created_at, uuid),
-                )
-            })
-        })
-        .flatten();
+    let position = if more {
+        rows.last().map(keyset)
+    } else {
+        resume
+    };
+    let next_cursor =
+        position.map(|(at, id)| cursor::encode("deliveries", &canonical, &cursor::keyset(at, id)));
     Ok(axum::Json(DeliveryPage {
         data: rows.into_iter().map(Delivery::from).collect(),
         next_cursor,
     })
     .into_response())
+}
+
+/// A delivery's place in listings: `(created_at, id)`.
+fn keyset(d: &walhook_sql::deliveries::DeliveryRecord) -> (std::time::SystemTime, uuid::Uuid) {
+    (d.created_at, uuid::Uuid::from_bytes(d.id.0))
 }
 
 /// One delivery with its event (the exact body) and every attempt.
@@ -174,42 +220,65 @@ pub async fn get_delivery(
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
     let did = delivery_id(&id)?;
-    let cold = state.cold.as_deref();
+    let tenant = caller.tenant.clone();
     let delivery = match state
         .platform
         .delivery_of_tenant(&caller.tenant, did)
         .await?
     {
         Some(d) => d,
-        None => match cold {
-            Some(cold) => cold.delivery(&caller.tenant, did).await?,
-            None => None,
+        None => {
+            let tenant = tenant.clone();
+            state
+                .cold_read(&caller.tenant, None, move |cold, slot| async move {
+                    cold.delivery(&tenant, did, Some(&slot)).await
+                })
+                .await?
+                .flatten()
+                .ok_or_else(|| not_found(&id))?
         }
-        .ok_or_else(|| not_found(&id))?,
     };
     let event = match state.platform.event_of(&delivery).await? {
         Some(e) => e,
-        None => match cold {
-            Some(cold) => cold
-                .event(&caller.tenant, &delivery)
+        None => {
+            let (tenant, d) = (tenant.clone(), delivery.clone());
+            state
+                .cold_read(&caller.tenant, None, move |cold, slot| async move {
+                    cold.event(&tenant, &d, Some(&slot)).await
+                })
                 .await?
-                .map(|e| e.record),
-            None => None,
+                .flatten()
+                .map(|e| e.record)
+                .ok_or_else(|| {
+                    ApiError::NotFound(format!(
+                        "the event of delivery {did} is no longer in the hot store and the archive does not hold it"
+                    ))
+                })?
         }
-        .ok_or_else(|| {
-            ApiError::NotFound(format!(
-                "the event of delivery {did} is no longer in the hot store and the archive does not hold it"
-            ))
-        })?,
     };
     let mut attempts = state.platform.attempts_of(did).await?;
-    if let Some(cold) = cold {
-        // Attempts of archived days, then the hot ones (a replay of an
-        // archived delivery adds hot attempts to cold ones).
+    // Attempts of archived days, then the hot ones (a replay of an archived
+    // delivery adds hot attempts to cold ones).
+    let known = attempts.len();
+    let d = delivery.clone();
+    // A recent delivery's attempts are all hot: no archive read.
+    let archived = match &state.cold {
+        Some(cold)
+            if cold
+                .may_hold_since(Table::Attempts, delivery.created_at)
+                .await? =>
+        {
+            state
+                .cold_read(&caller.tenant, None, move |cold, slot| async move {
+                    cold.attempts(&tenant, &d, known, Some(&slot)).await
+                })
+                .await?
+        }
+        _ => None,
+    };
+    if let Some(archived) = archived {
         let hot: std::collections::HashSet<_> = attempts.iter().map(|a| a.id).collect();
-        let mut all: Vec<_> = cold
-            .attempts(&caller.tenant, &delivery)
-            .await?
+        let mut all: Vec<_> = archived
             .into_iter()
             .filter(|a| !hot.contains(&a.id))
             .collect();
@@ -257,10 +326,17 @@ pub async fn replay_delivery(
                 .await?;
             // An archived delivery comes back to the hot tables first (same
             // ids and bytes), within the replay window.
-            if outcome == ReplayOutcome::NotFound
-                && let Some(cold) = &s.cold
-            {
-                match cold.restore(tenant, did).await? {
+            let restored = if outcome == ReplayOutcome::NotFound {
+                let owner = tenant.clone();
+                s.cold_read(tenant, None, move |cold, slot| async move {
+                    cold.restore(&owner, did, Some(&slot)).await
+                })
+                .await?
+            } else {
+                None
+            };
+            if let Some(restored) = restored {
+                match restored {
                     Restore::Restored => {
                         outcome = s
                             .platform

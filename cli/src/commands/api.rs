@@ -77,11 +77,18 @@ pub async fn spawn(
     // tables alone, and says so.
     match cfg.archive.open_store().await {
         Ok(store) => {
-            state = state.with_cold(Arc::new(walhook_archive::cold::ColdHistory::new(
-                platform,
-                store,
-                cfg.archive.replay_window,
-            )));
+            let limits = walhook_archive::cold::ColdLimits {
+                reads_per_tenant: api.cold_reads_per_tenant,
+                ..walhook_archive::cold::ColdLimits::default()
+            };
+            state = state
+                .with_cold(Arc::new(walhook_archive::cold::ColdHistory::with_limits(
+                    platform,
+                    walhook_archive::cold::CountingStore::new(store),
+                    cfg.archive.replay_window,
+                    limits,
+                )))
+                .context("cannot start the threads that read archived history")?;
         }
         Err(e) => tracing::warn!(
             error = format!("{e:#}"),

@@ -62,6 +62,9 @@ pub struct ApiConfig {
     /// (`POST …/verify`).
     #[serde(default = "default_verify_requests_per_minute")]
     pub verify_requests_per_minute: u32,
+    /// Archive reads one tenant may have at once; more are answered 429.
+    #[serde(default = "default_cold_reads_per_tenant")]
+    pub cold_reads_per_tenant: usize,
     /// Endpoints created through the API (and those whose URL's host
     /// changes) receive nothing until they prove a signed challenge with
     /// their secret.
@@ -165,6 +168,10 @@ fn default_verify_requests_per_minute() -> u32 {
     walhook_api::settings::DEFAULT_VERIFY_REQUESTS_PER_MINUTE
 }
 
+fn default_cold_reads_per_tenant() -> usize {
+    walhook_api::settings::DEFAULT_COLD_READS_PER_TENANT
+}
+
 fn default_rotation_overlap() -> std::time::Duration {
     walhook_api::settings::DEFAULT_ROTATION_OVERLAP
 }
@@ -248,6 +255,7 @@ impl ApiConfig {
             max_connections_per_client: self.max_connections_per_client,
             sign_in_attempts_per_minute: self.sign_in_attempts_per_minute,
             failed_authentications_per_minute: self.failed_authentications_per_minute,
+            cold_reads_per_tenant: self.cold_reads_per_tenant,
         }
     }
 
@@ -332,7 +340,8 @@ mod tests {
         let set = parse(&format!(
             "listen = \"127.0.0.1:0\"\n{token}\nmax_connections = 3\nstatement_timeout = \"2s\"\n\
              request_timeout = \"5s\"\nmax_concurrent_requests = 9\nmetrics_cache = \"1s\"\n\
-             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11\nverify_requests_per_minute = 2"
+             max_endpoints_per_tenant = 7\ntest_events_per_minute = 11\nverify_requests_per_minute = 2\n\
+             cold_reads_per_tenant = 3"
         ))
         .unwrap();
         let limits = set.api.as_ref().unwrap().limits();
@@ -345,9 +354,10 @@ mod tests {
                 limits.metrics_cache.as_secs(),
                 limits.max_endpoints_per_tenant,
                 limits.test_events_per_minute,
-                limits.verify_requests_per_minute
+                limits.verify_requests_per_minute,
+                limits.cold_reads_per_tenant
             ),
-            (3, 2, 5, 9, 1, 7, 11, 2)
+            (3, 2, 5, 9, 1, 7, 11, 2, 3)
         );
         let err = |extra: &str| {
             format!(
@@ -448,6 +458,7 @@ mod tests {
                 "failed_authentications_per_minute = 0",
                 "[api].failed_authentications_per_minute",
             ),
+            ("cold_reads_per_tenant = 0", "[api].cold_reads_per_tenant"),
         ] {
             let message = err(line);
             assert!(message.contains(field), "{line}: {message}");

@@ -8,10 +8,13 @@
 //! object is never in a directory that a crash can lose. Temporary files
 //! left by a crash are skipped by `list` and replaced by the next `put`.
 //!
+//! A ranged `get` is one positioned read (`pread`) of the file.
+//!
 //! The file system calls are blocking and run on tokio's blocking pool.
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -217,6 +220,22 @@ fn list_blocking(root: &Path, prefix: &str) -> io::Result<Vec<ObjectInfo>> {
     Ok(out)
 }
 
+/// The bytes of `range` of the file at `path`, cut at its end: one
+/// positioned read, whatever the file's size.
+fn read_range(path: &Path, range: Range<u64>) -> io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(io::Error::from(io::ErrorKind::IsADirectory));
+    }
+    let end = range.end.min(meta.len());
+    let len = usize::try_from(end.saturating_sub(range.start)).map_err(io::Error::other)?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, range.start)?;
+    Ok(Bytes::from(buf))
+}
+
 /// Runs blocking file-system work off the async threads.
 async fn blocking<T: Send + 'static>(
     op: &'static str,
@@ -255,6 +274,30 @@ impl ObjectStore for LocalDirStore {
             Ok(bytes) => Ok(Some(Bytes::from(bytes))),
             // Missing, a file where a directory of the key should be, or a
             // directory (a prefix of other keys): no object by that key.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound
+                        | io::ErrorKind::NotADirectory
+                        | io::ErrorKind::IsADirectory
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(classify("get", key, &path, e)),
+        }
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+    ) -> Result<Option<Bytes>, ObjectStoreError> {
+        validate_local_key(key)?;
+        let path = self.path_of(key);
+        let target = path.clone();
+        match blocking("get", key, move || read_range(&target, range)).await? {
+            Ok(bytes) => Ok(Some(bytes)),
             Err(e)
                 if matches!(
                     e.kind(),

@@ -73,6 +73,18 @@ impl ObjectStore for AnyStore {
         }
     }
 
+    async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<Bytes>, ObjectStoreError> {
+        match self {
+            AnyStore::Local(store) => store.get_range(key, range).await,
+            #[cfg(feature = "s3")]
+            AnyStore::S3(store) => store.get_range(key, range).await,
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, ObjectStoreError> {
         match self {
             AnyStore::Local(store) => store.list(prefix).await,

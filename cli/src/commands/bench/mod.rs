@@ -4,6 +4,7 @@
 pub mod archive;
 pub mod blackhole;
 pub mod capture;
+pub mod cold_reads;
 pub mod flood;
 pub mod noisy;
 pub mod pipeline;
@@ -44,6 +45,11 @@ pub enum Scenario {
     /// The archive: attempt rows per second and per core, and Parquet
     /// bytes per attempt.
     Archive(archive::Args),
+    /// Reads of archived history through the API: a listing that matches
+    /// nothing over 30 archived days of a million deliveries, lookups by
+    /// id, and 64 listings at once of one tenant beside another's.
+    #[command(name = "cold-reads")]
+    ColdReads(cold_reads::Args),
     /// Reconciliation: a two-day window of deliveries and attempts, one day
     /// archived and one hot, reconciled; rows per second.
     Reconcile(reconcile::Args),
@@ -60,6 +66,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Scenario::NoisyNeighbour(a) => noisy::run(a).await,
         Scenario::BlackHole(a) => blackhole::run(a).await,
         Scenario::Archive(a) => archive::run(a).await,
+        Scenario::ColdReads(a) => cold_reads::run(a).await,
         Scenario::Reconcile(a) => reconcile::run(a).await,
         Scenario::Receiver => receiver::serve().await,
     }

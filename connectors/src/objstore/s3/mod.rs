@@ -8,6 +8,7 @@
 //!                                                   CompleteMultipartUpload
 //!                                                   (AbortMultipartUpload on any failure)
 //!  get ──► GetObject (NoSuchKey → None)      list ──► ListObjectsV2, page after page
+//!  get_range ──► GetObject with Range: bytes=a-b (cold reads: footers and pages)
 //! ```
 //!
 //! Keys live under `prefix/` in the bucket. Every upload carries the
@@ -290,6 +291,58 @@ impl ObjectStore for S3Store {
         let out = match sent {
             Ok(out) => out,
             Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(self.fail("get", key, e)),
+        };
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| ObjectStoreError::Transient {
+                op: "get",
+                key: key.to_owned(),
+                source: Box::new(e),
+            })?;
+        Ok(Some(body.into_bytes()))
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<Bytes>, ObjectStoreError> {
+        validate_key(key)?;
+        let inner = &self.inner;
+        if range.start >= range.end {
+            // No bytes to ask for (a `Range` header cannot say "none"):
+            // only whether the object is there.
+            return match inner
+                .client
+                .head_object()
+                .bucket(&inner.bucket)
+                .key(self.full_key(key))
+                .send()
+                .await
+            {
+                Ok(_) => Ok(Some(Bytes::new())),
+                Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
+                Err(e) => Err(self.fail("get", key, e)),
+            };
+        }
+        // No checksum mode: the stored checksum covers the whole object,
+        // not a range of it (verification reads objects whole).
+        let sent = inner
+            .client
+            .get_object()
+            .bucket(&inner.bucket)
+            .key(self.full_key(key))
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .send()
+            .await;
+        let out = match sent {
+            Ok(out) => out,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            // The range starts past the object's end: nothing of it.
+            Err(e) if e.code() == Some("InvalidRange") => return Ok(Some(Bytes::new())),
             Err(e) => return Err(self.fail("get", key, e)),
         };
         let body = out
