@@ -347,15 +347,7 @@ async fn a_tenant_past_its_cold_reads_at_once_gets_429_naming_the_limit() {
         "{answer:?}"
     );
     // Counted where operators look.
-    let metrics = api
-        .http
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics_at(&api.http, &api.base).await;
     let refusals: u64 = metrics
         .lines()
         .find(|l| l.starts_with("walhook_api_cold_reads_refused_total "))
