@@ -6,7 +6,10 @@
 //! those to the pages whose id (or time) range admits the row: delivery ids
 //! grow with the WAL, so with time, and an id is one or two pages.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use arrow_array::RecordBatch;
 
 use chrono::NaiveDate;
 use uuid::Uuid;
@@ -20,6 +23,7 @@ use super::reader::Spend;
 use super::{ColdEvent, ColdHistory, Read, Slot, day_of, micros, rows, tenant_files};
 use crate::ArchiveError;
 use crate::dates::NaiveDateSql;
+use crate::manifest::FileEntry;
 use crate::table::Table;
 
 /// How far an attempt's start may lie outside its delivery's creation
@@ -112,36 +116,16 @@ impl<S: ObjectStore> ColdHistory<S> {
                         if !(file.id_range.0 <= key && key <= file.id_range.1) {
                             continue;
                         }
-                        let meta = self.footer(file, &spend).await?;
-                        let selection = Selection::new(
-                            meta.metadata(),
-                            &[
-                                tenant_cond(table, tenant),
-                                Cond::BytesEq {
-                                    column: 0,
-                                    value: &id.0,
-                                },
-                            ],
-                        );
-                        let preds = vec![
-                            tenant_pred(tenant),
-                            Pred::UuidEq {
-                                column: "id",
-                                value: id.0,
-                            },
-                        ];
+                        let conds = [Cond::BytesEq {
+                            column: 0,
+                            value: &id.0,
+                        }];
+                        let pred = Pred::UuidEq {
+                            column: "id",
+                            value: id.0,
+                        };
                         for batch in self
-                            .read(
-                                Read {
-                                    table,
-                                    file,
-                                    meta,
-                                    selection: &selection,
-                                    preds,
-                                    output: &output,
-                                },
-                                &spend,
-                            )
+                            .read_tenant_rows(table, file, tenant, &conds, pred, &output, &spend)
                             .await?
                         {
                             if let Some(r) = rows::deliveries(&batch)?.into_iter().last() {
@@ -189,41 +173,23 @@ impl<S: ObjectStore> ColdHistory<S> {
                     if !admits {
                         continue;
                     }
-                    let meta = self.footer(file, &spend).await?;
-                    let selection = Selection::new(
-                        meta.metadata(),
-                        &[
-                            tenant_cond(table, tenant),
-                            Cond::Between {
-                                column: time,
-                                lo: at,
-                                hi: at,
-                            },
-                            Cond::BytesEq {
-                                column: 0,
-                                value: &id,
-                            },
-                        ],
-                    );
-                    let preds = vec![
-                        tenant_pred(tenant),
-                        Pred::UuidEq {
-                            column: "id",
-                            value: id,
+                    let conds = [
+                        Cond::Between {
+                            column: time,
+                            lo: at,
+                            hi: at,
+                        },
+                        Cond::BytesEq {
+                            column: 0,
+                            value: &id,
                         },
                     ];
+                    let pred = Pred::UuidEq {
+                        column: "id",
+                        value: id,
+                    };
                     for batch in self
-                        .read(
-                            Read {
-                                table,
-                                file,
-                                meta,
-                                selection: &selection,
-                                preds,
-                                output: &output,
-                            },
-                            &spend,
-                        )
+                        .read_tenant_rows(table, file, tenant, &conds, pred, &output, &spend)
                         .await?
                     {
                         if let Some(e) = rows::events(&batch)?.into_iter().last() {
@@ -286,37 +252,17 @@ impl<S: ObjectStore> ColdHistory<S> {
                     if file.time_range.1 < from || file.time_range.0 > to {
                         continue;
                     }
-                    let meta = self.footer(file, &spend).await?;
-                    let selection = Selection::new(
-                        meta.metadata(),
-                        &[
-                            tenant_cond(table, tenant),
-                            Cond::Between {
-                                column: time,
-                                lo: from,
-                                hi: to,
-                            },
-                        ],
-                    );
-                    let preds = vec![
-                        tenant_pred(tenant),
-                        Pred::UuidEq {
-                            column: "delivery_id",
-                            value: delivery.id.0,
-                        },
-                    ];
+                    let conds = [Cond::Between {
+                        column: time,
+                        lo: from,
+                        hi: to,
+                    }];
+                    let pred = Pred::UuidEq {
+                        column: "delivery_id",
+                        value: delivery.id.0,
+                    };
                     for batch in self
-                        .read(
-                            Read {
-                                table,
-                                file,
-                                meta,
-                                selection: &selection,
-                                preds,
-                                output: &output,
-                            },
-                            &spend,
-                        )
+                        .read_tenant_rows(table, file, tenant, &conds, pred, &output, &spend)
                         .await?
                     {
                         out.extend(rows::attempts(&batch, delivery.id)?);
@@ -327,6 +273,34 @@ impl<S: ObjectStore> ColdHistory<S> {
         out.sort_by_key(|a| (a.started_at, a.number));
         out.dedup_by_key(|a| a.id);
         Ok(out)
+    }
+
+    /// The rows of `tenant` in `file` that `pred` admits, reading only the
+    /// pages whose statistics admit the tenant and `conds`.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_tenant_rows(
+        &self,
+        table: Table,
+        file: &FileEntry,
+        tenant: &TenantId,
+        conds: &[Cond<'_>],
+        pred: Pred,
+        output: &[&'static str],
+        spend: &Arc<Spend>,
+    ) -> Result<Vec<RecordBatch>, ArchiveError> {
+        let meta = self.footer(file, spend).await?;
+        let mut all = vec![tenant_cond(table, tenant)];
+        all.extend_from_slice(conds);
+        let selection = Selection::new(meta.metadata(), &all);
+        let read = Read {
+            table,
+            file,
+            meta,
+            selection: &selection,
+            preds: vec![tenant_pred(tenant), pred],
+            output,
+        };
+        self.read(read, spend).await
     }
 }
 
