@@ -76,7 +76,9 @@ async fn tenants_share_slots_in_proportion_to_their_weights() {
         window.len()
     );
     let ratio = gold as f64 / bronze.max(1) as f64;
-    println!("weights 3 : 1, the first {WINDOW} answers: gold {gold}, bronze {bronze}, ratio {ratio:.3}");
+    println!(
+        "weights 3 : 1, the first {WINDOW} answers: gold {gold}, bronze {bronze}, ratio {ratio:.3}"
+    );
     assert!(
         (2.7..=3.3).contains(&ratio),
         "gold got {gold} and bronze {bronze} of the first {WINDOW} answers, a ratio of {ratio:.3}, \

@@ -626,8 +626,8 @@ impl DispatchStore for Platform {
             .await
             .map_err(StoreError::query("close replay requests"))?;
             tx.execute(RECORD_MANUAL, &[&del, &ok, &http])
-            .await
-            .map_err(StoreError::query("record manual attempts"))?;
+                .await
+                .map_err(StoreError::query("record manual attempts"))?;
         }
 
         crate::commit!(tx, client).map_err(StoreError::query("commit attempts"))?;

@@ -661,7 +661,10 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
         })
         .collect();
     assert!(w.platform.record(&failed).await.unwrap().is_empty());
-    assert_eq!(w.count("walhook.pending WHERE lease_owner IS NULL").await, 2);
+    assert_eq!(
+        w.count("walhook.pending WHERE lease_owner IS NULL").await,
+        2
+    );
 
     // Node b claims replays of both; node a's sweep leaves them alone.
     for id in &made[..2] {
@@ -737,7 +740,10 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
 
     // An automatic attempt that was out when the replay succeeded is
     // recorded, and changes nothing.
-    let held = jobs.iter().find(|j| j.delivery_id == won.delivery_id).unwrap();
+    let held = jobs
+        .iter()
+        .find(|j| j.delivery_id == won.delivery_id)
+        .unwrap();
     let late = AttemptRecord {
         attempt_id: AttemptId::derive(held.delivery_id, 9),
         number: 9,
@@ -746,7 +752,11 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
         ..success(held)
     };
     let stale = w.platform.record(&[late]).await.unwrap();
-    assert_eq!(stale, vec![won.delivery_id], "the late result is not applied");
+    assert_eq!(
+        stale,
+        vec![won.delivery_id],
+        "the late result is not applied"
+    );
     assert_eq!(
         w.count(&format!(
             "walhook.attempts WHERE delivery_id = '{}'",

@@ -164,7 +164,10 @@ async fn a_successful_replay_ends_the_automatic_schedule() {
             vec![(1, "auto".to_owned()), (2, "manual".to_owned())],
             "{path}: {detail}"
         );
-        assert_eq!(detail["delivery"]["status"], "succeeded", "{path}: {detail}");
+        assert_eq!(
+            detail["delivery"]["status"], "succeeded",
+            "{path}: {detail}"
+        );
     }
     assert!(child.terminate().success());
     w.assert_pending_consistent().await;
