@@ -8,6 +8,8 @@ use walhook_devkit::receiver::{Behaviour, Received};
 
 use crate::support::{Child, World};
 
+mod replays;
+
 fn body(r: &Received) -> serde_json::Value {
     serde_json::from_slice(&r.body).expect("the body is JSON")
 }

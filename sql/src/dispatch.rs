@@ -250,6 +250,22 @@ static RECORD_CAREFUL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
     )
 });
 
+/// The deliveries' states after manual attempts (`$1` ids, `$2` whether
+/// each succeeded, `$3` its HTTP status): a success ends a pending, failed
+/// or exhausted delivery as succeeded, without its lease (whoever holds it
+/// records later results as history only), and out of `pending`.
+const RECORD_MANUAL: &str = "\
+WITH ended AS ( \
+    UPDATE walhook.deliveries d SET \
+        status = CASE WHEN m.ok AND d.status IN ('pending', 'failed', 'exhausted') \
+                      THEN 'succeeded'::walhook.delivery_status ELSE d.status END, \
+        lease_owner = CASE WHEN m.ok AND d.status = 'pending' THEN NULL ELSE d.lease_owner END, \
+        lease_expires_at = CASE WHEN m.ok AND d.status = 'pending' THEN NULL ELSE d.lease_expires_at END, \
+        last_http_status = m.http, updated_at = now() \
+    FROM unnest($1::uuid[], $2::bool[], $3::int4[]) AS m(id, ok, http) WHERE d.id = m.id \
+    RETURNING d.id, d.status) \
+DELETE FROM walhook.pending p USING ended WHERE p.delivery_id = ended.id AND ended.status <> 'pending'";
+
 /// First rows alone (transitions and hand-backs of deliveries that had
 /// none), gap-filling.
 static FRESH_ONLY: std::sync::LazyLock<String> =
@@ -350,12 +366,20 @@ RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload,
 
 /// Due, unheld deliveries (the `pending_due` index), then those of nodes
 /// whose lease lapsed (the `pending_held` index). A delivery is unheld
-/// only once its holder recorded it, so nothing of it is unknown.
+/// only once its holder recorded it, so nothing of it is unknown. Neither
+/// takes a delivery whose replay a node has claimed and not yet recorded:
+/// the replay may succeed, and a success ends the automatic schedule (the
+/// same transaction closes the request and ends the delivery, so once the
+/// request is done there is nothing pending to claim). A probe of the
+/// partial index `replay_requests_by_delivery` per candidate row.
 const CLAIM_UNHELD: &str = "\
 WITH due AS ( \
     SELECT delivery_id AS id, false AS after_unknown FROM walhook.pending \
     WHERE lease_owner IS NULL AND next_attempt_at <= now() \
       AND endpoint_id <> ALL($3::uuid[]) \
+      AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
+                      WHERE q.delivery_id = pending.delivery_id AND q.done_at IS NULL \
+                        AND q.claimed_until >= now()) \
     ORDER BY next_attempt_at \
     LIMIT $2 \
     FOR UPDATE SKIP LOCKED), ";
@@ -367,6 +391,9 @@ WITH due AS ( \
     SELECT p.delivery_id AS id, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
     FROM walhook.pending p LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
     WHERE p.lease_owner = ANY($3::text[]) \
+      AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
+                      WHERE q.delivery_id = p.delivery_id AND q.done_at IS NULL \
+                        AND q.claimed_until >= now()) \
     LIMIT $2 \
     FOR UPDATE OF p SKIP LOCKED), ";
 
@@ -561,9 +588,24 @@ impl DispatchStore for Platform {
             .await
             .map_err(StoreError::query("insert attempts"))?;
 
-        // Manual attempts: the replay request is done; a success ends a
-        // failed or exhausted delivery as succeeded; the schedule is not
-        // touched.
+        let stmt = tx
+            .prepare_cached(&RECORD_CAREFUL)
+            .await
+            .map_err(StoreError::query("prepare the delivery update"))?;
+        let careful: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = update_params
+            .iter()
+            .chain(fresh_params.iter())
+            .copied()
+            .collect();
+        let rows = tx
+            .query(&stmt, &careful)
+            .await
+            .map_err(StoreError::query("update deliveries"))?;
+        // Manual attempts, after the automatic ones' states (an automatic
+        // attempt of the batch still counts): the replay request is done,
+        // and a success ends the delivery as succeeded, a pending one too,
+        // which leaves `pending` so that no node claims it again (a holder's
+        // later result is not applied: it is no longer pending).
         if !manual.is_empty() {
             let req: Vec<i64> = manual
                 .iter()
@@ -583,30 +625,11 @@ impl DispatchStore for Platform {
             )
             .await
             .map_err(StoreError::query("close replay requests"))?;
-            tx.execute(
-                "UPDATE walhook.deliveries d SET \
-                   status = CASE WHEN u.ok AND d.status IN ('failed', 'exhausted') THEN 'succeeded'::walhook.delivery_status ELSE d.status END, \
-                   last_http_status = u.http, updated_at = now() \
-                 FROM unnest($1::uuid[], $2::bool[], $3::int4[]) AS u(id, ok, http) WHERE d.id = u.id",
-                &[&del, &ok, &http],
-            )
-            .await
-            .map_err(StoreError::query("record manual attempts"))?;
+            tx.execute(RECORD_MANUAL, &[&del, &ok, &http])
+                .await
+                .map_err(StoreError::query("record manual attempts"))?;
         }
 
-        let stmt = tx
-            .prepare_cached(&RECORD_CAREFUL)
-            .await
-            .map_err(StoreError::query("prepare the delivery update"))?;
-        let careful: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = update_params
-            .iter()
-            .chain(fresh_params.iter())
-            .copied()
-            .collect();
-        let rows = tx
-            .query(&stmt, &careful)
-            .await
-            .map_err(StoreError::query("update deliveries"))?;
         crate::commit!(tx, client).map_err(StoreError::query("commit attempts"))?;
         Ok(stale_of(&rows))
     }

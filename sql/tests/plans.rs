@@ -631,3 +631,143 @@ async fn the_platforms_sessions_do_not_jit_compile() {
     let jit: String = client.query_one("SHOW jit", &[]).await.unwrap().get(0);
     assert_eq!(jit, "off");
 }
+
+/// A success ends the schedule. While a node has a delivery's replay
+/// claimed, no node claims the delivery's due retry (the replay may
+/// succeed); the manual success ends the pending delivery as succeeded and
+/// takes it out of `pending`, so nothing claims it after; a holder's later
+/// automatic result is history only. A failed replay leaves the schedule
+/// as it was: the retry is claimed once the replay is recorded.
+#[tokio::test]
+async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back() {
+    let w = world().await;
+    let (event, deliveries) = w.batch(3_000, Some("a"), Duration::ZERO);
+    let made = w.store(&event, &deliveries).await;
+    let jobs: Vec<DeliveryJob> = made[..2]
+        .iter()
+        .map(|id| job_of(*id, &event, &deliveries))
+        .collect();
+    // Both fail their first attempt; their retries are handed back, due.
+    let due = Timestamp(Timestamp::now().0 - 1_000_000);
+    let failed: Vec<AttemptRecord> = jobs
+        .iter()
+        .map(|j| AttemptRecord {
+            http_status: Some(503),
+            outcome: "retryable",
+            error_class: Some("http_5xx"),
+            status: DeliveryStatus::Pending,
+            next_attempt_at: due,
+            ..success(j)
+        })
+        .collect();
+    assert!(w.platform.record(&failed).await.unwrap().is_empty());
+    assert_eq!(
+        w.count("walhook.pending WHERE lease_owner IS NULL").await,
+        2
+    );
+
+    // Node b claims replays of both; node a's sweep leaves them alone.
+    for id in &made[..2] {
+        w.platform.request_replay(*id, "test").await.unwrap();
+    }
+    let mut replays = w
+        .platform
+        .claim_replays("b", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    replays.sort_by_key(|j| j.delivery_id);
+    assert_eq!(replays.len(), 2);
+    let claimed = w.platform.claim_due("a", 10, &[]).await.unwrap();
+    assert!(
+        claimed.is_empty(),
+        "a due retry was claimed while its replay was out: {:?}",
+        claimed.iter().map(|j| j.delivery_id).collect::<Vec<_>>()
+    );
+
+    // The first replay succeeds, the second fails.
+    let manual = |job: &DeliveryJob, ok: bool| {
+        let replay = job.replay.unwrap();
+        AttemptRecord {
+            attempt_id: AttemptId::derive(job.delivery_id, replay.number),
+            number: replay.number,
+            trigger: Trigger::Manual,
+            replay_request: Some(replay.request_id),
+            http_status: Some(if ok { 200 } else { 503 }),
+            outcome: if ok { "succeeded" } else { "retryable" },
+            error_class: (!ok).then_some("http_5xx"),
+            status: DeliveryStatus::Pending,
+            first_write: None,
+            ..success(job)
+        }
+    };
+    let (won, lost) = (&replays[0], &replays[1]);
+    w.platform
+        .record(&[manual(won, true), manual(lost, false)])
+        .await
+        .unwrap();
+    let status = |id: DeliveryId| {
+        let sql = &w.sql;
+        async move {
+            let row = sql
+                .query_one(
+                    "SELECT d.status::text, d.lease_owner, \
+                            EXISTS (SELECT 1 FROM walhook.pending p WHERE p.delivery_id = d.id) \
+                     FROM walhook.deliveries d WHERE d.id = $1",
+                    &[&Uuid::from_bytes(id.0)],
+                )
+                .await
+                .unwrap();
+            (
+                row.get::<_, String>(0),
+                row.get::<_, Option<String>>(1),
+                row.get::<_, bool>(2),
+            )
+        }
+    };
+    assert_eq!(
+        status(won.delivery_id).await,
+        ("succeeded".to_owned(), None, false),
+        "a successful replay left the delivery pending"
+    );
+    assert_eq!(status(lost.delivery_id).await.0, "pending");
+
+    // Only the failed replay's delivery is claimed for its retry.
+    let claimed = w.platform.claim_due("a", 10, &[]).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.delivery_id).collect::<Vec<_>>(),
+        vec![lost.delivery_id]
+    );
+
+    // An automatic attempt that was out when the replay succeeded is
+    // recorded, and changes nothing.
+    let held = jobs
+        .iter()
+        .find(|j| j.delivery_id == won.delivery_id)
+        .unwrap();
+    let late = AttemptRecord {
+        attempt_id: AttemptId::derive(held.delivery_id, 9),
+        number: 9,
+        attempt_count: 2,
+        first_write: None,
+        ..success(held)
+    };
+    let stale = w.platform.record(&[late]).await.unwrap();
+    assert_eq!(
+        stale,
+        vec![won.delivery_id],
+        "the late result is not applied"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "walhook.attempts WHERE delivery_id = '{}'",
+            Uuid::from_bytes(won.delivery_id.0)
+        ))
+        .await,
+        3,
+        "the late attempt is in the history"
+    );
+    assert_eq!(
+        status(won.delivery_id).await,
+        ("succeeded".to_owned(), None, false)
+    );
+}

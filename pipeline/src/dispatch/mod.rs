@@ -17,7 +17,9 @@
 //! The recorder and the sweeper are watched: if either ends while dispatch
 //! runs, dispatch stops with an error naming it (results it could not write
 //! are attempted again after the restart). Attempt numbers are one sequence
-//! per delivery across automatic and manual attempts ([`numbering`]). At a
+//! per delivery across automatic and manual attempts ([`numbering`]); a
+//! manual attempt that succeeds ends the automatic schedule (one already
+//! out finishes and is recorded, none follows; docs/scheduling.md). At a
 //! clean stop, attempts still in flight after the drain timeout are recorded
 //! with an unknown outcome; after an unclean one, the next attempt of every
 //! reclaimed delivery notes that an earlier one may have gone out.
@@ -860,9 +862,14 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             first_write: job.first_write(),
         };
         if let Some(replay) = manual {
-            // A replay leaves the automatic schedule as it is.
+            // A failed replay leaves the automatic schedule as it is; a
+            // successful one ends it (the store ends the delivery as
+            // succeeded with this record).
             state.replays.remove(&replay.request_id);
             self.counters.manual.fetch_add(1, Ordering::Relaxed);
+            if matches!(outcome, AttemptOutcome::Delivered { .. }) {
+                self.end_schedule(state, job);
+            }
             let held = state.sched.holds(&job.delivery_id);
             state.numbering.finish(job.delivery_id, held);
             send(record_tx, Record::Attempt(base)).await;
@@ -926,6 +933,28 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
 }
 
 impl<E, S> Dispatcher<E, S> {
+    /// A manual attempt of `job`'s delivery succeeded: no automatic attempt
+    /// follows. The delivery leaves the schedule (waiting, queued, or in its
+    /// object's chain, whose next delivery then goes); an automatic attempt
+    /// already out finishes and is recorded as history, never rescheduled.
+    /// Replays are claimed only by the node that holds the delivery (or
+    /// when no live node does), and claims of due deliveries skip one whose
+    /// replay is claimed, so this node's schedule is the only one to end.
+    fn end_schedule(&self, state: &mut RunState, job: &DeliveryJob) {
+        let id = job.delivery_id;
+        if !state.sched.cancel(&id) {
+            return;
+        }
+        let out = state
+            .in_flight
+            .values()
+            .any(|f| f.job.delivery_id == id && f.job.replay.is_none());
+        if out {
+            state.cancelled.insert(id);
+        }
+        tracing::info!(delivery = %id, endpoint = %job.endpoint_id, auto_attempt_out = out, "a manual attempt succeeded; the automatic schedule of the delivery ends");
+    }
+
     /// A delivery ended without success: when later deliveries of its
     /// object wait behind it, the next goes now (its first attempt notes
     /// [`ATTEMPT_NOTE_PREDECESSOR_FAILED`]).
