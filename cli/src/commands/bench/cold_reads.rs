@@ -231,6 +231,10 @@ fn progress_bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
 struct Served {
     base: String,
     http: reqwest::Client,
+    /// The other tenant's client, from an address of its own (127.0.0.2):
+    /// the API shares connections and request slots per client address, and
+    /// another customer does not share the crowd's.
+    calm_http: reqwest::Client,
     cold: Arc<walhook_api::Cold>,
     /// Stops the server when dropped.
     _stop: tokio_util::sync::DropGuard,
@@ -290,6 +294,9 @@ impl Served {
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(256)
                 .build()?,
+            calm_http: reqwest::Client::builder()
+                .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+                .build()?,
             cold,
             _stop: stop.drop_guard(),
             _server: server,
@@ -313,9 +320,17 @@ impl Served {
 
     /// GET `path`: the status, the body, the time taken.
     async fn get(&self, key: &str, path: &str) -> anyhow::Result<(u16, serde_json::Value, f64)> {
+        self.get_with(&self.http, key, path).await
+    }
+
+    async fn get_with(
+        &self,
+        http: &reqwest::Client,
+        key: &str,
+        path: &str,
+    ) -> anyhow::Result<(u16, serde_json::Value, f64)> {
         let started = Instant::now();
-        let resp = self
-            .http
+        let resp = http
             .get(format!("{}{path}", self.base))
             .bearer_auth(key)
             .send()
@@ -682,7 +697,9 @@ async fn calm_listing(served: &Served, key: &str, length: Duration) -> anyhow::R
     let started = Instant::now();
     let mut latency = Vec::new();
     while started.elapsed() < length {
-        let (status, body, ms) = served.get(key, "/v1/webhook-deliveries?limit=50").await?;
+        let (status, body, ms) = served
+            .get_with(&served.calm_http, key, "/v1/webhook-deliveries?limit=50")
+            .await?;
         anyhow::ensure!(status == 200, "the hot listing answered {status}: {body}");
         latency.push(ms);
     }
