@@ -244,6 +244,16 @@ struct RunState {
     replays: std::collections::HashSet<i64>,
 }
 
+impl RunState {
+    /// Whether an automatic attempt of `id` is out now (a manual one does
+    /// not count: it ends on its own).
+    fn automatic_attempt_out(&self, id: crate::ids::DeliveryId) -> bool {
+        self.in_flight
+            .values()
+            .any(|f| f.job.delivery_id == id && f.job.replay.is_none())
+    }
+}
+
 fn health_of(outcome: &AttemptOutcome) -> Health {
     match outcome {
         AttemptOutcome::Delivered { .. } => Health::Success,
@@ -452,11 +462,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     Claimed::Cancelled(ids) => {
                         for id in ids {
                             if state.sched.cancel(&id) {
-                                let out = state
-                                    .in_flight
-                                    .values()
-                                    .any(|f| f.job.delivery_id == id && f.job.replay.is_none());
-                                if out {
+                                if state.automatic_attempt_out(id) {
                                     state.cancelled.insert(id);
                                 } else {
                                     state.numbering.forget(id);
@@ -945,10 +951,7 @@ impl<E, S> Dispatcher<E, S> {
         if !state.sched.cancel(&id) {
             return;
         }
-        let out = state
-            .in_flight
-            .values()
-            .any(|f| f.job.delivery_id == id && f.job.replay.is_none());
+        let out = state.automatic_attempt_out(id);
         if out {
             state.cancelled.insert(id);
         }
