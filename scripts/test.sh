@@ -19,16 +19,19 @@ scripts/ensure-chromium.sh
 # A Fluvio cluster for the scale-out tests: no registry serves the Fluvio
 # server, so the tests start one from the programs built from Fluvio's
 # source (local-cluster.sh, bin/fluvio-run, bin/fluvio) in
-# $WALHOOK_FLUVIO_TOOLS, ../shared/tools/fluvio beside the checkout or
-# /work/shared/tools/fluvio; or they use the cluster named by
+# $WALHOOK_FLUVIO_TOOLS, else shared/tools/fluvio beside the checkout or
+# beside a folder above it; or they use the cluster named by
 # WALHOOK_FLUVIO_ENDPOINT. Where the tools are found the tests must run
 # (WALHOOK_FLUVIO_REQUIRED=1); elsewhere they print that they were skipped.
 if [ -z "${WALHOOK_FLUVIO_TOOLS:-}" ]; then
-  for d in "$PWD/../shared/tools/fluvio" /work/shared/tools/fluvio; do
-    if [ -x "$d/local-cluster.sh" ] && [ -x "$d/bin/fluvio-run" ]; then
-      export WALHOOK_FLUVIO_TOOLS="$d"
+  d="$(dirname "$PWD")"
+  while :; do
+    if [ -x "$d/shared/tools/fluvio/local-cluster.sh" ] && [ -x "$d/shared/tools/fluvio/bin/fluvio-run" ]; then
+      export WALHOOK_FLUVIO_TOOLS="$d/shared/tools/fluvio"
       break
     fi
+    [ "$d" = / ] && break
+    d="$(dirname "$d")"
   done
 fi
 if [ -n "${WALHOOK_FLUVIO_TOOLS:-}" ] || [ -n "${WALHOOK_FLUVIO_ENDPOINT:-}" ]; then

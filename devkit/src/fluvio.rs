@@ -4,8 +4,8 @@
 //! No package registry serves the Fluvio server, so the cluster comes from
 //! the `fluvio-run` and `fluvio` programs beside `local-cluster.sh` in a
 //! tools directory (built from Fluvio's public source): `$WALHOOK_FLUVIO_TOOLS`
-//! when set, else `../shared/tools/fluvio` beside the checkout, else
-//! `/work/shared/tools/fluvio`. `WALHOOK_FLUVIO_ENDPOINT` names a running
+//! when set, else `shared/tools/fluvio` beside the checkout or beside a
+//! folder above it. `WALHOOK_FLUVIO_ENDPOINT` names a running
 //! cluster to use instead (then [`FluvioCluster::restart_spu`] is refused:
 //! the test did not start that broker).
 //!
@@ -43,9 +43,12 @@ pub fn find_tools() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(TOOLS_ENV) {
         return Some(PathBuf::from(dir));
     }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/fluvio");
-    [beside, PathBuf::from("/work/shared/tools/fluvio")]
-        .into_iter()
+    // `shared/tools/fluvio` beside the checkout or beside any folder above
+    // it (a worktree or a clone may sit deeper than the main checkout).
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .skip(2)
+        .map(|d| d.join("shared/tools/fluvio"))
         .find(|d| d.join("local-cluster.sh").is_file())
 }
 
