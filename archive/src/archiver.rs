@@ -29,10 +29,12 @@ use crate::copy::{CopyReader, Next};
 use crate::dates::{NaiveDateSql, bounds};
 use crate::encode::encode;
 use crate::failure::failure_text;
-use crate::layout::{bucket_sql_over, manifest_key, part_key, partition_name};
+use crate::layout::{bucket_sql_over, manifest_key, part_key, partition_name, staged_key};
 use crate::manifest::{FileEntry, Manifest};
+use crate::merge::Merge;
 use crate::part::{PartBuilder, PartLimits};
 use crate::table::Table;
+use crate::verify::Phase;
 use crate::{ArchiveError, verify};
 
 /// The default hot window: days younger than this stay in Postgres.
@@ -324,7 +326,11 @@ impl<S: ObjectStore> Archiver<S> {
                     report.outcome = Outcome::Planned;
                     return Ok(report);
                 }
-                self.export(table, day, generation, progress).await?
+                // A day archived before: this generation is compacted over
+                // its live set (see `crate::merge`).
+                let live = self.live_set(table, day).await?;
+                let merge = (!live.is_empty()).then(|| Merge::new(table, live));
+                self.export(table, day, generation, merge, progress).await?
             }
         };
         report.generation = row.generation;
@@ -333,18 +339,40 @@ impl<S: ObjectStore> Archiver<S> {
             return Ok(report);
         }
         failpoint::hit("archive.before_verify");
-        let manifest = verify::verify(
+        let phase = if row.state == "written" {
+            Phase::Staged
+        } else {
+            Phase::Live
+        };
+        let mut manifest = verify::verify(
             &self.store,
             table,
             day,
             &row.manifest_key,
             &row.manifest_sha256,
+            phase,
         )
         .await?;
         report.rows = manifest.row_count;
         report.bytes = manifest.byte_count;
         report.files = manifest.files.len();
-        if row.state == "written" {
+        if row.state == "written" && manifest.compaction.is_some() {
+            // No count against the hot table here: rows that reach the day
+            // or change after the export stay hot (see the drop) and go to
+            // the next generation, so publication never has to be undone.
+            self.publish(&manifest).await?;
+            manifest = verify::verify(
+                &self.store,
+                table,
+                day,
+                &row.manifest_key,
+                &row.manifest_sha256,
+                Phase::Live,
+            )
+            .await?;
+            self.record_verified(table, day, row.generation, &manifest)
+                .await?;
+        } else if row.state == "written" {
             let hot = self.hot_count(table, day).await?;
             if hot != manifest.row_count {
                 // Rows reached or left the day after it was exported; the
@@ -362,6 +390,18 @@ impl<S: ObjectStore> Archiver<S> {
         failpoint::hit("archive.before_drop");
         let left = match self.drop_hot(table, day, &manifest, row.written_at).await? {
             DropOutcome::Dropped { left } => left,
+            DropOutcome::Changed { hot, archived } if manifest.compaction.is_some() => {
+                // Published: the generation stands, the partition stays,
+                // and the next generation takes its rows again.
+                self.clear_staged(&manifest).await?;
+                self.set_state(table, day, row.generation, "dropped")
+                    .await?;
+                report.outcome = Outcome::Waiting(format!(
+                    "the day partition holds {hot} rows at the drop, this generation took {archived} from it: rows arrived after the export; nothing was dropped and the day is archived again as generation {} on a later run",
+                    row.generation + 1
+                ));
+                return Ok(report);
+            }
             DropOutcome::Changed { hot, archived } => {
                 self.forget(table, day, row.generation).await?;
                 report.outcome = Outcome::Waiting(format!(
@@ -371,6 +411,7 @@ impl<S: ObjectStore> Archiver<S> {
             }
         };
         failpoint::hit("archive.after_drop");
+        self.clear_staged(&manifest).await?;
         self.set_state(table, day, row.generation, "dropped")
             .await?;
         if left > 0 {
@@ -436,6 +477,7 @@ impl<S: ObjectStore> Archiver<S> {
         table: Table,
         day: NaiveDate,
         generation: u32,
+        mut merge: Option<Merge>,
         progress: &dyn Progress,
     ) -> Result<CatalogRow, ArchiveError> {
         let started_at = std::time::SystemTime::now();
@@ -495,6 +537,10 @@ impl<S: ObjectStore> Archiver<S> {
         let bucket_col = table.columns().len();
         let status_col = table.column_index("status");
         let mut current: Option<(u16, u32)> = None; // (bucket, next sequence)
+        // A compacted generation's parts wait outside the layout until
+        // verified.
+        let staged = merge.is_some();
+        let mut new_parts = Vec::new();
         loop {
             match copy.next_tuple().map_err(|detail| ArchiveError::Shape {
                 table,
@@ -533,13 +579,19 @@ impl<S: ObjectStore> Archiver<S> {
                 .and_then(|v| v.try_into().ok())
                 .map(i32::from_be_bytes)
                 .unwrap_or_default() as u16;
+            if let Some(m) = merge.as_mut()
+                && m.absorb(&self.store, &copy, bucket).await?
+            {
+                continue;
+            }
             let row_bytes = copy.tuple_bytes() as u64;
             let seq = match current {
                 Some((b, seq)) if b == bucket && part.fits(row_bytes, limits) => seq,
                 Some((b, seq)) => {
                     let file = self
-                        .put_part(&mut part, table, day, generation, b, seq)
+                        .put_part(&mut part, table, day, generation, (b, seq), staged)
                         .await?;
+                    new_parts.push(file.key.clone());
                     progress.rows(file.rows);
                     manifest.add(file);
                     if b == bucket { seq + 1 } else { 0 }
@@ -551,12 +603,16 @@ impl<S: ObjectStore> Archiver<S> {
         }
         if let Some((b, seq)) = current {
             let file = self
-                .put_part(&mut part, table, day, generation, b, seq)
+                .put_part(&mut part, table, day, generation, (b, seq), staged)
                 .await?;
+            new_parts.push(file.key.clone());
             progress.rows(file.rows);
             manifest.add(file);
         }
         walhook_sql::commit!(tx, client).map_err(ArchiveError::query("end the export snapshot"))?;
+        if let Some(m) = merge {
+            m.finish(&self.store, &mut manifest, new_parts).await?;
+        }
         let key = manifest_key(table, day, generation);
         let receipt = self
             .store
@@ -604,14 +660,19 @@ impl<S: ObjectStore> Archiver<S> {
         table: Table,
         day: NaiveDate,
         generation: u32,
-        bucket: u16,
-        seq: u32,
+        (bucket, seq): (u16, u32),
+        staged: bool,
     ) -> Result<FileEntry, ArchiveError> {
         let (batch, stats) = part.finish()?;
         let rows = batch.num_rows() as u64;
         let bytes = encode(table, &batch)?;
         let key = part_key(table, day, generation, bucket, seq);
-        let receipt = self.store.put(&key, bytes).await?;
+        let at = if staged {
+            staged_key(&key, generation)
+        } else {
+            key.clone()
+        };
+        let receipt = self.store.put(&at, bytes).await?;
         failpoint::hit("archive.after_part");
         Ok(FileEntry {
             key,
@@ -654,13 +715,13 @@ impl<S: ObjectStore> Archiver<S> {
                 .await
                 .map_err(ArchiveError::query("count the day partition"))?
                 .get(0);
-            if n as u64 != manifest.row_count {
+            if n as u64 != manifest.hot_rows() {
                 // Rows reached the day after the export; the partition is
                 // whole, so the day is written anew (the caller forgets
                 // this generation's catalog row).
                 return Ok(DropOutcome::Changed {
                     hot: n as u64,
-                    archived: manifest.row_count,
+                    archived: manifest.hot_rows(),
                 });
             }
             tx.batch_execute(&format!("DROP TABLE walhook.{name}"))

@@ -8,8 +8,12 @@
 //! Names are a pure function of (table, day, generation, bucket, sequence), so
 //! a rerun writes the same keys and every step is idempotent. A day archived
 //! again later (rows that reached the hot table after its first archive, or
-//! rows changed since) is a new *generation*: its parts are numbered from
-//! `generation × 10,000` and its manifest is `_manifest-gN.json`.
+//! rows changed since) is a new *generation*: its manifest is
+//! `_manifest-gN.json` and its parts of rows new to the day are numbered
+//! from `generation × 10,000`. A later generation is *compacted*
+//! ([`crate::merge`]): it names every live part of the day, and rewrites
+//! the earlier parts that held rows it changes under their own keys, so
+//! each id lies in one part.
 
 use chrono::NaiveDate;
 use sha2::{Digest, Sha256};
@@ -64,6 +68,14 @@ pub fn manifest_key(table: Table, day: NaiveDate, generation: u32) -> String {
     }
 }
 
+/// Where a compacted generation's part waits, outside every glob over
+/// the layout (`table=…` at the top, a name not ending in `.parquet`),
+/// until it has been read back and matched: `_staging/gN/<key>.staged`.
+/// See [`crate::merge`].
+pub fn staged_key(key: &str, generation: u32) -> String {
+    format!("_staging/g{generation}/{key}.staged")
+}
+
 /// The day a hot partition named `<table>_YYYYMMDD` holds.
 pub fn partition_day(table: Table, relname: &str) -> Option<NaiveDate> {
     let suffix = relname.strip_prefix(table.name())?.strip_prefix('_')?;
@@ -97,6 +109,13 @@ mod tests {
         assert_eq!(
             manifest_key(Table::Deliveries, d, 1),
             "table=deliveries/date=2026-11-27/_manifest-g1.json"
+        );
+        assert_eq!(
+            staged_key(
+                "table=events/date=2026-11-27/tenant_bucket=15/part-20001.parquet",
+                2
+            ),
+            "_staging/g2/table=events/date=2026-11-27/tenant_bucket=15/part-20001.parquet.staged"
         );
         assert_eq!(partition_day(Table::Attempts, "attempts_20261127"), Some(d));
         assert_eq!(partition_day(Table::Attempts, "events_20261127"), None);

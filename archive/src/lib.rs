@@ -27,9 +27,12 @@
 //! - [`failure`]: a day that fails is reported (log, incident, metric) and
 //!   the run goes on; which failures end the run instead.
 //! - [`verify`]: reading every object back.
+//! - `merge`: a day archived again is compacted: one live set, each id
+//!   once, its latest row.
 //! - [`cold`]: archived deliveries, attempts and events by id and by
 //!   listing (paged day by day within a budget), and the restore behind
 //!   replays of archived deliveries.
+//! - [`schedule`]: `walhook run`'s rounds, with an injected clock.
 //! - [`index`]: which day holds a delivery id, written when a day is
 //!   verified.
 //!
@@ -48,8 +51,10 @@ pub mod failure;
 pub mod index;
 pub mod layout;
 pub mod manifest;
+mod merge;
 pub mod part;
 mod retention;
+pub mod schedule;
 pub mod table;
 pub mod verify;
 

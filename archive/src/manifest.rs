@@ -42,6 +42,29 @@ pub struct Manifest {
     pub columns: Vec<ColumnInfo>,
     /// The parts, sorted by key.
     pub files: Vec<FileEntry>,
+    /// Set on a generation that holds the day's whole latest state (every
+    /// id once, its latest row): it alone is the day's live set, and the
+    /// earlier generations' manifests are history. Absent on a day's first
+    /// generation and on generations written before compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+}
+
+/// How a compacted generation was made from the day's live set before it
+/// and the hot rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compaction {
+    /// The generations whose parts it merged.
+    pub merged: Vec<u32>,
+    /// Rows taken unchanged from those parts; the rest came from the hot
+    /// table.
+    pub carried_rows: u64,
+    /// The parts this generation wrote (rewritten earlier parts, under
+    /// their own keys, and parts of rows new to the day), sorted: each is
+    /// staged at [`crate::layout::staged_key`] and read back before it
+    /// replaces the live object.
+    pub written: Vec<String>,
 }
 
 /// One column as the manifest describes it.
@@ -105,7 +128,25 @@ impl Manifest {
                 })
                 .collect(),
             files: Vec::new(),
+            compaction: None,
         }
+    }
+
+    /// Rows this generation took from the hot table.
+    pub fn hot_rows(&self) -> u64 {
+        self.row_count
+            - self
+                .compaction
+                .as_ref()
+                .map_or(0, |c| c.carried_rows.min(self.row_count))
+    }
+
+    /// Whether this generation wrote the part at `key` (so that it is
+    /// staged until published).
+    pub fn wrote(&self, key: &str) -> bool {
+        self.compaction
+            .as_ref()
+            .is_none_or(|c| c.written.binary_search_by(|k| k.as_str().cmp(key)).is_ok())
     }
 
     /// Adds a part and widens the totals and ranges.

@@ -7,18 +7,31 @@ use walhook_pipeline::objstore::{ObjectStore, sha256_hex};
 
 use crate::ArchiveError;
 use crate::encode::footer_rows;
+use crate::layout::staged_key;
 use crate::manifest::{FORMAT, Manifest};
 use crate::table::{OLDEST_READABLE, SCHEMA_VERSION, Table};
 
+/// Where verification reads a compacted generation's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The parts it wrote, where they wait before publication
+    /// ([`crate::layout::staged_key`]); the parts it carried, where they
+    /// live.
+    Staged,
+    /// Every part under its live key.
+    Live,
+}
+
 /// Reads the manifest at `key` (whose bytes must hash to `sha256`, as the
-/// catalog recorded) and every part it names; returns the manifest when all
-/// match.
+/// catalog recorded) and every part it names (for a compacted generation
+/// in `phase`); returns the manifest when all match.
 pub async fn verify<S: ObjectStore>(
     store: &S,
     table: Table,
     day: NaiveDate,
     key: &str,
     sha256: &str,
+    phase: Phase,
 ) -> Result<Manifest, ArchiveError> {
     let fail = |object: &str, problem: String, fix: &str| ArchiveError::Verification {
         table,
@@ -63,12 +76,18 @@ pub async fn verify<S: ObjectStore>(
     let mut rows = 0u64;
     let mut bytes_total = 0u64;
     for f in &manifest.files {
-        let Some(obj) = store.get(&f.key).await? else {
-            return Err(fail(&f.key, "the object is missing".into(), &rewrite));
+        let at = match phase {
+            Phase::Staged if manifest.compaction.is_some() && manifest.wrote(&f.key) => {
+                staged_key(&f.key, manifest.generation)
+            }
+            _ => f.key.clone(),
+        };
+        let Some(obj) = store.get(&at).await? else {
+            return Err(fail(&at, "the object is missing".into(), &rewrite));
         };
         if obj.len() as u64 != f.bytes {
             return Err(fail(
-                &f.key,
+                &at,
                 format!(
                     "the object has {} bytes, the manifest says {}",
                     obj.len(),
@@ -80,7 +99,7 @@ pub async fn verify<S: ObjectStore>(
         let got = sha256_hex(&obj);
         if got != f.sha256 {
             return Err(fail(
-                &f.key,
+                &at,
                 format!(
                     "the object's SHA-256 is {got}, the manifest says {}",
                     f.sha256
@@ -88,10 +107,10 @@ pub async fn verify<S: ObjectStore>(
                 &rewrite,
             ));
         }
-        let n = footer_rows(table, &obj).map_err(|p| fail(&f.key, p, &rewrite))?;
+        let n = footer_rows(table, &obj).map_err(|p| fail(&at, p, &rewrite))?;
         if n != f.rows {
             return Err(fail(
-                &f.key,
+                &at,
                 format!(
                     "the Parquet footer declares {n} rows, the manifest {}",
                     f.rows

@@ -5,6 +5,9 @@
 
 mod support;
 
+mod analytics;
 mod cold;
+mod compaction;
 mod failures;
 mod parts;
+mod schedule;

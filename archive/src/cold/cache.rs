@@ -1,8 +1,9 @@
 //! What cold reads keep between requests: parsed manifests and Parquet
 //! footers (with their page indexes), within a memory bound.
 //!
-//! Both never change once written (a day's objects are immutable after
-//! verification; a later generation has keys of its own), so an entry is
+//! Both never change once written: a manifest's key is its generation's,
+//! and a footer is kept by its part's key and SHA-256 (compaction
+//! replaces a part under its key, with other bytes), so an entry is
 //! never stale; it only costs memory. The cache holds at most
 //! [`MetaCache::capacity`] bytes (each entry weighed by its estimated size
 //! in memory) and drops the least recently used entries past it, so a

@@ -381,7 +381,7 @@ impl<S: ObjectStore> ColdHistory<S> {
         Ok(m)
     }
 
-    /// The manifests of `day`, oldest generation first.
+    /// The manifests of `day`'s live set, oldest generation first.
     pub(crate) async fn manifests(
         &self,
         day: &Day,
@@ -389,7 +389,13 @@ impl<S: ObjectStore> ColdHistory<S> {
     ) -> Result<Vec<Arc<Manifest>>, ArchiveError> {
         let mut out = Vec::with_capacity(day.manifests.len());
         for key in &day.manifests {
-            out.push(self.manifest(key, spend).await?);
+            let m = self.manifest(key, spend).await?;
+            // A compacted generation names the day's whole live set: the
+            // generations before it are history (see `crate::merge`).
+            if m.compaction.is_some() {
+                out.clear();
+            }
+            out.push(m);
         }
         Ok(out)
     }
@@ -400,14 +406,15 @@ impl<S: ObjectStore> ColdHistory<S> {
         file: &FileEntry,
         spend: &Arc<Spend>,
     ) -> Result<ArrowReaderMetadata, ArchiveError> {
-        if let Some(Meta::Footer(m)) = self.cache.get(&file.key) {
+        // By key and content: compaction replaces a part under its key.
+        let at = format!("{}#{}", file.key, file.sha256);
+        if let Some(Meta::Footer(m)) = self.cache.get(&at) {
             return Ok(m);
         }
         let mut reader = self.reader(file, spend);
         let meta = reader::load_metadata(&mut reader).await?;
         let weight = meta.metadata().memory_size();
-        self.cache
-            .insert(&file.key, Meta::Footer(meta.clone()), weight);
+        self.cache.insert(&at, Meta::Footer(meta.clone()), weight);
         Ok(meta)
     }
 

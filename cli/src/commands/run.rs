@@ -114,66 +114,28 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// `[archive] every`: archives due days a minute after start, then at that
-/// interval, until shutdown. A failed round is logged and retried at the
-/// next one; the hot rows stay until a round succeeds (see
-/// `walhook_archive::archiver`).
+/// interval, until shutdown (`walhook_archive::schedule`). A failed round
+/// is logged and retried at the next one; the hot rows stay until a round
+/// succeeds (see `walhook_archive::archiver`).
 async fn scheduled_archive(
     cfg: crate::config::ArchiveConfig,
     platform: walhook_sql::Platform,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    use walhook_archive::archiver::{Outcome, Silent};
-    let mut wait = std::time::Duration::from_secs(60).min(cfg.every);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = cfg.every;
-        let store = match cfg.open_store().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(
-                    error = format!("{e:#}"),
-                    "cannot open the archive store; trying again at the next round"
-                );
-                continue;
-            }
-        };
-        let archiver = walhook_archive::Archiver::new(platform.clone(), store, cfg.settings());
-        // A round in a task of its own: a panic in it is logged and the
-        // next round runs, instead of ending scheduled archiving unseen.
-        let round = tokio::spawn(async move { archiver.run(&Silent).await });
-        match round.await {
-            Ok(Ok(reports)) => {
-                for r in reports {
-                    match &r.outcome {
-                        Outcome::Failed(why) => {
-                            tracing::error!(table = %r.table, day = %r.day, error = %why, "archiving a day failed; its hot rows are kept")
-                        }
-                        Outcome::Waiting(why) => {
-                            tracing::info!(table = %r.table, day = %r.day, reason = %why, "a day is not archived yet")
-                        }
-                        Outcome::Expired => {
-                            tracing::info!(table = %r.table, day = %r.day, rows = r.rows, "an archived day past the retention was deleted")
-                        }
-                        Outcome::Archived | Outcome::Planned => {
-                            tracing::info!(table = %r.table, day = %r.day, rows = r.rows, bytes = r.bytes, files = r.files, "day archived")
-                        }
-                    }
-                }
-            }
-            Ok(Err(walhook_archive::ArchiveError::Busy)) => {
-                tracing::info!("another archive round is running; this one is skipped")
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "the archive round stopped; trying again at the next round")
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the archive round panicked; trying again at the next round")
-            }
-        }
-    }
+    let open = || {
+        let cfg = &cfg;
+        async move { cfg.open_store().await.map_err(|e| format!("{e:#}")) }
+    };
+    walhook_archive::schedule::run_every(
+        cfg.every,
+        cfg.settings(),
+        platform,
+        open,
+        &walhook_archive::schedule::SystemClock,
+        shutdown.cancelled(),
+        |_| {},
+    )
+    .await;
 }
 
 /// `[reconcile] every`: reconciles the rolling window `[reconcile] window`
