@@ -63,6 +63,50 @@ pub struct S3Config {
     /// S3-compatible servers need.
     #[serde(default)]
     pub force_path_style: bool,
+    /// The size of each part of a multipart upload, bytes (default 8 MiB;
+    /// S3 takes 5 MiB to 5 GiB).
+    #[serde(default = "default_part_size")]
+    pub part_size: usize,
+    /// Objects larger than this many bytes are uploaded in parts of
+    /// `part_size` (default 16 MiB; at least `part_size`, at most 5 GiB,
+    /// S3's largest single upload).
+    #[serde(default = "default_multipart_threshold")]
+    pub multipart_threshold: usize,
+}
+
+/// S3's largest part and largest single upload (5 GiB).
+const S3_MAX_UPLOAD: usize = 5 * 1024 * 1024 * 1024;
+
+fn default_part_size() -> usize {
+    walhook_connectors::objstore::s3::DEFAULT_PART_SIZE
+}
+
+fn default_multipart_threshold() -> usize {
+    walhook_connectors::objstore::s3::DEFAULT_MULTIPART_THRESHOLD
+}
+
+impl S3Config {
+    /// Checks the upload sizes; the message names the field, the value and
+    /// the fix.
+    fn validate_uploads(&self) -> anyhow::Result<()> {
+        let min = walhook_connectors::objstore::s3::MIN_PART_SIZE;
+        if !(min..=S3_MAX_UPLOAD).contains(&self.part_size) {
+            bail!(
+                "[archive.s3] part_size = {} is out of range: S3 takes parts of {min} (5 MiB) to {S3_MAX_UPLOAD} (5 GiB) bytes; the default is {}",
+                self.part_size,
+                default_part_size()
+            );
+        }
+        if !(self.part_size..=S3_MAX_UPLOAD).contains(&self.multipart_threshold) {
+            bail!(
+                "[archive.s3] multipart_threshold = {} is out of range: use part_size ({}) to {S3_MAX_UPLOAD} (5 GiB, S3's largest single upload); the default is {}",
+                self.multipart_threshold,
+                self.part_size,
+                default_multipart_threshold()
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ArchiveConfig {
@@ -103,6 +147,7 @@ impl ArchiveConfig {
                         "[archive.s3] endpoint = {e:?} is not an http(s) URL: write e.g. \"http://127.0.0.1:9000\""
                     );
                 }
+                s3.validate_uploads()?;
             }
             other => bail!("[archive] store = {other:?} is not known: use \"local\" or \"s3\""),
         }
@@ -173,6 +218,8 @@ impl ArchiveConfig {
                 settings.endpoint = s3.endpoint.clone();
                 settings.region = s3.region.clone();
                 settings.force_path_style = s3.force_path_style;
+                settings.part_size = s3.part_size;
+                settings.multipart_threshold = s3.multipart_threshold;
                 AnyStore::S3(S3Store::connect(settings).await?)
             }
             _ => AnyStore::Local(LocalDirStore::open(&self.path)?),
@@ -183,6 +230,43 @@ impl ArchiveConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sizes the S3 store's error texts name (`raise [archive.s3]
+    /// part_size`, `lower [archive.s3] multipart_threshold`) exist, are
+    /// read, and a bad one is refused naming the field, value and range.
+    #[test]
+    fn s3_upload_sizes_are_read_and_checked() {
+        let base = "store = \"s3\"\n[s3]\nbucket = \"b\"\n";
+        let cfg: ArchiveConfig = toml::from_str(base).unwrap();
+        cfg.validate().unwrap();
+        let s3 = cfg.s3.unwrap();
+        assert_eq!((s3.part_size, s3.multipart_threshold), (8 << 20, 16 << 20));
+        let cfg: ArchiveConfig = toml::from_str(&format!(
+            "{base}part_size = 6291456\nmultipart_threshold = 67108864\n"
+        ))
+        .unwrap();
+        cfg.validate().unwrap();
+        let s3 = cfg.s3.unwrap();
+        assert_eq!((s3.part_size, s3.multipart_threshold), (6 << 20, 64 << 20));
+        for (extra, want) in [
+            (
+                "part_size = 1048576",
+                "[archive.s3] part_size = 1048576 is out of range",
+            ),
+            (
+                "part_size = 6442450944",
+                "[archive.s3] part_size = 6442450944 is out of range",
+            ),
+            (
+                "part_size = 8388608\nmultipart_threshold = 5242880",
+                "[archive.s3] multipart_threshold = 5242880 is out of range: use part_size (8388608)",
+            ),
+        ] {
+            let cfg: ArchiveConfig = toml::from_str(&format!("{base}{extra}\n")).unwrap();
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        }
+    }
 
     #[test]
     fn part_bytes_is_read_bounded_and_named_with_its_fix() {
