@@ -344,7 +344,7 @@ impl<S: ObjectStore> Archiver<S> {
         } else {
             Phase::Live
         };
-        let mut manifest = verify::verify(
+        let mut manifest = verify::verify_in(
             &self.store,
             table,
             day,
@@ -361,7 +361,7 @@ impl<S: ObjectStore> Archiver<S> {
             // or change after the export stay hot (see the drop) and go to
             // the next generation, so publication never has to be undone.
             self.publish(&manifest).await?;
-            manifest = verify::verify(
+            manifest = verify::verify_in(
                 &self.store,
                 table,
                 day,

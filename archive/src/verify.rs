@@ -23,9 +23,20 @@ pub enum Phase {
 }
 
 /// Reads the manifest at `key` (whose bytes must hash to `sha256`, as the
-/// catalog recorded) and every part it names (for a compacted generation
-/// in `phase`); returns the manifest when all match.
+/// catalog recorded) and every part it names under its live key; returns
+/// the manifest when all match.
 pub async fn verify<S: ObjectStore>(
+    store: &S,
+    table: Table,
+    day: NaiveDate,
+    key: &str,
+    sha256: &str,
+) -> Result<Manifest, ArchiveError> {
+    verify_in(store, table, day, key, sha256, Phase::Live).await
+}
+
+/// [`verify`], reading a compacted generation's parts in `phase`.
+pub async fn verify_in<S: ObjectStore>(
     store: &S,
     table: Table,
     day: NaiveDate,
