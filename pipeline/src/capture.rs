@@ -65,7 +65,11 @@ impl Incident {
 pub enum IncidentKind {
     /// A captured table was truncated: its rows vanished without row events.
     Truncate,
-    /// A captured table's columns changed.
+    /// A captured table's columns changed (a column added, dropped or
+    /// retyped). Nothing is lost: the rows that follow become events of the
+    /// new shape, under a new schema version that the detail names
+    /// ([`schema_change_detail`]). Reconciliation explains it
+    /// (`schema_changed`); it is no gap.
     SchemaChange,
     /// A row matched a rule but could not become an event (null tenant,
     /// invalid outbox type or payload, …).
@@ -100,6 +104,39 @@ impl IncidentKind {
             IncidentKind::SlotReset => "slot_reset",
         }
     }
+}
+
+/// The detail of a [`IncidentKind::SchemaChange`]: the schema version each
+/// rule's events carry from the change on, then the table's new columns
+/// (last, so that bounding a long column list never cuts a version).
+/// [`schema_change_versions`] reads the versions back.
+pub fn schema_change_detail(table: &str, columns: &[&str], versions: &[(String, u32)]) -> String {
+    let mut detail = String::new();
+    for (event_type, version) in versions {
+        detail.push_str(&format!(
+            "{SCHEMA_VERSION_LEAD}{event_type}{SCHEMA_VERSION_MID}{version}; "
+        ));
+    }
+    detail.push_str(&format!(
+        "table {table} changed: columns are now {}",
+        columns.join(", ")
+    ));
+    detail
+}
+
+const SCHEMA_VERSION_LEAD: &str = "events of type ";
+const SCHEMA_VERSION_MID: &str = " now carry schema version ";
+
+/// The (event type, schema version) pairs a [`schema_change_detail`] names.
+pub fn schema_change_versions(detail: &str) -> Vec<(String, u32)> {
+    detail
+        .split("; ")
+        .map_while(|part| {
+            let rest = part.strip_prefix(SCHEMA_VERSION_LEAD)?;
+            let (event_type, version) = rest.rsplit_once(SCHEMA_VERSION_MID)?;
+            Some((event_type.to_string(), version.parse().ok()?))
+        })
+        .collect()
 }
 
 /// One committed transaction's worth of capture output, or one part of a
@@ -308,4 +345,20 @@ pub trait SchemaCatalog: Send + Sync + 'static {
         fingerprint: &'a str,
         schema_of: &'a (dyn Fn(u32) -> serde_json::Value + Send + Sync),
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<u32, crate::store::StoreError>> + Send + 'a>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_change_detail_names_its_versions_and_gives_them_back() {
+        let versions = vec![("order.created".to_string(), 3), ("order.v2".to_string(), 12)];
+        let detail = schema_change_detail("public.orders", &["id", "note; x"], &versions);
+        assert!(detail.ends_with("columns are now id, note; x"), "{detail}");
+        assert_eq!(schema_change_versions(&detail), versions);
+        // Cut short (bounded) after the versions: they are still read.
+        assert_eq!(schema_change_versions(&detail[..detail.len() - 5]), versions);
+        assert!(schema_change_versions("table t changed: columns are now a").is_empty());
+    }
 }

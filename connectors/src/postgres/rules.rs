@@ -842,6 +842,11 @@ impl CompiledRule {
         self.schema_version = version;
     }
 
+    /// The schema version its events carry now.
+    pub fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
+
     fn column_type(&self, index: usize) -> u32 {
         self.payload
             .iter()

@@ -78,6 +78,9 @@ pub(super) struct StreamState<'s> {
     /// Declared column types → the types their values are written as.
     types: TypeMap,
     tx: Option<OpenTx>,
+    /// A relation whose columns changed, until its new schema version is
+    /// known.
+    changed_relation: Option<u32>,
     pub(super) transactions: u64,
     pub(super) changes: u64,
     pub(super) events: u64,
@@ -97,6 +100,7 @@ impl<'s> StreamState<'s> {
             tables: HashMap::new(),
             types,
             tx: None,
+            changed_relation: None,
             transactions: 0,
             changes: 0,
             events: 0,
@@ -241,6 +245,9 @@ impl<'s> StreamState<'s> {
                 self.on_message(msg)?;
                 if let Some(rel_id) = relation {
                     self.version_shapes(rel_id).await?;
+                    if self.changed_relation.take() == Some(rel_id) {
+                        self.schema_changed(rel_id);
+                    }
                 }
                 let full = self.tx.as_ref().is_some_and(|t| {
                     t.pending.events.len() >= CHUNK_EVENTS
@@ -399,6 +406,31 @@ impl<'s> StreamState<'s> {
         Ok(())
     }
 
+    /// Records that relation `rel_id`'s columns changed, naming the schema
+    /// version each of its rules' events now carry.
+    fn schema_changed(&mut self, rel_id: u32) {
+        let Some(table) = self.tables.get(&rel_id) else {
+            return;
+        };
+        let versions: Vec<(String, u32)> = table
+            .rules
+            .iter()
+            .filter_map(|r| Some((r.shape()?.event_type.to_string(), r.schema_version())))
+            .collect();
+        let columns: Vec<&str> = table.info.columns.iter().map(|c| c.name.as_str()).collect();
+        let qualified = table.info.qualified();
+        let detail =
+            walhook_pipeline::capture::schema_change_detail(&qualified, &columns, &versions);
+        self.incident(Incident {
+            kind: IncidentKind::SchemaChange,
+            commit_lsn: self.tx.as_ref().map(|t| t.commit_lsn),
+            tx_ordinal: None,
+            rule: None,
+            table: Some(qualified),
+            detail,
+        });
+    }
+
     /// Gives the rules of relation `rel_id` the catalog's schema version of
     /// their current shape (registering a new shape first).
     async fn version_shapes(&mut self, rel_id: u32) -> Result<(), CaptureError> {
@@ -464,28 +496,13 @@ impl<'s> StreamState<'s> {
         match msg {
             Message::Relation(rel) => {
                 let info = TableInfo::from(&rel).resolve_types(&self.types);
-                if let Some(old) = self.tables.get(&rel.rel_id)
-                    && old.info != info
-                    && !old.rules.is_empty()
-                {
-                    let detail = format!(
-                        "table {} changed: columns are now {}",
-                        info.qualified(),
-                        info.columns
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
-                    self.incident(Incident {
-                        kind: IncidentKind::SchemaChange,
-                        commit_lsn: self.tx.as_ref().map(|t| t.commit_lsn),
-                        tx_ordinal: None,
-                        rule: None,
-                        table: Some(info.qualified()),
-                        detail,
-                    });
-                }
+                // Recorded once the new shape's schema version is known
+                // (`schema_changed`), so the incident can name it.
+                self.changed_relation = self
+                    .tables
+                    .get(&rel.rel_id)
+                    .is_some_and(|old| old.info != info && !old.rules.is_empty())
+                    .then_some(rel.rel_id);
                 let bound = self.bind(info)?;
                 self.tables.insert(rel.rel_id, bound);
             }
