@@ -631,6 +631,13 @@ impl SourceConfig {
         }
         let mut names = HashSet::new();
         for (i, rule) in rules.iter().enumerate() {
+            if rule.name == walhook_pipeline::capture::ledger::SOURCE_RULE {
+                return Err(RuleError::new(
+                    &rule.name,
+                    "name",
+                    "`*` names the source's own row in the capture ledger; give the rule another name",
+                ));
+            }
             if !names.insert(rule.name.as_str()) {
                 return Err(RuleError::new(
                     &rule.name,

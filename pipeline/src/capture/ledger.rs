@@ -22,7 +22,8 @@
 //! at most once (the mark), and at least once (a part not counted is never
 //! confirmed, so it is read again).
 //!
-//! Per rule and part, `changes = events + filtered + incidents`.
+//! Per rule and part, `changes = events + filtered + incidents`. The
+//! source's own row ([`SOURCE_RULE`]) counts each change of the part once.
 
 pub mod contract;
 pub mod memory;
@@ -78,6 +79,25 @@ impl RuleTally {
             }
         }
     }
+}
+
+/// The ledger row of the source itself, beside its rules' rows: every row
+/// change (and transactional message) the source read, counted once
+/// however many rules looked at it. Its `events`, `filtered` and
+/// `incidents` are 0: those belong to the rules. No rule can take this
+/// name (the config refuses it).
+pub const SOURCE_RULE: &str = "*";
+
+/// `tallies` with the source's own tally of `changes` added (none when the
+/// part read no change).
+pub fn with_source_tally(tallies: &[RuleTally], changes: u32) -> Vec<RuleTally> {
+    let mut out = tallies.to_vec();
+    if changes > 0 {
+        let mut source = RuleTally::new(SOURCE_RULE.into());
+        source.changes = changes;
+        out.push(source);
+    }
+    out
 }
 
 /// Where a transaction part sits in the stream: the ledger's

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::memory::MemoryLedgerStore;
-use super::{LedgerPart, PartKey, RuleTally, fold};
+use super::{LedgerPart, PartKey, RuleTally, fold, with_source_tally};
 use crate::capture::{CapturedTransaction, LedgerSink, SinkError, TransactionSink};
 use crate::ids::Lsn;
 use crate::log::{LogError, Receipt};
@@ -174,7 +174,7 @@ proptest! {
                     LedgerPart {
                         key: PartKey { commit_lsn: tx.commit_lsn, part: tx.part },
                         window: tx.commit_time.minute_start(),
-                        tallies: tx.ledger,
+                        tallies: with_source_tally(&tx.ledger, tx.change_count),
                     }
                 })
             })

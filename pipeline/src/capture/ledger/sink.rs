@@ -14,8 +14,10 @@
 //!
 //! One small Postgres transaction per batch, not per transaction: under
 //! load the queue fills while the writer waits for receipts or the store,
-//! so batches grow with the rate. A part without tallies (no rule saw
-//! anything) skips the writer: its receipt is the inner one.
+//! so batches grow with the rate. Every part that read a change is counted
+//! under the source's own row ([`super::SOURCE_RULE`]: each change once,
+//! whatever rules looked at it); a part that read none skips the writer:
+//! its receipt is the inner one.
 //!
 //! Failure: a part whose events were not made durable fails, with every
 //! part after it, and none of them is counted (counting a later part would
@@ -127,7 +129,7 @@ impl<S> LedgerSink<S> {
 
 impl<S: TransactionSink> TransactionSink for LedgerSink<S> {
     async fn hand_off(&mut self, tx: CapturedTransaction) -> Result<Receipt, SinkError> {
-        if tx.ledger.is_empty() {
+        if tx.ledger.is_empty() && tx.change_count == 0 {
             return self.inner.hand_off(tx).await;
         }
         let source = tx.source.clone();
@@ -137,7 +139,7 @@ impl<S: TransactionSink> TransactionSink for LedgerSink<S> {
                 part: tx.part,
             },
             window: tx.commit_time.minute_start(),
-            tallies: tx.ledger.clone(),
+            tallies: super::with_source_tally(&tx.ledger, tx.change_count),
         };
         let durable = self.inner.hand_off(tx).await?;
         let (done, counted) = oneshot::channel();
@@ -455,5 +457,40 @@ mod tests {
         empty.ledger.clear();
         sink.hand_off(empty).await.unwrap().await.unwrap();
         assert_eq!(store.writes(), 0);
+    }
+
+    #[tokio::test]
+    async fn every_change_is_counted_once_under_the_source_row() {
+        let store = Arc::new(MemoryLedgerStore::new());
+        let mut sink = LedgerSink::new(
+            Scripted {
+                receipts: std::collections::VecDeque::new(),
+            },
+            store.clone(),
+        );
+        // Two rules look at the same 3 changes.
+        let mut two_rules = tx(10, 0, 3);
+        two_rules.ledger.push(RuleTally {
+            rule: "s".into(),
+            changes: 3,
+            events: 3,
+            filtered: 0,
+            incidents: 0,
+        });
+        sink.hand_off(two_rules).await.unwrap().await.unwrap();
+        // 2 changes no rule looked at.
+        let mut no_rule = tx(20, 0, 2);
+        no_rule.ledger.clear();
+        sink.hand_off(no_rule).await.unwrap().await.unwrap();
+        let rows = store.snapshot("main").rows;
+        let changes = |source: bool| -> u64 {
+            rows.iter()
+                .filter(|r| (r.rule == super::super::SOURCE_RULE) == source)
+                .map(|r| r.changes)
+                .sum()
+        };
+        assert_eq!(changes(true), 5);
+        assert_eq!(changes(false), 6);
+        assert_eq!(events(&store), 6);
     }
 }
