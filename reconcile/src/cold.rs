@@ -1,6 +1,8 @@
 //! Archived days the window touches: every object their manifests name is
-//! read back and matched (the archive's own verification), and the rows
-//! they hold are counted per tenant from the manifests. Days the archive
+//! read back and matched (the archive's own verification), and the parts of
+//! dropped days that may hold the window's rows are read
+//! ([`crate::archived`]) for the hot stage to judge with the hot rows. Days
+//! the archive
 //! failed to write (open `archive_day_failed` incidents) are listed too,
 //! with the cause: their rows are still hot (counted by the hot stage), so
 //! they are no gap, but an auditor sees that the day is not cold yet.
@@ -13,22 +15,50 @@ use walhook_archive::table::Table;
 use walhook_pipeline::objstore::ObjectStore;
 
 use crate::ReconcileError;
+use crate::archived::Archived;
 use crate::findings::{Findings, gap};
 use crate::report::{ArchiveDay, GapClass};
 
-/// Checks the archived days of `days` (whole days: a manifest counts its
-/// day). Rows of dropped days join the funnel; rows of days still hot are
-/// counted by the hot stage.
+/// What the archive stage reads: the window, and the days each table's
+/// rows of it may be archived under.
+pub struct Span {
+    /// The window's start.
+    pub since: SystemTime,
+    /// The window's end.
+    pub until: SystemTime,
+    /// The one tenant read, if one.
+    pub tenant: Option<String>,
+    /// The window's days (events).
+    pub days: Vec<chrono::NaiveDate>,
+    /// Days after the window's last that may hold its deliveries (created
+    /// after their event) and attempts (retried until the deadline).
+    pub deliveries_after: u64,
+    /// See `deliveries_after`.
+    pub attempts_after: u64,
+}
+
+/// Checks the archived days of the span, and reads the window's rows of
+/// the dropped ones; rows of days still hot are counted by the hot stage.
 pub async fn run<S: ObjectStore>(
     client: &tokio_postgres::Client,
     store: Option<&S>,
-    days: &[chrono::NaiveDate],
-    tenant: Option<&str>,
+    span: &Span,
     findings: &mut Findings,
     progress: &(dyn Fn(&str) + Sync),
-) -> Result<Vec<ArchiveDay>, ReconcileError> {
-    let (Some(first), Some(last)) = (days.first(), days.last()) else {
-        return Ok(Vec::new());
+) -> Result<(Vec<ArchiveDay>, Archived), ReconcileError> {
+    let mut archived = Archived::default();
+    let (Some(first), Some(window_last)) = (span.days.first(), span.days.last()) else {
+        return Ok((Vec::new(), archived));
+    };
+    let after = span.deliveries_after.max(span.attempts_after);
+    let last = &(*window_last + chrono::Days::new(after));
+    let last_of = |table: Table| {
+        *window_last
+            + chrono::Days::new(match table {
+                Table::Events => 0,
+                Table::Deliveries => span.deliveries_after,
+                Table::Attempts => span.attempts_after,
+            })
     };
     let rows = client
         .query(
@@ -47,6 +77,9 @@ pub async fn run<S: ObjectStore>(
             continue;
         };
         let day = r.get::<_, NaiveDateSql>(1).0;
+        if day > last_of(table) {
+            continue;
+        }
         let generation = r.get::<_, i32>(2) as u32;
         let state: String = r.get(3);
         let key: String = r.get(4);
@@ -72,22 +105,18 @@ pub async fn run<S: ObjectStore>(
         match walhook_archive::verify::verify(store, table, day, &key, &sha).await {
             Ok(manifest) => {
                 checked.verified = true;
+                // Hot rows gone: the window's rows are read from the parts.
                 if state == "dropped" {
-                    for file in &manifest.files {
-                        for (t, n) in &file.tenants {
-                            if tenant.is_some_and(|want| want != t) {
-                                continue;
-                            }
-                            findings.count(t, |f| match table {
-                                Table::Events => {
-                                    f.events += n;
-                                    f.events_archived += n;
-                                }
-                                Table::Deliveries => f.deliveries_archived += n,
-                                Table::Attempts => f.attempts_archived += n,
-                            });
-                        }
-                    }
+                    crate::archived::read_day(
+                        store,
+                        table,
+                        &manifest,
+                        span.since,
+                        span.until,
+                        span.tenant.as_deref(),
+                        &mut archived,
+                    )
+                    .await?;
                 }
             }
             Err(ArchiveError::Verification {
@@ -117,6 +146,9 @@ pub async fn run<S: ObjectStore>(
                     ),
                 ));
                 checked.problem = Some(format!("{object}: {problem}"));
+                if state == "dropped" {
+                    archived.unread.push((table, day));
+                }
             }
             Err(e) => return Err(ReconcileError::Archive(e)),
         }
@@ -124,7 +156,7 @@ pub async fn run<S: ObjectStore>(
         out.push(checked);
     }
     out.extend(failed_days(client, *first, *last).await?);
-    Ok(out)
+    Ok((out, archived))
 }
 
 /// Days of `first..=last` whose archiving failed and that no run has

@@ -4,7 +4,10 @@
 //!
 //! Two sorted streams are merged, so memory stays flat however long the
 //! window: the window's events by id, and its deliveries (rows and fan-out
-//! plans) by event and endpoint.
+//! plans) by event and endpoint. The window's rows of archived days
+//! ([`crate::archived`]) join each stream in order, so they are judged by
+//! the same rules; a row both hot and archived (restored for a replay)
+//! counts once, as its hot row.
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -83,23 +86,29 @@ LEFT JOIN walhook.dispatch_nodes n ON n.node_id = f.lease_owner \
 WHERE f.event_occurred_at >= $1 AND f.event_occurred_at < $2 AND ($3::text IS NULL OR f.tenant_id = $3) \
 ORDER BY 1, 2, 14";
 
-struct EventRow {
-    id: [u8; 16],
-    tenant: String,
-    event_type: String,
-    occurred_at: SystemTime,
-    operational: bool,
+/// An event, hot or archived.
+pub(crate) struct EventRow {
+    pub(crate) id: [u8; 16],
+    pub(crate) tenant: String,
+    pub(crate) event_type: String,
+    pub(crate) occurred_at: SystemTime,
+    pub(crate) operational: bool,
+    /// Read from an archived day.
+    pub(crate) archived: bool,
 }
 
-struct DeliveryRow {
-    event_id: [u8; 16],
-    endpoint_id: [u8; 16],
-    id: [u8; 16],
+/// A delivery, hot or archived, with its attempts.
+pub(crate) struct DeliveryRow {
+    pub(crate) event_id: [u8; 16],
+    pub(crate) endpoint_id: [u8; 16],
+    pub(crate) id: [u8; 16],
     tenant: String,
     /// A status, or `planned` for a plan's delivery without a row.
     status: String,
     counted: i64,
     hot_attempts: i64,
+    /// Its attempts in archived days.
+    cold_attempts: i64,
     created_at: SystemTime,
     has_schedule: bool,
     due_at: Option<SystemTime>,
@@ -109,6 +118,43 @@ struct DeliveryRow {
     /// Attempt numbers noted as taken over from a node whose attempt may
     /// have been out.
     unknown_before: i64,
+    /// Read from an archived day.
+    archived: bool,
+}
+
+impl DeliveryRow {
+    /// A delivery read from an archived day (terminal: no schedule, no
+    /// lease).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn archived(
+        event_id: [u8; 16],
+        endpoint_id: [u8; 16],
+        id: [u8; 16],
+        tenant: String,
+        status: String,
+        counted: i64,
+        created_at: SystemTime,
+        event_occurred_at: SystemTime,
+    ) -> Self {
+        DeliveryRow {
+            event_id,
+            endpoint_id,
+            id,
+            tenant,
+            status,
+            counted,
+            hot_attempts: 0,
+            cold_attempts: 0,
+            created_at,
+            has_schedule: false,
+            due_at: None,
+            lease_owner: None,
+            lease_live: false,
+            event_occurred_at,
+            unknown_before: 0,
+            archived: true,
+        }
+    }
 }
 
 fn uuid_bytes(row: &Row, i: usize) -> [u8; 16] {
@@ -122,6 +168,7 @@ fn event_row(r: &Row) -> EventRow {
         event_type: r.get(2),
         occurred_at: r.get(3),
         operational: r.get(4),
+        archived: false,
     }
 }
 
@@ -134,6 +181,7 @@ fn delivery_row(r: &Row) -> DeliveryRow {
         status: r.get(4),
         counted: i64::from(r.get::<_, i32>(5)),
         hot_attempts: r.get(6),
+        cold_attempts: 0,
         created_at: r.get(7),
         has_schedule: r.get(8),
         due_at: r.get(9),
@@ -141,6 +189,7 @@ fn delivery_row(r: &Row) -> DeliveryRow {
         lease_live: r.get(11),
         event_occurred_at: r.get(12),
         unknown_before: r.get(14),
+        archived: false,
     }
 }
 
@@ -171,33 +220,101 @@ async fn next<T>(
     }
 }
 
+/// A hot stream and the archived rows of the same order, merged: the
+/// smaller key first, the hot row first on a tie.
+struct Merged<T, K: Ord> {
+    hot: Rows,
+    decode: fn(&Row) -> T,
+    what: &'static str,
+    key: fn(&T) -> K,
+    next_hot: Option<T>,
+    cold: std::iter::Peekable<std::vec::IntoIter<T>>,
+}
+
+impl<T, K: Ord> Merged<T, K> {
+    async fn new(
+        mut hot: Rows,
+        decode: fn(&Row) -> T,
+        what: &'static str,
+        key: fn(&T) -> K,
+        cold: Vec<T>,
+    ) -> Result<Self, ReconcileError> {
+        let next_hot = next(&mut hot, decode, what).await?;
+        Ok(Merged {
+            hot,
+            decode,
+            what,
+            key,
+            next_hot,
+            cold: cold.into_iter().peekable(),
+        })
+    }
+
+    async fn next(&mut self) -> Result<Option<T>, ReconcileError> {
+        let hot_first = match (&self.next_hot, self.cold.peek()) {
+            (None, None) => return Ok(None),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(h), Some(c)) => (self.key)(h) <= (self.key)(c),
+        };
+        if !hot_first {
+            return Ok(self.cold.next());
+        }
+        let row = self.next_hot.take();
+        self.next_hot = next(&mut self.hot, self.decode, self.what).await?;
+        Ok(row)
+    }
+}
+
 /// Reads the window's events on `events_client` and deliveries on
 /// `deliveries_client` (both at one snapshot) and records what it finds.
-pub async fn run(
+pub(crate) async fn run(
     events_client: &tokio_postgres::Client,
     deliveries_client: &tokio_postgres::Client,
     ctx: &Context<'_>,
+    archived: crate::archived::Sorted,
     findings: &mut Findings,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), ReconcileError> {
     let (since, until, tenant) = (ctx.since, ctx.until, ctx.tenant);
     let attempts_from = since - Duration::from_secs(3600);
-    let mut events = stream(
+    let events = stream(
         events_client,
         EVENTS_SQL,
         &[&since, &until, &tenant],
         "read the window's events",
     )
     .await?;
-    let mut deliveries = stream(
+    let deliveries = stream(
         deliveries_client,
         DELIVERIES_SQL,
         &[&since, &until, &tenant, &attempts_from, &ctx.as_of],
         "read the window's deliveries",
     )
     .await?;
-    let mut event = next(&mut events, event_row, "read an event").await?;
-    let mut delivery = next(&mut deliveries, delivery_row, "read a delivery").await?;
+    let crate::archived::Sorted {
+        events: cold_events,
+        deliveries: cold_deliveries,
+        attempts: cold_attempts,
+    } = archived;
+    let mut events = Merged::new(
+        events,
+        event_row,
+        "read an event",
+        |e: &EventRow| e.id,
+        cold_events,
+    )
+    .await?;
+    let mut deliveries = Merged::new(
+        deliveries,
+        delivery_row,
+        "read a delivery",
+        |d: &DeliveryRow| (d.event_id, d.endpoint_id),
+        cold_deliveries,
+    )
+    .await?;
+    let mut event = events.next().await?;
+    let mut delivery = deliveries.next().await?;
     let mut read = 0u64;
     loop {
         // The next event id in either stream.
@@ -210,21 +327,30 @@ pub async fn run(
         let this_event = match &event {
             Some(e) if e.id == key => {
                 let e = event.take();
-                event = next(&mut events, event_row, "read an event").await?;
+                event = events.next().await?;
+                // The same event hot and archived: the hot one counts.
+                while event.as_ref().is_some_and(|n| n.id == key) {
+                    event = events.next().await?;
+                }
                 e
             }
             _ => None,
         };
         let mut group: Vec<DeliveryRow> = Vec::new();
-        while let Some(d) = delivery.take_if(|d| d.event_id == key) {
-            // A plan's delivery that has its row too: the row came first.
+        while let Some(mut d) = delivery.take_if(|d| d.event_id == key) {
+            // A plan's delivery that has its row too, or an archived one
+            // that has its hot row: the hot row came first.
             if group
                 .last()
                 .is_none_or(|last| last.endpoint_id != d.endpoint_id)
             {
+                if let Some(a) = cold_attempts.get(&d.id) {
+                    d.cold_attempts = a.numbers;
+                    d.unknown_before += a.unknown;
+                }
                 group.push(d);
             }
-            delivery = next(&mut deliveries, delivery_row, "read a delivery").await?;
+            delivery = deliveries.next().await?;
         }
         read += 1 + group.len() as u64;
         if read >= 10_000 {
@@ -287,6 +413,9 @@ fn judge_event(
     let tenant = event.tenant.as_str();
     findings.count(tenant, |f| {
         f.events += 1;
+        if event.archived {
+            f.events_archived += 1;
+        }
         f.materialised_deliveries += group.len() as u64;
     });
     if event.operational {
@@ -339,18 +468,29 @@ fn judge_event(
                     Some(tenant),
                     format!(
                         "event {} ({}, occurred {}) was due to reach endpoint {} (config version {version}); \
-                         no delivery exists",
+                         no delivery exists{}",
                         event_text(key),
                         event.event_type,
                         crate::window::rfc3339(event.occurred_at),
-                        endpoint.id
+                        endpoint.id,
+                        if event.archived {
+                            format!(
+                                " in the archived day {} (its Parquet parts) nor in the hot tables",
+                                chrono::DateTime::<chrono::Utc>::from(event.occurred_at)
+                                    .date_naive()
+                            )
+                        } else {
+                            String::new()
+                        }
                     ),
                 );
                 g.event_id = Some(event_text(key));
                 g.delivery_id = Some(delivery.to_string());
                 g.endpoint_id = Some(endpoint.id.to_string());
                 findings.gap(g);
-                if findings.missing.len() < MAX_REPAIRS_PER_RUN {
+                // Fan-out re-drives from the hot event; an archived one is
+                // reported, not repaired.
+                if !event.archived && findings.missing.len() < MAX_REPAIRS_PER_RUN {
                     findings.missing.push(MissingDelivery {
                         event_id: key,
                         endpoint_id: endpoint.id.0,
@@ -417,6 +557,10 @@ fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
         }
         f.attempts_expected += d.counted as u64;
         f.attempts_hot += d.hot_attempts as u64;
+        f.attempts_archived += d.cold_attempts as u64;
+        if d.archived {
+            f.deliveries_archived += 1;
+        }
         match d.status.as_str() {
             "succeeded" => f.succeeded += 1,
             "failed" => f.failed += 1,
@@ -427,20 +571,25 @@ fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
     });
     let attempts_comparable =
         d.created_at >= ctx.hot_attempts_from && !ctx.replaying.contains(&d.id);
-    let late = d.hot_attempts - d.counted;
+    let recorded = d.hot_attempts + d.cold_attempts;
+    let late = recorded - d.counted;
     if attempts_comparable && late > 0 && late <= d.unknown_before {
         findings.explain(Explanation::LateAttempt, Some(tenant), late as u64);
-    } else if attempts_comparable && d.counted != d.hot_attempts {
+    } else if attempts_comparable && d.counted != recorded {
         findings.gap(with_ids(
             GapClass::AttemptCountMismatch,
             format!(
-                "delivery {id} counts {} attempt(s); the attempts table holds {}",
-                d.counted, d.hot_attempts
+                "delivery {id}{} counts {} attempt(s); the attempts recorded are {} ({} hot, {} archived)",
+                if d.archived { " (archived)" } else { "" },
+                d.counted,
+                recorded,
+                d.hot_attempts,
+                d.cold_attempts
             ),
         ));
     }
     match d.status.as_str() {
-        "succeeded" | "failed" if d.counted == 0 && d.hot_attempts == 0 => {
+        "succeeded" | "failed" if d.counted == 0 && recorded == 0 => {
             findings.gap(with_ids(
                 GapClass::TerminalWithoutAttempt,
                 format!("delivery {id} is {} but was never attempted", d.status),

@@ -1,16 +1,25 @@
 //! Capture's ledger against the events stored: per source and minute, the
 //! events capture made (counted once per transaction, after they were
 //! durable) and the events in `walhook.events`; and capture's incidents.
+//!
+//! The funnel's first stage is the source's own rows of the ledger
+//! ([`SOURCE_RULE`]): each row change committed in the window, once. The
+//! rules' rows (what each rule looked at, made and left out) go to the
+//! per-rule table. A column change of a captured table is explained
+//! (`schema_changed`, with the schema versions events carry from it on);
+//! incidents that lose or withhold data stay gaps.
 
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
 use std::time::SystemTime;
 
+use walhook_pipeline::capture::ledger::SOURCE_RULE;
+use walhook_pipeline::capture::{IncidentKind, schema_change_versions};
 use walhook_pipeline::ids::Lsn;
 
 use crate::ReconcileError;
 use crate::findings::{Findings, gap};
-use crate::report::{CaptureRow, Explanation, GapClass};
+use crate::report::{CaptureRow, Explanation, GapClass, SchemaChange, SchemaVersion};
 use crate::window::rfc3339;
 
 /// The first and last commit LSN of what a sum counted.
@@ -19,16 +28,24 @@ type LsnRange = (Option<Lsn>, Option<Lsn>);
 /// Per (source, minute): events capture made, and the LSNs they spanned.
 type Minutes = BTreeMap<(String, SystemTime), (i64, LsnRange)>;
 
+/// What the ledger stage returns for the report.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// The ledger's rows per source and rule.
+    pub capture: Vec<CaptureRow>,
+    /// The column changes of captured tables.
+    pub schema_changes: Vec<SchemaChange>,
+}
+
 /// Compares the ledger with the stored events over `[since, until)`; days in
-/// `archived` are left to the archive stage. Returns the ledger's rows per
-/// source and rule.
+/// `archived` are left to the archive stage.
 pub async fn run(
     client: &tokio_postgres::Client,
     since: SystemTime,
     until: SystemTime,
     archived: &HashSet<chrono::NaiveDate>,
     findings: &mut Findings,
-) -> Result<Vec<CaptureRow>, ReconcileError> {
+) -> Result<Ledger, ReconcileError> {
     // One read of the window's ledger rows (one per source, rule and
     // minute), summed here per rule for the report and per minute for the
     // comparison with the stored events.
@@ -48,10 +65,20 @@ pub async fn run(
     };
     let mut by_rule: BTreeMap<(String, String), ([u64; 4], LsnRange)> = BTreeMap::new();
     let mut made: Minutes = BTreeMap::new();
+    // Per (source, minute): the source's own count of changes, and the
+    // most any one rule looked at (a lower bound for minutes a ledger
+    // without source rows counted).
+    let mut changes: BTreeMap<(String, SystemTime), (Option<u64>, u64)> = BTreeMap::new();
     for r in rows {
         let (source, rule, minute): (String, String, SystemTime) = (r.get(0), r.get(1), r.get(2));
         let counts = [3, 4, 5, 6].map(|i| r.get::<_, i64>(i).max(0) as u64);
         let (first, last) = (lsn(r.get(7)), lsn(r.get(8)));
+        let once = changes.entry((source.clone(), minute)).or_default();
+        if rule == SOURCE_RULE {
+            once.0 = Some(once.0.unwrap_or(0) + counts[0]);
+            continue;
+        }
+        once.1 = once.1.max(counts[0]);
         let (sums, range) = by_rule.entry((source.clone(), rule)).or_default();
         for (sum, n) in sums.iter_mut().zip(counts) {
             *sum += n;
@@ -75,7 +102,12 @@ pub async fn run(
             last_commit_lsn: text(last),
         })
         .collect();
-    findings.funnel.captured_changes = Some(capture.iter().map(|c| c.changes).sum());
+    findings.funnel.captured_changes = Some(
+        changes
+            .values()
+            .map(|(source, most)| source.unwrap_or(*most))
+            .sum(),
+    );
     findings.funnel.captured_events = Some(capture.iter().map(|c| c.events).sum());
     findings.explain(
         Explanation::FilteredByRule,
@@ -151,12 +183,13 @@ pub async fn run(
 
     let incidents = client
         .query(
-            "SELECT id, source, kind, commit_lsn::text, rule, table_name, detail \
+            "SELECT id, source, kind, commit_lsn::text, rule, table_name, detail, seen_at \
              FROM walhook.capture_incidents WHERE seen_at >= $1 AND seen_at < $2 ORDER BY id",
             &[&since, &until],
         )
         .await
         .map_err(ReconcileError::query("read capture incidents"))?;
+    let mut schema_changes = Vec::new();
     for r in incidents {
         let id: i64 = r.get(0);
         let source: String = r.get(1);
@@ -165,6 +198,26 @@ pub async fn run(
         let rule: Option<String> = r.get(4);
         let table: Option<String> = r.get(5);
         let detail: String = r.get(6);
+        if kind == IncidentKind::SchemaChange.as_str() {
+            // Nothing is lost: the rows that follow are events of the new
+            // shape.
+            findings.explain(Explanation::SchemaChanged, None, 1);
+            schema_changes.push(SchemaChange {
+                source,
+                table,
+                commit_lsn: lsn,
+                seen_at: rfc3339(r.get(7)),
+                versions: schema_change_versions(&detail)
+                    .into_iter()
+                    .map(|(event_type, schema_version)| SchemaVersion {
+                        event_type,
+                        schema_version,
+                    })
+                    .collect(),
+                detail,
+            });
+            continue;
+        }
         findings.gap(gap(
             GapClass::CaptureIncident,
             &id.to_string(),
@@ -178,5 +231,8 @@ pub async fn run(
             ),
         ));
     }
-    Ok(capture)
+    Ok(Ledger {
+        capture,
+        schema_changes,
+    })
 }

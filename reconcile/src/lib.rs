@@ -5,24 +5,32 @@
 //! for auditors (HTML).
 //!
 //! ```text
+//!  source WAL ─(slot confirmed past the window's end?)─▶
 //!  capture ledger ──▶ events ──▶ expected deliveries (fan-out's planner over
 //!   (per source,        │          the subscription versions in force)
 //!    rule, minute)      ▼                  │ compare
 //!                  materialised deliveries ◀┘
 //!                       │ attempted / terminal / pending (due, overdue)
 //!                       ▼
-//!                  attempts (hot) ──▶ archived days (manifests, objects)
+//!                  attempts (hot and archived)
+//!   (each stage's rows of archived days read from their Parquet parts,
+//!    verified object by object, and judged with the hot rows)
 //! ```
 //!
 //! - [`reconciler`]: one run, from the snapshot to the sealed report.
+//! - [`coverage`]: whether capture had confirmed each source past the
+//!   window's end.
 //! - [`ledger`]: capture's ledger against the stored events, incidents.
 //! - [`hot`]: events, deliveries and attempts of the hot tables.
 //! - [`history`]: the subscription history fan-out's planner decides from.
 //! - [`cold`]: archived days, verified object by object.
+//! - [`archived`]: the window's rows of archived days, from Parquet.
 //! - [`repair`]: re-driving missing deliveries, re-enqueuing overdue ones.
 //! - [`report`] and [`html`]: the results.
 
+pub mod archived;
 pub mod cold;
+pub mod coverage;
 pub mod findings;
 pub mod history;
 pub mod hot;

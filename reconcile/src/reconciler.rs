@@ -5,13 +5,14 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use walhook_archive::dates::NaiveDateSql;
+use walhook_archive::table::Table;
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
 use crate::findings::Findings;
 use crate::report::{FORMAT, Parameters, Report, SCHEMA_VERSION};
 use crate::window::{Window, rfc3339};
-use crate::{ReconcileError, cold, history, hot, ledger, repair};
+use crate::{ReconcileError, cold, coverage, history, hot, ledger, repair};
 
 /// How runs judge and repair.
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct Settings {
     pub grace: Duration,
     /// The delivery deadline of re-driven deliveries (`[retry] deadline`).
     pub deadline: Duration,
+    /// How capture's progress past the window's end is judged.
+    pub capture: coverage::Check,
 }
 
 impl Default for Settings {
@@ -27,6 +30,7 @@ impl Default for Settings {
         Settings {
             grace: Duration::from_secs(60),
             deadline: Duration::from_secs(24 * 3600),
+            capture: coverage::Check::default(),
         }
     }
 }
@@ -85,6 +89,16 @@ impl<S: ObjectStore> Reconciler<S> {
         let tenant = request.tenant.as_deref();
         let mut findings = Findings::default();
 
+        // Capture must be past the window's end (or, for a window that
+        // ends later, past the run's start) before the window is read:
+        // give a live capture the moment it needs to show it.
+        let through = until.min(SystemTime::now());
+        progress.stage("capture's progress");
+        {
+            let client = self.platform.client().await?;
+            self.settings.capture.wait_for(&client, through).await?;
+        }
+
         // Two sessions at one snapshot: the merge reads two sorted streams.
         progress.stage("snapshot");
         let a = deadpool_postgres::Object::take(self.platform.client().await?);
@@ -123,10 +137,13 @@ impl<S: ObjectStore> Reconciler<S> {
                 _ => {}
             }
         }
-        let hot_attempts_from = last_attempts_day
-            .and_then(|d| d.succ_opt())
-            .map(|d| SystemTime::from(d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc()))
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let after_day = |d: Option<chrono::NaiveDate>| {
+            d.and_then(|d| d.succ_opt())
+                .map(|d| {
+                    SystemTime::from(d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc())
+                })
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        };
         let replaying: HashSet<[u8; 16]> = a
             .query(
                 "SELECT DISTINCT delivery_id FROM walhook.replay_requests WHERE done_at IS NULL",
@@ -141,11 +158,58 @@ impl<S: ObjectStore> Reconciler<S> {
         progress.stage("subscriptions");
         let history = history::History::load(&a).await?;
 
-        let capture = if tenant.is_none() {
+        let ledger = if tenant.is_none() {
             progress.stage("capture ledger");
             ledger::run(&a, since, until, &archived_event_days, &mut findings).await?
         } else {
-            Vec::new()
+            ledger::Ledger::default()
+        };
+        let capture_coverage = self
+            .settings
+            .capture
+            .run(&a, through, &mut findings)
+            .await?;
+
+        // Archived days: verified, and the window's rows of dropped ones
+        // read, at the snapshot the hot rows are read at.
+        progress.stage("archive");
+        let day = |d: Duration| d.as_secs().div_ceil(24 * 3600);
+        let span = cold::Span {
+            since,
+            until,
+            tenant: request.tenant.clone(),
+            days: request.window.days(),
+            deliveries_after: 1,
+            attempts_after: day(self.settings.deadline) + 1,
+        };
+        let (archive, archived) = cold::run(
+            &a,
+            self.store.as_ref(),
+            &span,
+            &mut findings,
+            &|what| progress.stage(&format!("archive: {what}")),
+        )
+        .await?;
+
+        // Attempts of dropped days are read from the store; without it, or
+        // when a day of them could not be read, deliveries that may have
+        // attempts there are not compared with their attempts.
+        let unread = |table: Table| {
+            archived
+                .unread
+                .iter()
+                .filter(move |(t, _)| *t == table)
+                .map(|(_, d)| *d)
+        };
+        let hot_attempts_from = match &self.store {
+            Some(_) => after_day(unread(Table::Attempts).max()),
+            None => after_day(last_attempts_day),
+        };
+        // Deliveries naming an event of a dropped day that could not be
+        // read are explained by the archive's gap, not missing events.
+        let unread_event_days: HashSet<chrono::NaiveDate> = match &self.store {
+            Some(_) => unread(Table::Events).collect(),
+            None => archived_event_days.clone(),
         };
 
         progress.stage("events and deliveries");
@@ -154,28 +218,23 @@ impl<S: ObjectStore> Reconciler<S> {
             until,
             tenant,
             history: &history,
-            archived_event_days: &archived_event_days,
+            archived_event_days: &unread_event_days,
             hot_attempts_from,
             replaying: &replaying,
             as_of,
             grace: self.settings.grace,
         };
-        hot::run(&a, &b, &ctx, &mut findings, &|n| progress.rows(n)).await?;
-        // Read-only: ending the sessions ends the snapshot.
-        drop((a, b));
-
-        progress.stage("archive");
-        let client = self.platform.client().await?;
-        let archive = cold::run(
-            &client,
-            self.store.as_ref(),
-            &request.window.days(),
-            tenant,
+        hot::run(
+            &a,
+            &b,
+            &ctx,
+            archived.sorted(),
             &mut findings,
-            &|what| progress.stage(&format!("archive: {what}")),
+            &|n| progress.rows(n),
         )
         .await?;
-        drop(client);
+        // Read-only: ending the sessions ends the snapshot.
+        drop((a, b));
 
         let mut repairs = Vec::new();
         if request.repair {
@@ -197,7 +256,9 @@ impl<S: ObjectStore> Reconciler<S> {
                 grace_seconds: self.settings.grace.as_secs(),
                 as_of: rfc3339(as_of),
             },
-            capture,
+            capture: ledger.capture,
+            capture_coverage,
+            schema_changes: ledger.schema_changes,
             funnel: findings.funnel.clone(),
             tenants: findings.tenant_funnels(),
             explained: findings.explained(),

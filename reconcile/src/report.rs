@@ -38,6 +38,14 @@ pub struct Report {
     pub parameters: Parameters,
     /// Capture's ledger per source and rule, against the events stored.
     pub capture: Vec<CaptureRow>,
+    /// Per source: whether capture had confirmed its WAL past the window's
+    /// end (a window is clean only when every source's was).
+    #[serde(default)]
+    pub capture_coverage: Vec<SourceCoverage>,
+    /// Column changes of captured tables in the window (explained as
+    /// `schema_changed`), with the schema versions events carry after them.
+    #[serde(default)]
+    pub schema_changes: Vec<SchemaChange>,
     /// The funnel over every tenant of the window.
     pub funnel: Funnel,
     /// The funnel per tenant, by tenant id.
@@ -102,10 +110,63 @@ pub struct CaptureRow {
     pub last_commit_lsn: Option<String>,
 }
 
+/// Whether capture had confirmed one source's WAL past the window's end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceCoverage {
+    /// The source's name.
+    pub source: String,
+    /// The time capture had to be past (RFC 3339 UTC): the window's end, or
+    /// the run's start for a window that ends later.
+    pub through: String,
+    /// Whether capture had confirmed everything committed before `through`.
+    pub confirmed: bool,
+    /// How that is known, or why it is not, for people.
+    pub evidence: String,
+    /// The slot's confirmed position capture last saved.
+    pub confirmed_lsn: Option<String>,
+    /// The slot's lag in bytes when capture last measured it.
+    pub slot_lag_bytes: Option<i64>,
+    /// When capture last saved its position (RFC 3339 UTC).
+    pub checkpoint_at: Option<String>,
+    /// The commit LSN of the last transaction capture counted.
+    pub last_commit_lsn: Option<String>,
+    /// The minute of that commit (RFC 3339 UTC).
+    pub last_commit_minute: Option<String>,
+}
+
+/// One column change of a captured table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaChange {
+    /// The source's name.
+    pub source: String,
+    /// The table (`schema.table`).
+    pub table: Option<String>,
+    /// The commit LSN of the transaction that first wrote the new shape.
+    pub commit_lsn: Option<String>,
+    /// When capture saw it (RFC 3339 UTC).
+    pub seen_at: String,
+    /// The schema version each rule's events carry from the change on.
+    pub versions: Vec<SchemaVersion>,
+    /// Capture's description (the new columns).
+    pub detail: String,
+}
+
+/// An event type's schema version after a change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaVersion {
+    /// The event type.
+    pub event_type: String,
+    /// Its schema version (`GET /v1/event-types/{type}/schemas/{version}`).
+    pub schema_version: u32,
+}
+
 /// The stages of one window, each counted from its own table.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Funnel {
-    /// Changes capture read (ledger; every tenant, so absent per tenant).
+    /// The source's row changes (and transactional messages) committed in
+    /// the window, each counted once however many rules looked at it (the
+    /// ledger's source rows; every tenant, so absent per tenant). Complete
+    /// only when `capture_coverage` confirms every source.
     pub captured_changes: Option<u64>,
     /// Events capture made (ledger; absent per tenant).
     pub captured_events: Option<u64>,
@@ -135,9 +196,9 @@ pub struct Funnel {
     pub attempts_expected: u64,
     /// Attempts in the hot table for those deliveries.
     pub attempts_hot: u64,
-    /// Deliveries in archived days (manifests).
+    /// Of the window's deliveries, those read from archived days (Parquet).
     pub deliveries_archived: u64,
-    /// Attempts in archived days (manifests).
+    /// Of the window's attempts, those read from archived days (Parquet).
     pub attempts_archived: u64,
 }
 
@@ -183,6 +244,9 @@ pub enum Explanation {
     EndedWithoutAttempt,
     /// Events of a source in minutes before its ledger began.
     BeforeLedger,
+    /// A captured table's columns changed (added, dropped, retyped): its
+    /// rows go on as events of a new schema version (`schema_changes`).
+    SchemaChanged,
     /// Deliveries of events in archived days: counted from the manifests.
     EventArchived,
     /// Events walhook made itself (test events, `endpoint.disabled`
@@ -229,8 +293,12 @@ pub enum GapClass {
     ArchiveMismatch,
     /// An archived object or manifest is missing.
     ArchiveObjectMissing,
-    /// Capture saw a change it could not turn into an event.
+    /// Capture saw a change it could not turn into an event, or lost or
+    /// withheld data (a TRUNCATE, a slot reset).
     CaptureIncident,
+    /// Capture had not confirmed a source's WAL past the window's end: its
+    /// changes may not all be counted yet.
+    CaptureBehind,
 }
 
 impl GapClass {
@@ -247,11 +315,12 @@ impl GapClass {
             GapClass::ArchiveMismatch => "archive_mismatch",
             GapClass::ArchiveObjectMissing => "archive_object_missing",
             GapClass::CaptureIncident => "capture_incident",
+            GapClass::CaptureBehind => "capture_behind",
         }
     }
 
     /// Every class, in report order.
-    pub const ALL: [GapClass; 10] = [
+    pub const ALL: [GapClass; 11] = [
         GapClass::MissingEvent,
         GapClass::UnexpectedEvent,
         GapClass::MissingDelivery,
@@ -262,6 +331,7 @@ impl GapClass {
         GapClass::ArchiveMismatch,
         GapClass::ArchiveObjectMissing,
         GapClass::CaptureIncident,
+        GapClass::CaptureBehind,
     ];
 
     /// Whether `--repair` can fix gaps of this class.
@@ -386,6 +456,8 @@ mod tests {
                 as_of: "2026-11-30T10:02:00Z".into(),
             },
             capture: Vec::new(),
+            capture_coverage: Vec::new(),
+            schema_changes: Vec::new(),
             funnel: Funnel::default(),
             tenants: Vec::new(),
             explained: Vec::new(),

@@ -156,6 +156,8 @@ fn report() -> Report {
                 last_commit_lsn: Some("0/1F009F20".to_owned()),
             },
         ],
+        capture_coverage: Vec::new(),
+        schema_changes: Vec::new(),
         funnel: total,
         tenants: vec![
             TenantFunnel {

@@ -438,6 +438,34 @@ sweep_interval = "500ms"
     while !done(&count_ok(&receiver)) && settle.elapsed() < args.settle {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The auditor's view of the same run: every stage compared, while
+    // capture still runs (a stopped capture cannot show it is past the
+    // window's end, and the window would be reported `capture_behind`).
+    let window = walhook_reconcile::Window::parse("-1h", "now", std::time::SystemTime::now())?;
+    let window = walhook_reconcile::Window {
+        until: window.until + Duration::from_secs(60),
+        ..window
+    };
+    let reconciler =
+        walhook_reconcile::Reconciler::<walhook_connectors::objstore::LocalDirStore>::new(
+            platform.clone(),
+            None,
+            cfg.reconcile.settings(&cfg.source, cfg.retry.deadline),
+        );
+    let report = reconciler
+        .run(
+            &walhook_reconcile::Request {
+                window,
+                tenant: None,
+                repair: false,
+            },
+            &walhook_reconcile::reconciler::Silent,
+        )
+        .await
+        .context("reconciling the demo's run")?;
+    let html = std::env::temp_dir().join("walhook-demo-reconciliation.html");
+    std::fs::write(&html, walhook_reconcile::html::render(&report))
+        .with_context(|| format!("cannot write {}", html.display()))?;
     shutdown.cancel();
     let counters = running.counters.clone();
     running.wait().await?;
@@ -511,35 +539,10 @@ sweep_interval = "500ms"
         && succeeded as u64 == expected_total;
     all_ok &= verified == received.len() && captured == ledger.changes;
 
-    // The auditor's view of the same run: every stage compared.
-    let window = walhook_reconcile::Window::parse("-1h", "now", std::time::SystemTime::now())?;
-    let window = walhook_reconcile::Window {
-        until: window.until + Duration::from_secs(60),
-        ..window
-    };
-    let reconciler =
-        walhook_reconcile::Reconciler::<walhook_connectors::objstore::LocalDirStore>::new(
-            platform.clone(),
-            None,
-            walhook_reconcile::Settings::default(),
-        );
-    let report = reconciler
-        .run(
-            &walhook_reconcile::Request {
-                window,
-                tenant: None,
-                repair: false,
-            },
-            &walhook_reconcile::reconciler::Silent,
-        )
-        .await
-        .context("reconciling the demo's run")?;
-    let html = std::env::temp_dir().join("walhook-demo-reconciliation.html");
-    std::fs::write(&html, walhook_reconcile::html::render(&report))
-        .with_context(|| format!("cannot write {}", html.display()))?;
     println!(
-        "\n  reconciliation: {} — captured {} events, {} deliveries expected, {} made, {} gaps",
+        "\n  reconciliation: {} — {} source changes, captured {} events, {} deliveries expected, {} made, {} gaps",
         if report.clean { "CLEAN" } else { "GAPS FOUND" },
+        report.funnel.captured_changes.unwrap_or(0),
         report.funnel.captured_events.unwrap_or(0),
         report.funnel.expected_deliveries,
         report.funnel.materialised_deliveries,

@@ -93,7 +93,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let store = cfg.archive.open_store().await?;
     let settings = Settings {
         grace: args.grace.unwrap_or(cfg.reconcile.grace),
-        deadline: cfg.retry.deadline,
+        ..cfg.reconcile.settings(&cfg.source, cfg.retry.deadline)
     };
     let request = Request {
         window,

@@ -173,10 +173,7 @@ async fn scheduled_reconcile(
             tenant: None,
             repair: rc.repair,
         };
-        let settings = walhook_reconcile::Settings {
-            grace: rc.grace,
-            deadline: cfg.retry.deadline,
-        };
+        let settings = rc.settings(&cfg.source, cfg.retry.deadline);
         let reconciler = walhook_reconcile::Reconciler::new(platform.clone(), store, settings);
         let report_dir = rc.report_dir.clone();
         let round_platform = platform.clone();

@@ -34,6 +34,11 @@ pub struct ReconcileConfig {
     /// (relative paths are read from the config file's folder); none by
     /// default (reports are in the platform database and on the API).
     pub report_dir: Option<PathBuf>,
+    /// How long a run waits for capture to show it is past the window's
+    /// end (its next checkpoint after a heartbeat) before it reports the
+    /// source as `capture_behind`.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub capture_wait: Duration,
 }
 
 impl Default for ReconcileConfig {
@@ -45,6 +50,7 @@ impl Default for ReconcileConfig {
             grace: Duration::from_secs(60),
             repair: false,
             report_dir: None,
+            capture_wait: Duration::from_secs(30),
         }
     }
 }
@@ -70,6 +76,24 @@ impl ReconcileConfig {
             );
         }
         Ok(())
+    }
+
+    /// The reconciler's settings: this section's grace and capture wait,
+    /// `[source]`'s heartbeat and lag warning, `[retry]`'s deadline.
+    pub fn settings(
+        &self,
+        source: &walhook_connectors::postgres::SourceConfig,
+        deadline: Duration,
+    ) -> walhook_reconcile::Settings {
+        walhook_reconcile::Settings {
+            grace: self.grace,
+            deadline,
+            capture: walhook_reconcile::coverage::Check {
+                heartbeat: source.heartbeat_interval,
+                caught_up_bytes: source.lag_warning_bytes,
+                wait: self.capture_wait,
+            },
+        }
     }
 
     /// Reads a relative `report_dir` from `dir`.

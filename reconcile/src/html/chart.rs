@@ -32,7 +32,7 @@ fn bars(f: &Funnel) -> Vec<Bar> {
     if let Some(changes) = f.captured_changes {
         bars.push(bar(
             "captured_changes",
-            "Captured changes",
+            "Source changes",
             changes,
             CAPTURE,
         ));

@@ -19,6 +19,7 @@ pub(super) fn class_label(class: GapClass) -> &'static str {
         GapClass::ArchiveMismatch => "Archive mismatch",
         GapClass::ArchiveObjectMissing => "Archive object missing",
         GapClass::CaptureIncident => "Capture incident",
+        GapClass::CaptureBehind => "Capture behind",
     }
 }
 
@@ -70,9 +71,15 @@ pub(super) fn class_legend(class: GapClass) -> &'static str {
              versions, as --repair cannot re-create it."
         }
         GapClass::CaptureIncident => {
-            "Capture saw a row change it could not turn into an event, so no event exists for \
-             it; read the incident in capture's log, fix the rule or the row, and tell the \
+            "Capture saw a row change it could not turn into an event, or data was removed or \
+             skipped without row changes (a TRUNCATE, a slot reset), so no event exists for it; \
+             read the incident in capture's log, fix the rule or the row, and tell the \
              customers concerned if the change mattered."
+        }
+        GapClass::CaptureBehind => {
+            "Capture had not confirmed the source's WAL past the window's end, so changes \
+             committed in the window may not be counted anywhere yet; check that capture runs \
+             and keeps up (the slot's lag), then reconcile the window again."
         }
     }
 }
@@ -92,6 +99,7 @@ pub(super) fn explanation_label(reason: Explanation) -> &'static str {
         Explanation::PendingEndpointDisabled => "Pending: endpoint disabled",
         Explanation::EndedWithoutAttempt => "Ended without attempt",
         Explanation::BeforeLedger => "Before the ledger",
+        Explanation::SchemaChanged => "Schema changed",
         Explanation::EventArchived => "Event archived",
         Explanation::OperationalEvent => "Operational event",
         Explanation::LateAttempt => "Attempt recorded late",
@@ -141,6 +149,10 @@ pub(super) fn explanation_sentence(reason: Explanation) -> &'static str {
         Explanation::BeforeLedger => {
             "These events were committed before capture's ledger of their source began (or \
              came from a source without one), so the ledger cannot count them."
+        }
+        Explanation::SchemaChanged => {
+            "A captured table's columns changed (added, dropped or retyped); its rows went on \
+             as events of a new schema version, listed under the schema changes."
         }
         Explanation::EventArchived => {
             "These events are in archived days, so their deliveries are counted from the \

@@ -19,10 +19,12 @@
 
 use std::fmt::{self, Display, Write};
 
+mod capture;
 mod chart;
 mod legend;
 
 use crate::report::{Funnel, GapClass, MAX_LISTED_GAPS, Report};
+use capture::{capture, coverage, schema_changes};
 use chart::funnel_chart;
 use legend::{Prose, class_label, class_legend, explanation_label, explanation_sentence};
 
@@ -74,7 +76,7 @@ impl Display for Num {
 }
 
 /// An optional value, or a dash that says there is none.
-struct Opt<'a>(&'a Option<String>);
+pub(super) struct Opt<'a>(pub(super) &'a Option<String>);
 
 impl Display for Opt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -85,7 +87,7 @@ impl Display for Opt<'_> {
     }
 }
 
-fn yes_no(value: bool) -> &'static str {
+pub(super) fn yes_no(value: bool) -> &'static str {
     if value { "yes" } else { "no" }
 }
 
@@ -115,13 +117,15 @@ fn page(out: &mut String, report: &Report) -> fmt::Result {
     gap_list(out, report)?;
     repairs(out, report)?;
     archive(out, report)?;
+    coverage(out, report)?;
+    schema_changes(out, report)?;
     capture(out, report)?;
     out.push_str("</main>\n</body>\n</html>\n");
     Ok(())
 }
 
 /// The sections after the header: id and heading.
-const SECTIONS: [(&str, &str); 8] = [
+const SECTIONS: [(&str, &str); 10] = [
     ("gap-classes", "Gaps by class"),
     ("funnel-section", "Funnel"),
     ("tenants", "Funnel per tenant"),
@@ -129,7 +133,9 @@ const SECTIONS: [(&str, &str); 8] = [
     ("gaps", "Gap list"),
     ("repairs", "Repairs"),
     ("archive", "Archive days checked"),
-    ("capture", "Capture ledger"),
+    ("coverage", "Capture's progress"),
+    ("schema-changes", "Schema changes"),
+    ("capture", "Capture ledger per rule"),
 ];
 
 /// Opens section `id` of [`SECTIONS`] with its heading.
@@ -145,7 +151,7 @@ pub(super) fn section(out: &mut String, id: &str) -> fmt::Result {
 }
 
 /// A table's opening and header row; a column named `#…` holds numbers.
-fn table_head(out: &mut String, class: &str, columns: &[&str]) -> fmt::Result {
+pub(super) fn table_head(out: &mut String, class: &str, columns: &[&str]) -> fmt::Result {
     write!(out, "<table class=\"{class}\"><thead><tr>")?;
     for column in columns {
         match column.strip_prefix('#') {
@@ -158,12 +164,12 @@ fn table_head(out: &mut String, class: &str, columns: &[&str]) -> fmt::Result {
 }
 
 /// The attribute that marks a row needing attention.
-fn problem(flag: bool) -> &'static str {
+pub(super) fn problem(flag: bool) -> &'static str {
     if flag { " class=\"problem\"" } else { "" }
 }
 
 /// A number cell, greyed when zero.
-fn num_cell(out: &mut String, value: u64) -> fmt::Result {
+pub(super) fn num_cell(out: &mut String, value: u64) -> fmt::Result {
     let zero = if value == 0 { " zero" } else { "" };
     write!(out, "<td class=\"n{zero}\">{}</td>", Num(value))
 }
@@ -547,48 +553,6 @@ fn archive(out: &mut String, report: &Report) -> fmt::Result {
     Ok(())
 }
 
-fn capture(out: &mut String, report: &Report) -> fmt::Result {
-    section(out, "capture")?;
-    out.push_str(
-        "<p class=\"note\">What capture counted per source and rule over the window.</p>\n",
-    );
-    if report.capture.is_empty() {
-        out.push_str("<p>Capture's ledger has no row for this window.</p>\n</section>\n");
-        return Ok(());
-    }
-    let columns = [
-        "Source",
-        "Rule",
-        "#Changes",
-        "#Events",
-        "#Filtered",
-        "#Incidents",
-        "First commit LSN",
-        "Last commit LSN",
-    ];
-    table_head(out, "capture", &columns)?;
-    for row in &report.capture {
-        write!(
-            out,
-            "<tr{}><th scope=\"row\">{}</th><td>{}</td>",
-            problem(row.incidents > 0),
-            Esc(&row.source),
-            Esc(&row.rule)
-        )?;
-        for value in [row.changes, row.events, row.filtered, row.incidents] {
-            num_cell(out, value)?;
-        }
-        writeln!(
-            out,
-            "<td class=\"id\">{}</td><td class=\"id\">{}</td></tr>",
-            Opt(&row.first_commit_lsn),
-            Opt(&row.last_commit_lsn)
-        )?;
-    }
-    out.push_str("</tbody></table>\n</section>\n");
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -615,6 +579,8 @@ mod tests {
                 as_of: "2025-03-02T00:04:00Z".to_owned(),
             },
             capture: Vec::new(),
+            capture_coverage: Vec::new(),
+            schema_changes: Vec::new(),
             funnel: Funnel::default(),
             tenants: vec![TenantFunnel {
                 tenant: HOSTILE.to_owned(),
