@@ -110,7 +110,7 @@ async fn a_stopped_capture_is_behind_until_it_has_caught_up() {
     let w = World::new().await;
     w.endpoint("acme", "acme", &[]).await;
     w.endpoint("globex", "globex", &[]).await;
-    let cfg = w.config("[reconcile]\nevery = \"0s\"\ncapture_wait = \"4s\"\n");
+    let cfg = w.config("[reconcile]\nevery = \"0s\"\ncapture_wait = \"8s\"\n");
     let child = Child::run(&cfg);
     w.wait_streaming().await;
     insert_orders(&w, 0..4).await;
