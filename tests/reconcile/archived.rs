@@ -3,7 +3,6 @@
 //! without it, the manifest and the catalog made to match, so verification
 //! passes) is found as a missing delivery of that day, with its id.
 
-use arrow_array::Array;
 use arrow_array::cast::AsArray;
 use walhook_archive::manifest::Manifest;
 use walhook_archive::table::Table;
