@@ -26,7 +26,8 @@
 //! - [`cold`]: archived days, verified object by object.
 //! - [`archived`]: the window's rows of archived days, from Parquet.
 //! - [`repair`]: re-driving missing deliveries, re-enqueuing overdue ones.
-//! - [`report`] and [`html`]: the results.
+//! - [`report`] and [`html`]: the results; [`tenant_view`]: what one
+//!   tenant may read of a report over every tenant.
 
 pub mod archived;
 pub mod cold;
@@ -39,6 +40,7 @@ pub mod ledger;
 pub mod reconciler;
 pub mod repair;
 pub mod report;
+pub mod tenant_view;
 pub mod window;
 
 pub use reconciler::{Progress, Reconciler, Request, Settings};
