@@ -10,7 +10,7 @@ use utoipa::IntoParams;
 use walhook_sql::reconcile::Reconciliation as Run;
 
 use super::validate;
-use crate::auth::{Operator, Principal};
+use crate::auth::Principal;
 use crate::error::{ApiError, ErrorResponses};
 use crate::extract::{PathParams, QueryParams};
 use crate::model::{Reconciliation, ReconciliationPage, ts};
@@ -118,17 +118,26 @@ pub async fn get_reconciliation(
     Ok(axum::Json(model(run)).into_response())
 }
 
-/// One run's report as the self-contained HTML page auditors read
-/// (operator only).
+/// One run's report as the self-contained HTML page auditors read: the
+/// operator's is the whole report; a tenant's is its own view of a run
+/// over every tenant or over it alone (its funnel, its gaps and
+/// explanations; nothing of another tenant), with its own verdict and
+/// data hash.
 #[utoipa::path(get, path = "/v1/reconciliations/{reconciliation_id}/report.html", tag = "reconciliation",
     params(("reconciliation_id" = i64, Path, description = "The run's id")),
     responses((status = 200, description = "The report", content_type = "text/html"), ErrorResponses),
-    security(("operator" = [])))]
+    security(("tenant_key" = []), ("operator" = [])))]
 pub async fn reconciliation_html(
-    _: Operator,
+    principal: Principal,
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
+    let tenant = tenant_of(&principal);
+    // A tenant's runs only (404 for another's), then the whole report to
+    // take its view from.
+    if tenant.is_some() {
+        find_run(&state, &id, tenant).await?;
+    }
     let run = find_run(&state, &id, None).await?;
     let n = run.id;
     let report: walhook_reconcile::Report = serde_json::from_value(run.report.unwrap_or_default())
@@ -138,6 +147,10 @@ pub async fn reconciliation_html(
                  ({e}); GET /v1/reconciliations/{n} returns it as JSON"
             ))
         })?;
+    let report = match tenant {
+        Some(t) => walhook_reconcile::tenant_view::for_tenant(&report, t),
+        None => report,
+    };
     Ok((
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
