@@ -7,7 +7,7 @@
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenants};
+use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, sent, tenants};
 
 /// The document's definition.
 #[derive(OpenApi)]
@@ -31,7 +31,7 @@ use crate::routes::{catalog, deliveries, endpoints, ops, reconciliations, tenant
         endpoints::patch_endpoint, endpoints::delete_endpoint, endpoints::endpoint_versions, endpoints::endpoint_stats,
         endpoints::rotate_secret, endpoints::verify_endpoint, endpoints::recover_endpoint, endpoints::test_endpoint,
         deliveries::list_deliveries, deliveries::get_delivery, deliveries::replay_delivery,
-        deliveries::cancel_delivery,
+        deliveries::cancel_delivery, sent::sent_requests,
         catalog::list_event_types, catalog::get_event_type, catalog::list_audit,
         reconciliations::list_reconciliations, reconciliations::get_reconciliation,
         reconciliations::reconciliation_html,

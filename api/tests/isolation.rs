@@ -55,6 +55,7 @@ async fn another_tenants_objects_are_not_found_on_every_route() {
         (Method::GET, format!("{e}/versions"), None),
         (Method::POST, format!("{e}/rotate-secret"), Some(json!({}))),
         (Method::GET, d.clone(), None),
+        (Method::GET, format!("{d}/requests"), None),
         // Before the recovery: a delivery has one open replay at most, so
         // the owner's replay would be a 409 after it.
         (Method::POST, format!("{d}/replay"), Some(json!({}))),

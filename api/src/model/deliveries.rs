@@ -275,3 +275,50 @@ pub struct ReplayAccepted {
     /// The delivery.
     pub delivery_id: String,
 }
+
+/// One header of a request, as it went out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SentHeader {
+    /// Its name, lower-case.
+    pub name: String,
+    /// Its value.
+    pub value: String,
+}
+
+/// The HTTP request one attempt sent, rebuilt from what walhook stores
+/// (the event's bytes, the endpoint's URL in the attempt's config version,
+/// the secrets of the versions that signed it, the attempt's number and
+/// start time) by the same code that built it for the dispatcher: the
+/// same bytes and headers, and a signature that verifies.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SentRequest {
+    /// The attempt (`att_…`).
+    pub attempt_id: String,
+    /// Its number (`walhook-attempt`).
+    pub number: i32,
+    /// Always `POST`.
+    pub method: String,
+    /// The URL it went to (the endpoint's URL in the attempt's config
+    /// version).
+    pub url: String,
+    /// Every header, in the order they were written; `host`, `accept` and
+    /// `content-length` are the ones the HTTP client adds.
+    pub headers: Vec<SentHeader>,
+    /// The body, byte for byte (the event's stored bytes, UTF-8 JSON).
+    pub body: String,
+    /// SHA-256 of the body, hex.
+    pub body_sha256: String,
+    /// The versions of the endpoint's secrets that signed it, newest first.
+    pub secret_versions: Option<Vec<i32>>,
+    /// Why `webhook-signature` is missing from `headers`, when it is: the
+    /// attempt predates the record of its secret versions, or a secret no
+    /// longer opens.
+    pub signature_unavailable: Option<String>,
+}
+
+/// The requests of a delivery's attempts, in the order they started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SentRequestList {
+    /// One per attempt.
+    pub data: Vec<SentRequest>,
+}

@@ -219,7 +219,32 @@ pub async fn get_delivery(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Response, ApiError> {
-    let did = delivery_id(&id)?;
+    let h = history(&state, &caller, &id).await?;
+    Ok(axum::Json(DeliveryDetail {
+        delivery: h.delivery.into(),
+        event: h.event.into(),
+        attempts: h.attempts.into_iter().map(Attempt::from).collect(),
+    })
+    .into_response())
+}
+
+/// A delivery of the caller's, its event and every attempt, hot or
+/// archived.
+pub(crate) struct History {
+    pub(crate) delivery: walhook_sql::deliveries::DeliveryRecord,
+    pub(crate) event: walhook_sql::deliveries::EventRecord,
+    /// In the order they started.
+    pub(crate) attempts: Vec<walhook_sql::deliveries::AttemptRow>,
+}
+
+/// The caller's delivery `id` with its event and attempts (hot rows, then
+/// the archive); a 404 for another tenant's.
+pub(crate) async fn history(
+    state: &ApiState,
+    caller: &TenantCaller,
+    id: &str,
+) -> Result<History, ApiError> {
+    let did = delivery_id(id)?;
     let tenant = caller.tenant.clone();
     let delivery = match state
         .platform
@@ -235,7 +260,7 @@ pub async fn get_delivery(
                 })
                 .await?
                 .flatten()
-                .ok_or_else(|| not_found(&id))?
+                .ok_or_else(|| not_found(id))?
         }
     };
     let event = match state.platform.event_of(&delivery).await? {
@@ -286,12 +311,11 @@ pub async fn get_delivery(
         all.sort_by_key(|a| a.started_at);
         attempts = all;
     }
-    Ok(axum::Json(DeliveryDetail {
-        delivery: delivery.into(),
-        event: event.into(),
-        attempts: attempts.into_iter().map(Attempt::from).collect(),
+    Ok(History {
+        delivery,
+        event,
+        attempts,
     })
-    .into_response())
 }
 
 /// Asks for a new manual attempt of a delivery: same `webhook-id`, same

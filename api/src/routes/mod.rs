@@ -5,6 +5,7 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod ops;
 pub mod reconciliations;
+pub mod sent;
 pub mod tenants;
 pub mod validate;
 
@@ -92,6 +93,10 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/webhook-deliveries", get(list_deliveries))
         .route("/v1/webhook-deliveries/{delivery_id}", get(get_delivery))
+        .route(
+            "/v1/webhook-deliveries/{delivery_id}/requests",
+            get(sent::sent_requests),
+        )
         .route(
             "/v1/webhook-deliveries/{delivery_id}/replay",
             post(replay_delivery),
