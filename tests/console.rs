@@ -54,7 +54,7 @@ async fn browser(profile: &Path) -> Option<(Driver, Session)> {
 }
 
 /// Runs `checks` with a browser, closing it whatever they find.
-async fn with_browser(checks: impl AsyncFnOnce(&Session)) {
+pub(crate) async fn with_browser(checks: impl AsyncFnOnce(&Session)) {
     let profile = tempfile::tempdir().unwrap();
     let Some((_driver, session)) = browser(profile.path()).await else {
         return;
@@ -69,7 +69,7 @@ async fn with_browser(checks: impl AsyncFnOnce(&Session)) {
 }
 
 /// Signs in on the login page with `key`.
-async fn sign_in(b: &Session, api: &Http, key: &str) {
+pub(crate) async fn sign_in(b: &Session, api: &Http, key: &str) {
     b.goto(&format!("{}/console/login", api.base)).await;
     let field = b.one("#key").await;
     b.type_into(&field, key).await;
@@ -155,10 +155,10 @@ async fn a_tenant_works_in_the_console_and_sees_only_its_own() {
         let page = b.text_of("main").await;
         assert!(page.contains("HTTP 500"), "{page}");
         assert!(
-            b.text_of("pre.payload")
+            b.text_of("details.sent[open] pre.body")
                 .await
                 .contains(&format!("{HOSTILE}@example.com")),
-            "the payload shows as text"
+            "the body sent shows as text"
         );
         assert_inert(b).await;
         b.save_screenshot(&dir.join("04-failing-delivery.png"))

@@ -8,6 +8,7 @@ mod archive;
 mod capture;
 mod cli;
 mod console;
+mod console_journey;
 mod egress;
 mod engine;
 mod fairness;

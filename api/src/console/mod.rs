@@ -21,7 +21,9 @@
 //! the binary.
 
 mod charts;
+mod deliveries;
 mod operator;
+mod pager;
 mod pages;
 pub(crate) mod sessions;
 mod signin;
@@ -505,9 +507,9 @@ pub(crate) fn router() -> Router<ApiState> {
         .route("/console/endpoints/{id}", get(pages::endpoint))
         .route("/console/endpoints/{id}/rotate", post(pages::rotate))
         .route("/console/endpoints/{id}/recover", post(pages::recover))
-        .route("/console/deliveries", get(pages::deliveries))
-        .route("/console/deliveries/{id}", get(pages::delivery))
-        .route("/console/deliveries/{id}/replay", post(pages::replay))
+        .route("/console/deliveries", get(deliveries::deliveries))
+        .route("/console/deliveries/{id}", get(deliveries::delivery))
+        .route("/console/deliveries/{id}/replay", post(deliveries::replay))
         .route("/console/event-types", get(pages::event_types))
         .route("/console/audit-log", get(pages::audit_log))
         .route("/console/pipeline", get(operator::pipeline))

@@ -1,7 +1,7 @@
 //! The operator's pages: the pipeline at a glance (refreshed every 5 s
 //! without script), and the tenants.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
@@ -9,6 +9,7 @@ use serde_json::json;
 use walhook_sql::tallies::MinuteTally;
 
 use super::charts::{Axis, Bar, bars};
+use super::pager::Pager;
 use super::pages::{enc, text};
 use super::{Form, OperatorSession, Session, respond};
 use crate::ApiState;
@@ -191,13 +192,27 @@ pub(crate) async fn pipeline(
     response
 }
 
-/// The tenants.
+/// The API's listing `path` at the pager's page.
+fn api_page(path: &str, pager: &Pager) -> String {
+    let mut q = vec![("limit", pager.limit.to_string())];
+    if let Some(c) = &pager.cursor {
+        q.push(("cursor", c.clone()));
+    }
+    format!(
+        "{path}?{}",
+        serde_urlencoded::to_string(&q).unwrap_or_default()
+    )
+}
+
+/// The tenants, 50 a page.
 pub(crate) async fn tenants(
     State(state): State<ApiState>,
     OperatorSession(s): OperatorSession,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let pager = Pager::new("/console/tenants", query.as_deref(), &[], 50, 250);
     let list = s
-        .call(&state, Method::GET, "/v1/tenants?limit=250", None)
+        .call(&state, Method::GET, &api_page("/v1/tenants", &pager), None)
         .await;
     if !list.ok() {
         return respond(
@@ -223,15 +238,26 @@ pub(crate) async fn tenants(
                 }
             }
         }
+        (pager.links(list.body["next_cursor"].as_str()))
     };
     respond("Tenants", &s, None, body)
 }
 
 /// The reconciliation runs the caller may see (the operator every one, a
 /// tenant its own), each linked to its HTML report.
-pub(crate) async fn reconciliations(State(state): State<ApiState>, s: Session) -> Response {
+pub(crate) async fn reconciliations(
+    State(state): State<ApiState>,
+    s: Session,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let pager = Pager::new("/console/reconciliations", query.as_deref(), &[], 20, 100);
     let list = s
-        .call(&state, Method::GET, "/v1/reconciliations?limit=100", None)
+        .call(
+            &state,
+            Method::GET,
+            &api_page("/v1/reconciliations", &pager),
+            None,
+        )
         .await;
     if !list.ok() {
         return respond(
@@ -259,6 +285,7 @@ pub(crate) async fn reconciliations(State(state): State<ApiState>, s: Session) -
                 }
             }
         }
+        (pager.links(list.body["next_cursor"].as_str()))
     };
     respond("Reconciliation", &s, None, body)
 }
@@ -283,7 +310,13 @@ pub(crate) async fn reconciliation_report(
     }
 }
 
-async fn tenant_page(state: &ApiState, s: &Session, id: &str, notice: Option<Markup>) -> Response {
+async fn tenant_page(
+    state: &ApiState,
+    s: &Session,
+    id: &str,
+    notice: Option<Markup>,
+    query: Option<&str>,
+) -> Response {
     let id = enc(id);
     let t = s
         .call(state, Method::GET, &format!("/v1/tenants/{id}"), None)
@@ -299,6 +332,9 @@ async fn tenant_page(state: &ApiState, s: &Session, id: &str, notice: Option<Mar
             None,
         )
         .await;
+    let pager = Pager::new(&format!("/console/tenants/{id}"), query, &[], 20, 100);
+    let all = keys.body["data"].as_array().map_or(&[][..], Vec::as_slice);
+    let (keys, key_pages) = pager.slice(all);
     let body = html! {
         h1 { "Tenant " code { (text(&t.body["id"])) } }
         dl {
@@ -310,7 +346,7 @@ async fn tenant_page(state: &ApiState, s: &Session, id: &str, notice: Option<Mar
         table {
             thead { tr { th { "Key" } th { "Name" } th { "Prefix" } th { "Created" } th { "Revoked" } th { span class="sr-only" { "Action" } } } }
             tbody {
-                @for k in keys.body["data"].as_array().map_or(&[][..], Vec::as_slice) {
+                @for k in keys {
                     tr {
                         td { code { (text(&k["id"])) } }
                         td { (text(&k["name"])) }
@@ -329,6 +365,7 @@ async fn tenant_page(state: &ApiState, s: &Session, id: &str, notice: Option<Mar
                 }
             }
         }
+        (key_pages)
         h2 { "Issue a key" }
         form method="post" action={ "/console/tenants/" (id) "/keys" } {
             (s.csrf_field())
@@ -345,8 +382,9 @@ pub(crate) async fn tenant(
     State(state): State<ApiState>,
     OperatorSession(s): OperatorSession,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    tenant_page(&state, &s, &id, None).await
+    tenant_page(&state, &s, &id, None, query.as_deref()).await
 }
 
 /// Issues a key for a tenant; the key is shown once.
@@ -375,7 +413,7 @@ pub(crate) async fn issue_key(
     } else {
         html! { p class="error" role="alert" { "Not issued: " (made.problem()) } }
     };
-    tenant_page(&state, &s, &id, Some(notice)).await
+    tenant_page(&state, &s, &id, Some(notice), None).await
 }
 
 /// Revokes one of a tenant's keys: it stops authenticating at once.
@@ -401,5 +439,5 @@ pub(crate) async fn revoke_key(
     } else {
         html! { p class="error" role="alert" { "Not revoked: " (done.problem()) } }
     };
-    tenant_page(&state, &s, &id, Some(notice)).await
+    tenant_page(&state, &s, &id, Some(notice), None).await
 }

@@ -8,6 +8,7 @@ use maud::{Markup, html};
 use serde_json::{Value, json};
 
 use super::charts::{Axis, Bar, bars};
+use super::pager::Pager;
 use super::{Answer, Form, Session, TenantSession, not_found, respond};
 use crate::ApiState;
 
@@ -24,13 +25,13 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
-fn rows(v: &Value) -> &[Value] {
+pub(crate) fn rows(v: &Value) -> &[Value] {
     v["data"].as_array().map_or(&[], Vec::as_slice)
 }
 
 /// An API answer that is not a success, as the console shows it: back to
 /// sign-in when the credential no longer works, the problem otherwise.
-fn failed(s: &Session, a: &Answer) -> Response {
+pub(crate) fn failed(s: &Session, a: &Answer) -> Response {
     match a.status {
         StatusCode::UNAUTHORIZED => Redirect::to("/console/login").into_response(),
         StatusCode::NOT_FOUND => not_found(s, &a.problem()),
@@ -47,19 +48,20 @@ fn failed(s: &Session, a: &Answer) -> Response {
     }
 }
 
-/// A button's action: the form's CSRF token checked, then `POST {}` to the
-/// API's `uri`; the API's answer, or the page to show instead (refused,
-/// failed).
-async fn act(
+/// A button's action: the form's CSRF token checked, then `POST body` to
+/// the API's `uri`; the API's answer, or the page to show instead
+/// (refused, failed).
+pub(crate) async fn act(
     state: &ApiState,
     s: &Session,
     form: &Form,
     uri: &str,
+    body: Value,
 ) -> Result<Answer, Box<Response>> {
     if let Some(r) = form.refused(s) {
         return Err(Box::new(r));
     }
-    let a = s.call(state, Method::POST, uri, Some(json!({}))).await;
+    let a = s.call(state, Method::POST, uri, Some(body)).await;
     if a.ok() {
         Ok(a)
     } else {
@@ -171,6 +173,7 @@ fn endpoints_page(
     s: &Session,
     list: &Value,
     stats: &[Value],
+    pager: &Pager,
     notice: Option<Markup>,
     form: Option<&Form>,
     status: StatusCode,
@@ -205,6 +208,7 @@ fn endpoints_page(
                     }
                 }
             }
+            (pager.links(list["next_cursor"].as_str()))
         }
         h2 { "Add an endpoint" }
         form method="post" action="/console/endpoints" {
@@ -225,15 +229,32 @@ fn endpoints_page(
 pub(crate) async fn endpoints(
     State(state): State<ApiState>,
     TenantSession(s): TenantSession,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    let list = s
-        .call(&state, Method::GET, "/v1/webhook-endpoints?limit=250", None)
-        .await;
+    let pager = endpoint_pager(query.as_deref());
+    let list = list_endpoints(&state, &s, &pager).await;
     if !list.ok() {
         return failed(&s, &list);
     }
     let stats = stats_of(&state, &s, &list.body).await;
-    endpoints_page(&s, &list.body, &stats, None, None, StatusCode::OK)
+    endpoints_page(&s, &list.body, &stats, &pager, None, None, StatusCode::OK)
+}
+
+fn endpoint_pager(query: Option<&str>) -> Pager {
+    Pager::new("/console/endpoints", query, &[], 50, 250)
+}
+
+/// A page of the tenant's endpoints.
+async fn list_endpoints(state: &ApiState, s: &Session, pager: &Pager) -> Answer {
+    let mut q = vec![("limit", pager.limit.to_string())];
+    if let Some(c) = &pager.cursor {
+        q.push(("cursor", c.clone()));
+    }
+    let uri = format!(
+        "/v1/webhook-endpoints?{}",
+        serde_urlencoded::to_string(&q).unwrap_or_default()
+    );
+    s.call(state, Method::GET, &uri, None).await
 }
 
 /// Adds an endpoint; its secret is shown once.
@@ -265,9 +286,8 @@ pub(crate) async fn create_endpoint(
             })),
         )
         .await;
-    let list = s
-        .call(&state, Method::GET, "/v1/webhook-endpoints?limit=250", None)
-        .await;
+    let pager = endpoint_pager(None);
+    let list = list_endpoints(&state, &s, &pager).await;
     let stats = stats_of(&state, &s, &list.body).await;
     if created.ok() {
         let notice = html! {
@@ -278,6 +298,7 @@ pub(crate) async fn create_endpoint(
             &s,
             &list.body,
             &stats,
+            &pager,
             Some(notice),
             None,
             StatusCode::CREATED,
@@ -290,6 +311,7 @@ pub(crate) async fn create_endpoint(
             &s,
             &list.body,
             &stats,
+            &pager,
             Some(notice),
             Some(&form),
             created.status,
@@ -297,11 +319,19 @@ pub(crate) async fn create_endpoint(
     }
 }
 
+/// The recovery form's values, kept when the page answers it.
+pub(crate) struct RecoverValues {
+    since: String,
+    until: String,
+}
+
 async fn endpoint_page(
     state: &ApiState,
     s: &Session,
     id: &str,
     notice: Option<Markup>,
+    recover: Option<&RecoverValues>,
+    query: Option<&str>,
 ) -> Response {
     let e = s
         .call(
@@ -332,6 +362,11 @@ async fn endpoint_page(
         .await;
     let e = &e.body;
     let stats = &stats.body;
+    // Newest first, paged here (the API returns them all).
+    let mut all = rows(&versions.body).to_vec();
+    all.reverse();
+    let pager = Pager::new(&format!("/console/endpoints/{}", enc(id)), query, &[], 20, 100);
+    let (versions, version_pages) = pager.slice(&all);
     let body = html! {
         h1 { "Endpoint" }
         dl {
@@ -355,16 +390,22 @@ async fn endpoint_page(
                 (s.csrf_field())
                 button type="submit" { "Rotate the signing secret" }
             }
-            form method="post" action={ "/console/endpoints/" (enc(id)) "/recover" } {
-                (s.csrf_field())
-                button type="submit" { "Recover failed deliveries" }
-            }
         }
-        h2 { "Versions" }
+        h2 { "Recover failed deliveries" }
+        p { "Every failed or exhausted delivery to this endpoint made in the window gets one manual attempt (same id, same bytes, the current secrets)." }
+        form method="post" action={ "/console/endpoints/" (enc(id)) "/recover" } class="recover" {
+            (s.csrf_field())
+            label for="since" { "Made since (RFC 3339; at most the replay window ago)" }
+            input id="since" name="since" type="text" required value=(recover.map_or_else(day_ago, |r| r.since.clone()));
+            label for="until" { "And before (RFC 3339; empty for now)" }
+            input id="until" name="until" type="text" value=(recover.map(|r| r.until.clone()).unwrap_or_default());
+            button type="submit" { "Recover failed deliveries" }
+        }
+        h2 { "Versions" } p class="muted" { "Newest first." }
         table {
             thead { tr { th { "Version" } th { "Changed" } th { "By" } th { "URL" } th { "Event types" } th { "Enabled" } } }
             tbody {
-                @for v in rows(&versions.body) {
+                @for v in versions {
                     tr {
                         td { (text(&v["version"])) }
                         td { (text(&v["changed_at"])) }
@@ -376,6 +417,7 @@ async fn endpoint_page(
                 }
             }
         }
+        (version_pages)
     };
     respond("Endpoint", s, notice, body)
 }
@@ -385,8 +427,9 @@ pub(crate) async fn endpoint(
     State(state): State<ApiState>,
     TenantSession(s): TenantSession,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    endpoint_page(&state, &s, &id, None).await
+    endpoint_page(&state, &s, &id, None, None, query.as_deref()).await
 }
 
 /// Rotates the endpoint's secret; the new one is shown once.
@@ -401,6 +444,7 @@ pub(crate) async fn rotate(
         &s,
         &form,
         &format!("/v1/webhook-endpoints/{}/rotate-secret", enc(&id)),
+        json!({}),
     )
     .await
     {
@@ -411,215 +455,90 @@ pub(crate) async fn rotate(
         p { "The secret was rotated (version " (text(&a.body["secret_version"])) "); the previous one keeps signing alongside during the overlap. The new secret, shown this once:" }
         p { code class="secret" { (text(&a.body["secret"])) } }
     };
-    endpoint_page(&state, &s, &id, Some(notice)).await
+    endpoint_page(&state, &s, &id, Some(notice), None, None).await
 }
 
-/// Recovers the endpoint's failed deliveries.
+/// The default start of a recovery: 24 hours ago, to the second.
+fn day_ago() -> String {
+    (chrono::Utc::now() - chrono::Duration::hours(24))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Recovers the endpoint's failed deliveries made since the time given
+/// (24 hours ago unless another is asked for), and says how many were
+/// re-enqueued, with a link to them.
 pub(crate) async fn recover(
     State(state): State<ApiState>,
     TenantSession(s): TenantSession,
     Path(id): Path<String>,
     form: Form,
 ) -> Response {
-    let a = match act(
-        &state,
-        &s,
-        &form,
-        &format!("/v1/webhook-endpoints/{}/recover", enc(&id)),
-    )
-    .await
-    {
-        Ok(a) => a,
-        Err(page) => return *page,
+    if let Some(r) = form.refused(&s) {
+        return r;
+    }
+    let since = form
+        .get("since")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map_or_else(day_ago, str::to_owned);
+    let until = form.get("until").map(str::trim).filter(|v| !v.is_empty());
+    let mut body = json!({ "since": since });
+    if let Some(u) = until {
+        body["until"] = json!(u);
+    }
+    let uri = format!("/v1/webhook-endpoints/{}/recover", enc(&id));
+    let a = s.call(&state, Method::POST, &uri, Some(body)).await;
+    if a.status == StatusCode::UNAUTHORIZED || a.status == StatusCode::NOT_FOUND {
+        return failed(&s, &a);
+    }
+    let values = RecoverValues {
+        since: since.clone(),
+        until: until.unwrap_or_default().to_owned(),
     };
-    let notice = html! { p { "Recovery queued: " (pretty(&a.body)) } };
-    endpoint_page(&state, &s, &id, Some(notice)).await
-}
-
-/// The filters the deliveries page passes on to the API.
-const FILTERS: &[&str] = &[
-    "status",
-    "event_type",
-    "endpoint_id",
-    "since",
-    "until",
-    "cursor",
-];
-
-/// The tenant's deliveries, newest first, filtered and paged.
-pub(crate) async fn deliveries(
-    State(state): State<ApiState>,
-    TenantSession(s): TenantSession,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let given: Vec<(String, String)> =
-        serde_urlencoded::from_str(query.as_deref().unwrap_or_default()).unwrap_or_default();
-    let get = |name: &str| {
-        given
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let mut pass: Vec<(&str, String)> = FILTERS
-        .iter()
-        .map(|f| (*f, get(f)))
-        .filter(|(_, v)| !v.is_empty())
-        .collect();
-    pass.push(("limit", "50".into()));
-    let uri = format!(
-        "/v1/webhook-deliveries?{}",
-        serde_urlencoded::to_string(&pass).unwrap_or_default()
+    if !a.ok() {
+        let notice = html! { p class="error" role="alert" { "Nothing was recovered: " (a.problem()) } };
+        let mut page = endpoint_page(&state, &s, &id, Some(notice), Some(&values), None).await;
+        *page.status_mut() = a.status;
+        return page;
+    }
+    let count = a.body["replay_request_count"].as_i64().unwrap_or(0);
+    let mut filter = vec![("endpoint_id", id.clone()), ("since", since.clone())];
+    if let Some(u) = until {
+        filter.push(("until", u.to_owned()));
+    }
+    let list = format!(
+        "/console/deliveries?{}",
+        serde_urlencoded::to_string(&filter).unwrap_or_default()
     );
-    let page = s.call(&state, Method::GET, &uri, None).await;
-    if page.status == StatusCode::UNAUTHORIZED {
-        return failed(&s, &page);
-    }
-    let next = page.body["next_cursor"].as_str().map(|c| {
-        let mut q: Vec<(&str, String)> = FILTERS
-            .iter()
-            .filter(|f| **f != "cursor")
-            .map(|f| (*f, get(f)))
-            .filter(|(_, v)| !v.is_empty())
-            .collect();
-        q.push(("cursor", c.to_owned()));
-        format!(
-            "/console/deliveries?{}",
-            serde_urlencoded::to_string(&q).unwrap_or_default()
-        )
-    });
-    let status = get("status");
-    let body = html! {
-        h1 { "Deliveries" }
-        form method="get" action="/console/deliveries" class="filters" {
-            label for="status" { "Status" }
-            select id="status" name="status" {
-                @for option in ["", "pending", "succeeded", "failed", "exhausted", "cancelled"] {
-                    option value=(option) selected[status == option] { @if option.is_empty() { "any" } @else { (option) } }
-                }
+    let notice = html! {
+        p id="recovered" {
+            @match count {
+                0 => { "No failed or exhausted delivery made since " (since) @if let Some(u) = until { " and before " (u) } " needed a new attempt: nothing was re-enqueued." }
+                1 => { "1 failed or exhausted delivery made since " (since) @if let Some(u) = until { " and before " (u) } " was re-enqueued: it gets one manual attempt shortly." }
+                n => { (n) " failed or exhausted deliveries made since " (since) @if let Some(u) = until { " and before " (u) } " were re-enqueued: each gets one manual attempt shortly." }
             }
-            label for="event_type" { "Event type" }
-            input id="event_type" name="event_type" type="text" value=(get("event_type"));
-            label for="endpoint_id" { "Endpoint id" }
-            input id="endpoint_id" name="endpoint_id" type="text" value=(get("endpoint_id"));
-            label for="since" { "Since (RFC 3339)" }
-            input id="since" name="since" type="text" value=(get("since"));
-            button type="submit" { "Filter" }
-        }
-        @if !page.ok() {
-            p class="error" role="alert" { (page.problem()) }
-        } @else if rows(&page.body).is_empty() {
-            p { "No delivery matches." }
-        } @else {
-            table {
-                thead { tr { th { "Delivery" } th { "Event type" } th { "Status" } th { "Attempts" } th { "Last HTTP status" } th { "Created" } } }
-                tbody {
-                    @for d in rows(&page.body) {
-                        tr {
-                            td { a href={ "/console/deliveries/" (enc(&text(&d["id"]))) } { code { (text(&d["id"])) } } }
-                            td { (text(&d["event_type"])) }
-                            td class={ "status-" (text(&d["status"])) } { (text(&d["status"])) }
-                            td { (text(&d["attempt_count"])) @if d["manual_attempt_count"].as_i64().unwrap_or(0) > 0 { " + " (text(&d["manual_attempt_count"])) " manual" } }
-                            td { (text(&d["last_http_status"])) @if let Some(c) = d["last_error_class"].as_str() { " " (c) } }
-                            td { (text(&d["created_at"])) }
-                        }
-                    }
-                }
-            }
-            @if let Some(next) = next { p { a href=(next) rel="next" { "Older deliveries" } } }
+            " Deliveries that already had a replay waiting are not counted again. "
+            a href=(list) { "The deliveries of that window" }
         }
     };
-    respond("Deliveries", &s, None, body)
+    endpoint_page(&state, &s, &id, Some(notice), Some(&values), None).await
 }
 
-/// One delivery: the event, the headers it goes with, every attempt, and
-/// a replay.
-pub(crate) async fn delivery(
-    State(state): State<ApiState>,
-    TenantSession(s): TenantSession,
-    Path(id): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let d = s
-        .call(
-            &state,
-            Method::GET,
-            &format!("/v1/webhook-deliveries/{}", enc(&id)),
-            None,
-        )
-        .await;
-    if !d.ok() {
-        return failed(&s, &d);
-    }
-    let (delivery, event) = (&d.body["delivery"], &d.body["event"]);
-    let attempts = d.body["attempts"].as_array().map_or(&[][..], Vec::as_slice);
-    let notice = query
-        .as_deref()
-        .is_some_and(|q| q.contains("replayed=1"))
-        .then(|| html! { p { "Replay queued: a manual attempt follows shortly (reload to see it)." } });
-    let body = html! {
-        h1 { "Delivery " code { (text(&delivery["id"])) } }
-        dl {
-            dt { "Status" } dd class={ "status-" (text(&delivery["status"])) } { (text(&delivery["status"])) }
-            dt { "Event type" } dd { (text(&delivery["event_type"])) }
-            dt { "Endpoint" } dd { a href={ "/console/endpoints/" (enc(&text(&delivery["endpoint_id"]))) } { code { (text(&delivery["endpoint_id"])) } } }
-            dt { "Next attempt" } dd { (text(&delivery["next_attempt_at"])) }
-            dt { "Expires" } dd { (text(&delivery["expires_at"])) }
-        }
-        form method="post" action={ "/console/deliveries/" (enc(&id)) "/replay" } {
-            (s.csrf_field())
-            button type="submit" { "Replay" }
-        }
-        h2 { "Headers" }
-        pre { "webhook-id: " (text(&delivery["id"])) "\nwalhook-event-id: " (text(&event["id"])) "\nwalhook-event-type: " (text(&event["type"])) "\nwalhook-schema-version: " (text(&event["schema_version"])) }
-        h2 { "Event" }
-        pre class="payload" { (pretty(event)) }
-        h2 { "Attempts" }
-        @if attempts.is_empty() { p { "No attempt yet." } } @else {
-            ol class="timeline" {
-                @for a in attempts {
-                    li {
-                        strong { "#" (text(&a["number"])) " " (text(&a["trigger"])) }
-                        " · " (text(&a["started_at"])) " · "
-                        span class={ "outcome-" (text(&a["outcome"])) } { (text(&a["outcome"])) }
-                        @if !a["http_status"].is_null() { " · HTTP " (text(&a["http_status"])) }
-                        @if let Some(c) = a["error_class"].as_str() { " · " (c) }
-                        " · " (text(&a["latency_ms"])) " ms"
-                        @if let Some(n) = a["note"].as_str() { " · " em { (n) } }
-                        @if let Some(x) = a["response_excerpt"].as_str() { pre class="excerpt" { (x) } }
-                    }
-                }
-            }
-        }
-    };
-    respond("Delivery", &s, notice, body)
-}
-
-/// Replays a delivery (a manual attempt with the same id and bytes).
-pub(crate) async fn replay(
-    State(state): State<ApiState>,
-    TenantSession(s): TenantSession,
-    Path(id): Path<String>,
-    form: Form,
-) -> Response {
-    let uri = format!("/v1/webhook-deliveries/{}/replay", enc(&id));
-    if let Err(page) = act(&state, &s, &form, &uri).await {
-        return *page;
-    }
-    Redirect::to(&format!("/console/deliveries/{}?replayed=1", enc(&id))).into_response()
-}
-
-/// The event-type catalog with each type's schema versions.
+/// The event-type catalog with each type's schema versions, 20 types a
+/// page.
 pub(crate) async fn event_types(
     State(state): State<ApiState>,
     TenantSession(s): TenantSession,
+    RawQuery(query): RawQuery,
 ) -> Response {
     let list = s.call(&state, Method::GET, "/v1/event-types", None).await;
     if !list.ok() {
         return failed(&s, &list);
     }
+    let pager = Pager::new("/console/event-types", query.as_deref(), &[], 20, 100);
+    let (types, links) = pager.slice(rows(&list.body));
     let mut details = Vec::new();
-    for t in rows(&list.body) {
+    for t in types {
         let name = text(&t["name"]);
         let d = s
             .call(
@@ -633,6 +552,7 @@ pub(crate) async fn event_types(
     }
     let body = html! {
         h1 { "Event types" }
+        @if details.is_empty() { p { "No event type in the catalog yet." } }
         @for (t, d) in &details {
             section {
                 h2 { (text(&t["name"])) }
@@ -645,18 +565,27 @@ pub(crate) async fn event_types(
                 }
             }
         }
+        (links)
     };
     respond("Event types", &s, None, body)
 }
 
-/// The tenant's audit log, newest first.
+/// The tenant's audit log, newest first, 50 records a page.
 pub(crate) async fn audit_log(
     State(state): State<ApiState>,
     TenantSession(s): TenantSession,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    let page = s
-        .call(&state, Method::GET, "/v1/audit-log?limit=100", None)
-        .await;
+    let pager = Pager::new("/console/audit-log", query.as_deref(), &[], 50, 250);
+    let mut q = vec![("limit", pager.limit.to_string())];
+    if let Some(c) = &pager.cursor {
+        q.push(("cursor", c.clone()));
+    }
+    let uri = format!(
+        "/v1/audit-log?{}",
+        serde_urlencoded::to_string(&q).unwrap_or_default()
+    );
+    let page = s.call(&state, Method::GET, &uri, None).await;
     if !page.ok() {
         return failed(&s, &page);
     }
@@ -676,6 +605,7 @@ pub(crate) async fn audit_log(
                 }
             }
         }
+        (pager.links(page.body["next_cursor"].as_str()))
     };
     respond("Audit log", &s, None, body)
 }
