@@ -201,7 +201,11 @@ async fn press(b: &Session, base: &str, f: &FormSeen, values: &[(&str, &str)], w
     b.goto(&f.page).await;
     let selector = format!("form[action='{}']", f.action);
     let form = b.find(&selector).await;
-    assert!(!form.is_empty(), "{who}: {selector} is gone from {}", f.page);
+    assert!(
+        !form.is_empty(),
+        "{who}: {selector} is gone from {}",
+        f.page
+    );
     for (name, value) in values {
         let field = format!("{selector} input[name='{name}']");
         if let Some(input) = b.find(&field).await.first() {
@@ -294,9 +298,12 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
     let until = chrono::Utc::now() + chrono::Duration::minutes(1);
     for tenant in [None, Some("globex")] {
         let mut cmd = crate::support::walhook();
-        cmd.args(["reconcile", "--config"])
-            .arg(w.config(""))
-            .args(["--since", &since.to_rfc3339(), "--until", &until.to_rfc3339()]);
+        cmd.args(["reconcile", "--config"]).arg(w.config("")).args([
+            "--since",
+            &since.to_rfc3339(),
+            "--until",
+            &until.to_rfc3339(),
+        ]);
         if let Some(t) = tenant {
             cmd.args(["--tenant", t]);
         }
@@ -376,7 +383,10 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
             "post /console/deliveries/*/replay?",
             "get /console/deliveries?",
         ] {
-            assert!(pressed.iter().any(|p| p == needed), "{needed} not pressed: {pressed:?}");
+            assert!(
+                pressed.iter().any(|p| p == needed),
+                "{needed} not pressed: {pressed:?}"
+            );
         }
 
         // Recover asks for a time (24 hours ago by default) and says what
@@ -393,7 +403,10 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
         b.click_and_wait(&b.one("form.recover button").await).await;
         assert_page_works(b, "recover").await;
         let said = b.text_of("#recovered").await;
-        assert!(said.contains("re-enqueued") || said.contains("nothing was re-enqueued"), "{said}");
+        assert!(
+            said.contains("re-enqueued") || said.contains("nothing was re-enqueued"),
+            "{said}"
+        );
         b.save_screenshot(&images.join("console-recover.png")).await;
         // A time the API refuses is named, with the form kept.
         let field = b.one("#since").await;
@@ -405,7 +418,8 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
 
         // The delivery page shows what was sent, and its curl sends it
         // again byte for byte: the receiver verifies the signature.
-        b.goto(&format!("{base}/console/deliveries/{succeeded}")).await;
+        b.goto(&format!("{base}/console/deliveries/{succeeded}"))
+            .await;
         assert_page_works(b, "the delivery page").await;
         let headers = b.text_of("details.sent[open] table.headers").await;
         for name in [
@@ -487,7 +501,12 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
         b.goto(&format!("{base}/console/reconciliations")).await;
         b.click_and_wait(&b.find("main table a").await[0]).await;
         assert_page_works(b, "the tenant's report").await;
-        let report = b.get("/source").await.as_str().unwrap_or_default().to_owned();
+        let report = b
+            .get("/source")
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(report.contains("acme"), "the report is acme's");
         assert!(!report.contains("globex"), "globex named in acme's report");
         for id in globex_ids {
@@ -524,7 +543,9 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
         }
         for needed in ["/keys?", "/revoke?"] {
             assert!(
-                pressed.iter().any(|p| p.starts_with("post ") && p.ends_with(needed)),
+                pressed
+                    .iter()
+                    .any(|p| p.starts_with("post ") && p.ends_with(needed)),
                 "{needed} not pressed: {pressed:?}"
             );
         }
@@ -549,5 +570,8 @@ fn kinds_hide_ids_and_keep_query_names() {
         kind("/console/deliveries?limit=3&cursor=x&back="),
         "/console/deliveries?back&cursor&limit"
     );
-    assert_eq!(kind("/console/reconciliations/12/report.html"), "/console/reconciliations/*/report.html?");
+    assert_eq!(
+        kind("/console/reconciliations/12/report.html"),
+        "/console/reconciliations/*/report.html?"
+    );
 }

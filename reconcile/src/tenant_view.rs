@@ -167,7 +167,12 @@ mod tests {
             ]),
             gaps: vec![
                 gap(GapClass::MissingDelivery, Some("acme"), "dlv_acme1", true),
-                gap(GapClass::MissingDelivery, Some("globex"), "dlv_globex1", true),
+                gap(
+                    GapClass::MissingDelivery,
+                    Some("globex"),
+                    "dlv_globex1",
+                    true,
+                ),
                 gap(GapClass::OverduePending, Some("acme"), "dlv_acme2", false),
                 gap(GapClass::CaptureIncident, None, "shop:globex_orders", false),
             ],
@@ -196,7 +201,10 @@ mod tests {
         );
         assert_eq!(
             view.gap_counts,
-            BTreeMap::from([(GapClass::MissingDelivery, 1), (GapClass::OverduePending, 1)])
+            BTreeMap::from([
+                (GapClass::MissingDelivery, 1),
+                (GapClass::OverduePending, 1)
+            ])
         );
         assert_eq!(view.repairs.len(), 1);
         assert_eq!(view.repairs[0].repaired, 1);
@@ -206,7 +214,14 @@ mod tests {
         // Nothing of globex, nor any count over every tenant, anywhere in
         // the view: not its id, not its rule, not its numbers.
         let json = serde_json::to_string(&view).unwrap();
-        for leak in ["globex", "9001", "9004", "9999", "dlv_globex1", "\"count\":5"] {
+        for leak in [
+            "globex",
+            "9001",
+            "9004",
+            "9999",
+            "dlv_globex1",
+            "\"count\":5",
+        ] {
             assert!(!json.contains(leak), "{leak} in {json}");
         }
         let html = crate::html::render(&view);

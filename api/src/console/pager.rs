@@ -185,7 +185,13 @@ mod tests {
         let first = Pager::new("/console/x", Some("status=failed"), &["status"], 50, 250);
         let next = hrefs(&first.links(Some("c1")));
         assert_eq!(next, ["/console/x?status=failed&cursor=c1&back="]);
-        let second = Pager::new("/console/x", next[0].split_once('?').map(|q| q.1), &["status"], 50, 250);
+        let second = Pager::new(
+            "/console/x",
+            next[0].split_once('?').map(|q| q.1),
+            &["status"],
+            50,
+            250,
+        );
         assert_eq!(second.cursor.as_deref(), Some("c1"));
         let links = hrefs(&second.links(Some("c2")));
         assert_eq!(
@@ -195,7 +201,13 @@ mod tests {
                 "/console/x?status=failed&cursor=c2&back=&back=c1"
             ]
         );
-        let third = Pager::new("/console/x", links[1].split_once('?').map(|q| q.1), &["status"], 50, 250);
+        let third = Pager::new(
+            "/console/x",
+            links[1].split_once('?').map(|q| q.1),
+            &["status"],
+            50,
+            250,
+        );
         let links = hrefs(&third.links(None));
         assert_eq!(
             links,
@@ -224,7 +236,8 @@ mod tests {
 
     #[test]
     fn the_way_back_is_bounded() {
-        let query: String = (0..100).map(|i| format!("back=c{i}&")).collect::<String>() + "cursor=z";
+        let query: String =
+            (0..100).map(|i| format!("back=c{i}&")).collect::<String>() + "cursor=z";
         let p = Pager::new("/console/x", Some(&query), &[], 50, 250);
         assert_eq!(p.back.len(), MAX_BACK);
         let next = hrefs(&p.links(Some("n")));

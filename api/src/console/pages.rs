@@ -365,7 +365,13 @@ async fn endpoint_page(
     // Newest first, paged here (the API returns them all).
     let mut all = rows(&versions.body).to_vec();
     all.reverse();
-    let pager = Pager::new(&format!("/console/endpoints/{}", enc(id)), query, &[], 20, 100);
+    let pager = Pager::new(
+        &format!("/console/endpoints/{}", enc(id)),
+        query,
+        &[],
+        20,
+        100,
+    );
     let (versions, version_pages) = pager.slice(&all);
     let body = html! {
         h1 { "Endpoint" }
@@ -496,7 +502,8 @@ pub(crate) async fn recover(
         until: until.unwrap_or_default().to_owned(),
     };
     if !a.ok() {
-        let notice = html! { p class="error" role="alert" { "Nothing was recovered: " (a.problem()) } };
+        let notice =
+            html! { p class="error" role="alert" { "Nothing was recovered: " (a.problem()) } };
         let mut page = endpoint_page(&state, &s, &id, Some(notice), Some(&values), None).await;
         *page.status_mut() = a.status;
         return page;

@@ -35,12 +35,12 @@ use walhook_sql::StoreError;
 use walhook_sql::deliveries::AttemptRow;
 
 use super::deliveries::{History, history};
+use crate::ApiState;
 use crate::auth::TenantCaller;
 use crate::error::{ApiError, ErrorResponses};
 use crate::extract::PathParams;
 use crate::model::deliveries::{SentHeader, SentRequest, SentRequestList};
 use crate::model::hex;
-use crate::ApiState;
 
 /// The request each attempt of a delivery sent, rebuilt exactly: the body
 /// byte for byte and every header, `webhook-signature` included (it
