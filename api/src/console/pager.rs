@@ -86,12 +86,6 @@ impl Pager {
             .unwrap_or_default()
     }
 
-    /// The filters given, with the page size when it is not the default:
-    /// what every link keeps.
-    pub(crate) fn kept(&self) -> &[(String, String)] {
-        &self.keep
-    }
-
     fn link(&self, extra: Vec<(&str, String)>) -> String {
         let mut q: Vec<(&str, String)> = self
             .keep
