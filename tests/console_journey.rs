@@ -24,7 +24,7 @@ use walhook_devkit::browser::Session;
 use walhook_devkit::receiver::Behaviour;
 
 use crate::console::{sign_in, with_browser};
-use crate::support::api::{Http, OPERATOR, endpoint, onboard, start};
+use crate::support::api::{OPERATOR, endpoint, onboard, start};
 
 /// `docs/images/`, where the docs' screenshots live.
 fn images() -> PathBuf {
@@ -366,8 +366,9 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
         assert!(b.text_of("main").await.contains("No delivery matches"));
 
         // Every button, once (signing out last).
+        let added = w.receiver.url("added");
         let values = [
-            ("url", w.receiver.url("added").as_str()),
+            ("url", added.as_str()),
             ("event_types", "order.created"),
             ("description", "added by the crawler"),
         ];

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::report::{Funnel, Repair, Report};
+use crate::report::{Funnel, GapClass, Repair, Report};
 
 /// The part of `report` that `tenant` may read, sealed again (its
 /// `clean` and `data_sha256` are the view's own).
@@ -26,14 +26,21 @@ pub fn for_tenant(report: &Report, tenant: &str) -> Report {
     let mut view = report.clone();
     let own = report.tenants.iter().find(|t| t.tenant == tenant);
     view.parameters.tenant = Some(tenant.to_owned());
-    // Capture counts changes before any tenant is known; archived days
+    // Capture counts changes, checks its coverage of each source and
+    // records schema changes before any tenant is known; archived days
     // are counted over every tenant.
     view.capture.clear();
+    view.capture_coverage.clear();
+    view.schema_changes.clear();
     view.archive.clear();
     view.funnel = own.map_or_else(Funnel::default, |t| t.funnel.clone());
     view.tenants.retain(|t| t.tenant == tenant);
     view.explained.retain(|e| mine(&e.tenant));
-    view.gaps.retain(|g| mine(&g.tenant));
+    // A source capture had not confirmed past the window's end leaves every
+    // tenant's funnel incomplete: its `capture_behind` gap (about a source,
+    // never a tenant) stays, so the tenant's view is not clean either.
+    view.gaps
+        .retain(|g| mine(&g.tenant) || g.class == GapClass::CaptureBehind);
     view.gap_counts = BTreeMap::new();
     for g in &view.gaps {
         *view.gap_counts.entry(g.class).or_default() += 1;
@@ -120,6 +127,8 @@ mod tests {
                 first_commit_lsn: None,
                 last_commit_lsn: None,
             }],
+            capture_coverage: Vec::new(),
+            schema_changes: Vec::new(),
             funnel: funnel(9004),
             tenants: vec![
                 TenantFunnel {
@@ -244,6 +253,17 @@ mod tests {
         r.tenants[0].gaps = 5;
         let view = for_tenant(&r, "acme");
         assert_eq!(view.gaps_not_listed, 3);
+        assert!(!view.clean);
+    }
+
+    #[test]
+    fn a_window_capture_had_not_covered_is_not_clean_for_any_tenant() {
+        let mut r = report();
+        r.gaps.push(gap(GapClass::CaptureBehind, None, "shop", false));
+        r.seal();
+        let view = for_tenant(&r, "initech");
+        assert_eq!(view.gaps.len(), 1, "{:?}", view.gaps);
+        assert_eq!(view.gaps[0].class, GapClass::CaptureBehind);
         assert!(!view.clean);
     }
 }
