@@ -516,7 +516,9 @@ async fn every_console_page_link_and_button_works_for_a_tenant_and_the_operator(
         b.save_screenshot(&images.join("console-tenant-report.png"))
             .await;
 
-        // Signing out leads to the sign-in page.
+        // Signing out (from a console page: the report is a document of
+        // its own) leads to the sign-in page.
+        b.goto(&format!("{base}/console/deliveries")).await;
         b.click_and_wait(&b.one("header form button").await).await;
         assert!(b.current_url().await.ends_with("/console/login"));
 

@@ -125,8 +125,8 @@ impl Archived {
                         if tenant.is_some_and(|w| w != t) {
                             continue;
                         }
-                        let unknown = c.opt_text("note", i)?.as_deref()
-                            == Some("previous_outcome_unknown");
+                        let unknown =
+                            c.opt_text("note", i)?.as_deref() == Some("previous_outcome_unknown");
                         let row = (
                             generation,
                             c.id16("delivery_id", i)?,

@@ -118,7 +118,9 @@ impl Check {
         let measured_after = p
             .saved_at
             .is_some_and(|at| at >= t + self.heartbeat + SAVE_SLACK);
-        let caught_up = p.lag.is_some_and(|l| l >= 0 && l as u64 <= self.caught_up_bytes);
+        let caught_up = p
+            .lag
+            .is_some_and(|l| l >= 0 && l as u64 <= self.caught_up_bytes);
         match (measured_after, caught_up) {
             (true, true) => (
                 true,
@@ -132,7 +134,8 @@ impl Check {
                 false,
                 format!(
                     "capture's slot was {} byte(s) behind at its last checkpoint ({}), over the {} byte(s) counted as caught up",
-                    p.lag.map_or("an unknown number of".into(), |l| l.to_string()),
+                    p.lag
+                        .map_or("an unknown number of".into(), |l| l.to_string()),
                     p.saved_at.map(rfc3339).unwrap_or_default(),
                     self.caught_up_bytes
                 ),
@@ -253,7 +256,11 @@ mod tests {
         assert!(check.judge(&position(None, None, Some(6000)), t).0);
         // The last commit is older; the checkpoint after t + heartbeat is
         // caught up.
-        assert!(check.judge(&position(Some(6002), Some(999), Some(5940)), t).0);
+        assert!(
+            check
+                .judge(&position(Some(6002), Some(999), Some(5940)), t)
+                .0
+        );
         // Saved too soon after t: its lag may have been measured before t.
         assert!(!check.judge(&position(Some(6001), Some(0), Some(5940)), t).0);
         // Saved late, but far behind.

@@ -182,14 +182,11 @@ impl<S: ObjectStore> Reconciler<S> {
             deliveries_after: 1,
             attempts_after: day(self.settings.deadline) + 1,
         };
-        let (archive, archived) = cold::run(
-            &a,
-            self.store.as_ref(),
-            &span,
-            &mut findings,
-            &|what| progress.stage(&format!("archive: {what}")),
-        )
-        .await?;
+        let (archive, archived) =
+            cold::run(&a, self.store.as_ref(), &span, &mut findings, &|what| {
+                progress.stage(&format!("archive: {what}"))
+            })
+            .await?;
 
         // Attempts of dropped days are read from the store; without it, or
         // when a day of them could not be read, deliveries that may have
@@ -224,14 +221,9 @@ impl<S: ObjectStore> Reconciler<S> {
             as_of,
             grace: self.settings.grace,
         };
-        hot::run(
-            &a,
-            &b,
-            &ctx,
-            archived.sorted(),
-            &mut findings,
-            &|n| progress.rows(n),
-        )
+        hot::run(&a, &b, &ctx, archived.sorted(), &mut findings, &|n| {
+            progress.rows(n)
+        })
         .await?;
         // Read-only: ending the sessions ends the snapshot.
         drop((a, b));

@@ -2,8 +2,10 @@
 //! machines (format [`FORMAT`], version [`SCHEMA_VERSION`]; see
 //! `docs/reconcile.md`) and as the HTML page of [`crate::html`].
 //!
-//! Everything in the report but `generated_at`, `parameters.as_of` and
-//! `data_sha256` is the report's data; `data_sha256` is the SHA-256 of that data in canonical
+//! Everything in the report but `generated_at`, `parameters.as_of`,
+//! `data_sha256` and how capture's progress looked when the report was made
+//! (each `capture_coverage` entry but its `source` and `confirmed`) is the
+//! report's data; `data_sha256` is the SHA-256 of that data in canonical
 //! JSON, so two runs over the same window and the same rows carry the same
 //! hash whenever they ran.
 
@@ -429,6 +431,16 @@ impl Report {
             if let Some(p) = map.get_mut("parameters").and_then(|p| p.as_object_mut()) {
                 p.remove("as_of");
             }
+            // Capture's position and lag move on between two runs over the
+            // same window; whether it had covered the window does not.
+            if let Some(sources) = map
+                .get_mut("capture_coverage")
+                .and_then(|c| c.as_array_mut())
+            {
+                for source in sources.iter_mut().filter_map(|s| s.as_object_mut()) {
+                    source.retain(|k, _| k == "source" || k == "confirmed");
+                }
+            }
         }
         // serde_json's maps are ordered (BTreeMap), so this is canonical.
         let bytes = serde_json::to_vec(&value).expect("a value serialises");
@@ -485,6 +497,28 @@ mod tests {
         c.funnel.events = 1;
         c.seal();
         assert_ne!(a.data_sha256, c.data_sha256);
+    }
+
+    #[test]
+    fn the_data_hash_keeps_whether_capture_covered_the_window_not_its_lag() {
+        let covered = |lag: i64, confirmed: bool| {
+            let mut r = report();
+            r.capture_coverage.push(SourceCoverage {
+                source: "shop".into(),
+                through: "2026-11-30T10:00:00Z".into(),
+                confirmed,
+                evidence: format!("the slot {lag} byte(s) behind"),
+                confirmed_lsn: Some(format!("0/{lag:X}")),
+                slot_lag_bytes: Some(lag),
+                checkpoint_at: Some(format!("2026-11-30T10:0{}:00Z", lag % 10)),
+                last_commit_lsn: None,
+                last_commit_minute: None,
+            });
+            r.seal();
+            r.data_sha256
+        };
+        assert_eq!(covered(12, true), covered(3456, true));
+        assert_ne!(covered(12, true), covered(12, false));
     }
 
     #[test]

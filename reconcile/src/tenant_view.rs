@@ -259,7 +259,8 @@ mod tests {
     #[test]
     fn a_window_capture_had_not_covered_is_not_clean_for_any_tenant() {
         let mut r = report();
-        r.gaps.push(gap(GapClass::CaptureBehind, None, "shop", false));
+        r.gaps
+            .push(gap(GapClass::CaptureBehind, None, "shop", false));
         r.seal();
         let view = for_tenant(&r, "initech");
         assert_eq!(view.gaps.len(), 1, "{:?}", view.gaps);

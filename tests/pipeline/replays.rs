@@ -72,19 +72,23 @@ async fn a_successful_replay_ends_the_automatic_schedule() {
         ids.push(id);
     }
     for id in &ids {
-        let detail = api
-            .wait_for(
-                &key,
-                &format!("/v1/webhook-deliveries/{id}"),
-                "the manual attempt's success",
-                |b| {
-                    b["attempts"].as_array().is_some_and(|a| {
-                        a.iter()
-                            .any(|a| a["trigger"] == "manual" && a["http_status"] == 200)
-                    })
-                },
-            )
-            .await;
+        api.wait_for(
+            &key,
+            &format!("/v1/webhook-deliveries/{id}"),
+            "the manual attempt's success",
+            |b| {
+                b["attempts"].as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|a| a["trigger"] == "manual" && a["http_status"] == 200)
+                })
+            },
+        )
+        .await;
+        // Read again: the response that showed the attempt may have read
+        // the delivery's row just before the attempt's transaction (which
+        // also ends the delivery) committed.
+        let (s, detail) = api.get(&key, &format!("/v1/webhook-deliveries/{id}")).await;
+        assert_eq!(s, 200, "{detail}");
         assert_eq!(
             detail["delivery"]["status"], "succeeded",
             "a successful replay left the delivery {}",

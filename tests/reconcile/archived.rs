@@ -35,7 +35,8 @@ async fn remove_row(w: &World, root: &std::path::Path, day: &str, index: usize) 
     let mut manifest = Manifest::from_bytes(&bytes).unwrap();
     let file = &mut manifest.files[0];
     let part_path = root.join(&file.key);
-    let batches = walhook_archive::encode::decode(std::fs::read(&part_path).unwrap().into()).unwrap();
+    let batches =
+        walhook_archive::encode::decode(std::fs::read(&part_path).unwrap().into()).unwrap();
     assert_eq!(batches.len(), 1, "a small day is one batch");
     let batch = &batches[0];
     let n = batch.num_rows();

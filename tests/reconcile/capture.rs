@@ -131,7 +131,11 @@ async fn a_stopped_capture_is_behind_until_it_has_caught_up() {
     assert_eq!(gap_ids(&report), ["capture_behind:main"], "{report:#}");
     let gap: &Value = &report["gaps"][0];
     let detail = gap["detail"].as_str().unwrap();
-    for needed in ["source \"main\"", "Slot lag", "last commit captured: commit LSN"] {
+    for needed in [
+        "source \"main\"",
+        "Slot lag",
+        "last commit captured: commit LSN",
+    ] {
         assert!(detail.contains(needed), "{needed:?} in {detail}");
     }
     let coverage = &report["capture_coverage"][0];

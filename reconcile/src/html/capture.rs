@@ -59,7 +59,14 @@ pub(super) fn schema_changes(out: &mut String, report: &Report) -> fmt::Result {
         "<p class=\"note\">Explained, not gaps: the rows that followed each change became \
          events of the schema version named.</p>\n",
     );
-    let columns = ["Source", "Table", "Commit LSN", "Seen at", "New schema versions", "Columns"];
+    let columns = [
+        "Source",
+        "Table",
+        "Commit LSN",
+        "Seen at",
+        "New schema versions",
+        "Columns",
+    ];
     table_head(out, "schema-changes", &columns)?;
     for c in &report.schema_changes {
         let versions: Vec<String> = c
@@ -125,4 +132,3 @@ pub(super) fn capture(out: &mut String, report: &Report) -> fmt::Result {
     out.push_str("</tbody></table>\n</section>\n");
     Ok(())
 }
-

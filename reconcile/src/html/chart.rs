@@ -30,12 +30,7 @@ fn bars(f: &Funnel) -> Vec<Bar> {
     };
     let mut bars = Vec::new();
     if let Some(changes) = f.captured_changes {
-        bars.push(bar(
-            "captured_changes",
-            "Source changes",
-            changes,
-            CAPTURE,
-        ));
+        bars.push(bar("captured_changes", "Source changes", changes, CAPTURE));
     }
     if let Some(events) = f.captured_events {
         bars.push(bar("captured_events", "Captured events", events, CAPTURE));
