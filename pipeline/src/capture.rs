@@ -353,12 +353,18 @@ mod tests {
 
     #[test]
     fn a_schema_change_detail_names_its_versions_and_gives_them_back() {
-        let versions = vec![("order.created".to_string(), 3), ("order.v2".to_string(), 12)];
+        let versions = vec![
+            ("order.created".to_string(), 3),
+            ("order.v2".to_string(), 12),
+        ];
         let detail = schema_change_detail("public.orders", &["id", "note; x"], &versions);
         assert!(detail.ends_with("columns are now id, note; x"), "{detail}");
         assert_eq!(schema_change_versions(&detail), versions);
         // Cut short (bounded) after the versions: they are still read.
-        assert_eq!(schema_change_versions(&detail[..detail.len() - 5]), versions);
+        assert_eq!(
+            schema_change_versions(&detail[..detail.len() - 5]),
+            versions
+        );
         assert!(schema_change_versions("table t changed: columns are now a").is_empty());
     }
 }

@@ -173,7 +173,11 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     eprintln!(
         "archived in {:.1}s; reconciling [{cold_day}, {}) …",
         archived.elapsed().as_secs_f64(),
-        if args.archived_only { cold_day } else { hot_day } + chrono::Duration::days(1)
+        if args.archived_only {
+            cold_day
+        } else {
+            hot_day
+        } + chrono::Duration::days(1)
     );
 
     let platform = walhook_sql::Platform::new(&url, 4)?;
@@ -184,7 +188,11 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         walhook_reconcile::Settings::default(),
     );
     let since = cold_day.and_hms_opt(0, 0, 0).expect("midnight").and_utc();
-    let last = if args.archived_only { cold_day } else { hot_day };
+    let last = if args.archived_only {
+        cold_day
+    } else {
+        hot_day
+    };
     let until = (last + chrono::Duration::days(1))
         .and_hms_opt(0, 0, 0)
         .expect("midnight")
@@ -223,8 +231,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let (cpu1, pg1, _) = cpu_seconds();
     bar.finish_and_clear();
     let f = &report.funnel;
-    let hot_rows = f.events - f.events_archived + f.materialised_deliveries
-        - f.deliveries_archived
+    let hot_rows = f.events - f.events_archived + f.materialised_deliveries - f.deliveries_archived
         + f.attempts_hot;
     let cold_rows = f.events_archived + f.deliveries_archived + f.attempts_archived;
     let rows = hot_rows + cold_rows;
