@@ -71,6 +71,26 @@ pub fn reads_busy(tenant: &str, limit: usize, current: usize) -> ApiError {
     }
 }
 
+/// The 429 of a tenant that started `[api].cold_reads_per_minute`
+/// (`limit`) archive reads in the last minute: the next may start after
+/// `wait`.
+pub fn reads_too_often(tenant: &str, limit: u32, wait: std::time::Duration) -> ApiError {
+    let retry = wait.as_secs_f64().ceil().max(1.0) as u64;
+    ApiError::QuotaExceeded {
+        detail: format!(
+            "tenant {tenant:?} started {limit} reads of archived history in the last minute, \
+             the most [api].cold_reads_per_minute allows; nothing was read. Retry in {retry} \
+             second(s)"
+        ),
+        quota: QuotaExceeded {
+            limit_name: "cold_reads_per_minute".into(),
+            limit: u64::from(limit),
+            current: u64::from(limit),
+            retry_after_seconds: Some(retry),
+        },
+    }
+}
+
 /// The cold reads' counters, read at every scrape.
 #[derive(Debug)]
 pub struct ColdCollector(pub Arc<Cold>);

@@ -124,6 +124,9 @@ pub(crate) struct Guards {
     /// Failed authentications per address and per token.
     pub(crate) failed_auths: ratelimit::Attempts,
     pub(crate) console: console::Console,
+    /// Archive reads started per tenant and minute (keyed by a digest of
+    /// the tenant id).
+    pub(crate) cold_rate: ratelimit::RateTable<ratelimit::CredentialKey>,
 }
 
 impl ApiState {
@@ -141,6 +144,11 @@ impl ApiState {
                 key_prefixes: keys::KnownPrefixes::default(),
                 failed_auths: ratelimit::Attempts::new(limits.failed_authentications_per_minute),
                 console: console::Console::new(limits.sign_in_attempts_per_minute),
+                cold_rate: ratelimit::RateTable::with_burst(
+                    limits.cold_reads_per_minute,
+                    (limits.cold_reads_per_minute / 10).max(1),
+                    ratelimit::MAX_TRACKED,
+                ),
             }),
             metrics,
             cold: None,
@@ -181,12 +189,32 @@ impl ApiState {
             (Some(cold), Some(pool)) => {
                 let slot = match held {
                     Some(slot) => slot,
-                    None => cold.hold(tenant)?,
+                    None => self.hold_cold(cold, tenant)?,
                 };
                 pool.run(read(cold.clone(), slot)).await.map(Some)
             }
             _ => Ok(None),
         }
+    }
+
+    /// One of `tenant`'s archive read slots, counted against its reads per
+    /// minute: a `429` naming `cold_reads_per_minute` when it started
+    /// that many (with the wait until the next), or `cold_reads_per_tenant`
+    /// when it has that many in progress; either before anything is read.
+    pub(crate) fn hold_cold(
+        &self,
+        cold: &Cold,
+        tenant: &walhook_pipeline::ids::TenantId,
+    ) -> Result<walhook_archive::cold::Slot, ApiError> {
+        let key = ratelimit::CredentialKey::of(tenant.as_str());
+        let now = std::time::Instant::now();
+        if let Some(wait) = self.guards.cold_rate.wait(key, now) {
+            let limit = self.settings.limits.cold_reads_per_minute;
+            return Err(cold::reads_too_often(tenant.as_str(), limit, wait));
+        }
+        let slot = cold.hold(tenant)?;
+        self.guards.cold_rate.take(key, now);
+        Ok(slot)
     }
 
     /// How many times the live keys' prefixes were read (at most once a

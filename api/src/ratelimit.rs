@@ -116,6 +116,14 @@ impl<K: Hash + Eq + Copy> RateTable<K> {
         }
     }
 
+    /// `per_minute` attempts a minute with bursts of at most `burst`, for
+    /// at most `max_entries` keys.
+    pub fn with_burst(per_minute: u32, burst: u32, max_entries: usize) -> Self {
+        let mut table = Self::new(per_minute, max_entries);
+        table.capacity = f64::from(burst.max(1));
+        table
+    }
+
     /// How long `key` must wait for an attempt, or `None` when it may try
     /// now; counts nothing.
     pub fn wait(&self, key: K, now: Instant) -> Option<Duration> {

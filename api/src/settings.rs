@@ -81,6 +81,10 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 /// lookups of archived deliveries, restores) one tenant may have at once.
 pub const DEFAULT_COLD_READS_PER_TENANT: usize = walhook_archive::cold::DEFAULT_READS_PER_TENANT;
 
+/// The default number of archive reads one tenant may start per minute
+/// (10 a second, in bursts of at most a tenth of the minute's: 60).
+pub const DEFAULT_COLD_READS_PER_MINUTE: u32 = 600;
+
 /// The furthest back a recovery may start: older deliveries are past every
 /// retry deadline and most archives' hot window, and a wider window is an
 /// unbounded amount of work.
@@ -126,6 +130,11 @@ pub struct ApiLimits {
     /// Archive reads one tenant may have at once
     /// (`[api].cold_reads_per_tenant`): more are answered 429.
     pub cold_reads_per_tenant: usize,
+    /// Archive reads one tenant may start per minute
+    /// (`[api].cold_reads_per_minute`): more are answered 429. Reads at
+    /// once bound what a tenant holds; this bounds what it takes from the
+    /// machine when its reads follow each other back to back.
+    pub cold_reads_per_minute: u32,
 }
 
 impl Default for ApiLimits {
@@ -145,6 +154,7 @@ impl Default for ApiLimits {
             sign_in_attempts_per_minute: DEFAULT_SIGN_IN_ATTEMPTS_PER_MINUTE,
             failed_authentications_per_minute: DEFAULT_FAILED_AUTHENTICATIONS_PER_MINUTE,
             cold_reads_per_tenant: DEFAULT_COLD_READS_PER_TENANT,
+            cold_reads_per_minute: DEFAULT_COLD_READS_PER_MINUTE,
         }
     }
 }
@@ -217,6 +227,14 @@ impl ApiLimits {
                 "cold_reads_per_tenant",
                 format!(
                     "is 0, which would refuse every archive read; give at least 1 ({DEFAULT_COLD_READS_PER_TENANT} is usual)"
+                ),
+            ));
+        }
+        if self.cold_reads_per_minute == 0 {
+            return Err(invalid(
+                "cold_reads_per_minute",
+                format!(
+                    "is 0, which would refuse every archive read; give at least 1 ({DEFAULT_COLD_READS_PER_MINUTE} is usual)"
                 ),
             ));
         }
@@ -296,6 +314,15 @@ impl ApiLimits {
         self.max_requests_per_client
             .min(self.max_concurrent_requests)
             .max(1)
+    }
+
+    /// The requests one tenant may have in progress: its
+    /// [`client_share`](Self::client_share), and never more than half of
+    /// the API's database connections (at least one), so that one tenant's
+    /// requests can never hold every connection of the pool and another
+    /// tenant's request never waits behind them for one.
+    pub fn tenant_share(&self) -> usize {
+        self.client_share().min((self.max_connections / 2).max(1))
     }
 
     /// The session options of the API's pool.
@@ -469,6 +496,14 @@ mod tests {
         };
         assert_eq!(small.client_share(), 4);
         assert_eq!(ApiLimits::default().client_share(), 16);
+        // A tenant holds at most half the database connections.
+        assert_eq!(ApiLimits::default().tenant_share(), 4);
+        let one = ApiLimits {
+            max_connections: 1,
+            ..ApiLimits::default()
+        };
+        assert_eq!(one.tenant_share(), 1);
+        assert_eq!(small.tenant_share(), 4);
         assert_eq!(
             field(|l| l.cold_reads_per_tenant = 0),
             "cold_reads_per_tenant"

@@ -325,7 +325,16 @@ async fn a_tenant_past_its_cold_reads_at_once_gets_429_naming_the_limit() {
             let answer = task.await.unwrap();
             match answer.status.as_u16() {
                 200 => {}
-                429 => refused.push(answer),
+                // Past the archive reads at once; or, before that, past
+                // the tenant's requests at once (half the pool's 8).
+                429 if answer.body["quota"]["limit_name"] == "cold_reads_per_tenant" => {
+                    refused.push(answer)
+                }
+                429 if answer.body["quota"]["limit_name"] == "cold_reads_per_minute" => {}
+                429 if answer.body["quota"]["limit_name"] == "requests_per_tenant" => {
+                    assert_eq!(answer.body["quota"]["limit"], 4, "{answer:?}");
+                    assert_eq!(answer.headers["retry-after"], "1");
+                }
                 _ => panic!("{answer:?}"),
             }
         }
@@ -356,4 +365,38 @@ async fn a_tenant_past_its_cold_reads_at_once_gets_429_naming_the_limit() {
         .unwrap_or_else(|| panic!("no refusal counter in\n{metrics}"));
     assert!(refusals >= refused.len() as u64);
     assert!(metrics.contains("walhook_api_cold_read_bytes_total "));
+}
+
+/// Reads one after the other are bounded too: past
+/// `[api].cold_reads_per_minute` a tenant's next archive read is a 429
+/// naming the limit with the wait, before anything is read; another
+/// tenant reads on.
+#[tokio::test]
+async fn a_tenant_past_its_cold_reads_per_minute_gets_429_with_the_wait() {
+    let limits = ApiLimits {
+        cold_reads_per_minute: 1,
+        ..ApiLimits::default()
+    };
+    let api = start(4, 50, limits, ColdLimits::default()).await;
+    let (busy, calm) = (api.key("tenant-0").await, api.key("tenant-1").await);
+    let path = "/v1/webhook-deliveries?event_type=no.such.type&limit=50";
+    let first = api.get(&busy, path).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let bytes = api.cold.store().totals().bytes;
+    let refused = api.get(&busy, path).await;
+    refused.problem(429);
+    assert_eq!(refused.body["quota"]["limit_name"], "cold_reads_per_minute");
+    assert_eq!(refused.body["quota"]["limit"], 1);
+    let wait: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{refused:?}");
+    assert_eq!(
+        api.cold.store().totals().bytes,
+        bytes,
+        "the refused read read nothing"
+    );
+    assert_eq!(api.get(&calm, path).await.status, 200);
 }

@@ -270,9 +270,15 @@ impl Platform {
         } else {
             rows_part
         };
+        // Prepared once per connection and filter combination (a bounded
+        // set): a listing costs Postgres no parse and no fresh plan.
         let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&sql)
+            .await
+            .map_err(StoreError::query("prepare the delivery listing"))?;
         let rows = client
-            .query(&sql, &params)
+            .query(&stmt, &params)
             .await
             .map_err(StoreError::query("list deliveries"))?;
         Ok(rows.iter().map(delivery_row).collect())

@@ -63,7 +63,7 @@ impl RequestLimits {
         );
         l.body_read_timeout = limits.body_deadline();
         l.clients = Arc::new(ClientShares::new(limits.client_share()));
-        l.tenants = Arc::new(TenantShares::new(limits.client_share(), metrics.clone()));
+        l.tenants = Arc::new(TenantShares::new(limits.tenant_share(), metrics.clone()));
         l.metrics = metrics;
         l
     }

@@ -1,6 +1,8 @@
-//! Fair shares of the request slots: no client address and no tenant
-//! holds more than `[api].max_requests_per_client` of them, so one caller
-//! (or one tenant's many callers) cannot take every slot.
+//! Fair shares of the request slots: no client address holds more than
+//! `[api].max_requests_per_client` of them, and no tenant more than that or
+//! half of the API's database connections (`[api].max_connections`), so
+//! one caller (or one tenant's many callers) can take neither every slot
+//! nor every connection another tenant's request would wait for.
 //!
 //! - By address: taken before a slot, waiting like a slot does (up to the
 //!   same queue wait), so a burst from one address queues behind its own
@@ -22,7 +24,7 @@ use tokio::time::Instant;
 use walhook_pipeline::ids::TenantId;
 
 use crate::client::ClientKey;
-use crate::error::{ApiError, Overload};
+use crate::error::{ApiError, QuotaExceeded};
 use crate::metrics::{Metrics, Refusal};
 
 /// Request slots per client address.
@@ -124,6 +126,7 @@ impl TenantShares {
         let mut map = self.in_progress.lock();
         let n = map.entry(tenant.clone()).or_default();
         if *n >= self.share {
+            let current = *n;
             drop(map);
             if self.metrics.refused(Refusal::TenantRequests) {
                 tracing::warn!(
@@ -132,14 +135,22 @@ impl TenantShares {
                     "request refused: the tenant holds its share of the request slots"
                 );
             }
-            return Err(ApiError::Overloaded {
-                kind: Overload::Busy,
+            // The tenant's own limit, not the server's: a 429 naming it.
+            return Err(ApiError::QuotaExceeded {
                 detail: format!(
-                    "tenant {:?} has {} requests in progress, the most [api].max_requests_per_client \
-                     allows one tenant; nothing was done: retry after Retry-After seconds",
+                    "tenant {:?} has {} requests in progress, the most one tenant may have \
+                     ([api].max_requests_per_client, and at most half of [api].max_connections, \
+                     the API's database connections); nothing was done: retry after Retry-After \
+                     seconds, or send fewer requests at once",
                     tenant.as_str(),
                     self.share
                 ),
+                quota: QuotaExceeded {
+                    limit_name: "requests_per_tenant".into(),
+                    limit: self.share as u64,
+                    current: current as u64,
+                    retry_after_seconds: Some(1),
+                },
             });
         }
         *n += 1;

@@ -134,7 +134,7 @@ pub async fn list_deliveries(
     // is refused before the request costs a query.
     let held = match (&state.cold, f.before) {
         (Some(cold), Some((at, _))) if cold.may_hold_since(Table::Deliveries, at).await? => {
-            Some(cold.hold(&caller.tenant)?)
+            Some(state.hold_cold(cold, &caller.tenant)?)
         }
         _ => None,
     };

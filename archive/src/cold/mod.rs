@@ -194,6 +194,21 @@ pub(crate) struct Day {
     pub(crate) manifests: Vec<String>,
 }
 
+/// The newest archived day of a table (`$1`), at least verified.
+const NEWEST_DAY: &str = "SELECT max(day) FROM walhook.archive_partitions \
+                          WHERE table_name = $1 AND state IN ('verified', 'dropped')";
+
+/// The parts of a table's (`$1`) archived days between `$2` and `$3`
+/// (both optional), at most `$4` days, newest first: prepared once per
+/// connection, since a listing page asks it every time.
+const ARCHIVED_DAYS: &str = "WITH days AS (SELECT DISTINCT day FROM walhook.archive_partitions \
+                   WHERE table_name = $1 AND state IN ('verified', 'dropped') \
+                   AND ($2::date IS NULL OR day >= $2) AND ($3::date IS NULL OR day <= $3) \
+                   ORDER BY day DESC LIMIT $4) \
+                 SELECT p.day, p.manifest_key FROM walhook.archive_partitions p JOIN days USING (day) \
+                 WHERE p.table_name = $1 AND p.state IN ('verified', 'dropped') \
+                 ORDER BY p.day DESC, p.generation";
+
 impl<S: ObjectStore> ColdHistory<S> {
     /// Cold history of `platform`'s archive in `store`, with the default
     /// limits.
@@ -300,12 +315,12 @@ impl<S: ObjectStore> ColdHistory<S> {
     /// The newest archived day of `table` (at least verified), if any.
     pub(crate) async fn newest_day(&self, table: Table) -> Result<Option<NaiveDate>, ArchiveError> {
         let client = self.platform.client().await?;
+        let stmt = client
+            .prepare_cached(NEWEST_DAY)
+            .await
+            .map_err(ArchiveError::query("read the archive catalog"))?;
         let row = client
-            .query_one(
-                "SELECT max(day) FROM walhook.archive_partitions \
-                 WHERE table_name = $1 AND state IN ('verified', 'dropped')",
-                &[&table.name()],
-            )
+            .query_one(&stmt, &[&table.name()])
             .await
             .map_err(ArchiveError::query("read the archive catalog"))?;
         Ok(row.get::<_, Option<NaiveDateSql>>(0).map(|d| d.0))
@@ -324,15 +339,13 @@ impl<S: ObjectStore> ColdHistory<S> {
     ) -> Result<Vec<Day>, ArchiveError> {
         let client = self.platform.client().await?;
         let limit = limit.map_or(i64::MAX, |l| l as i64);
+        let stmt = client
+            .prepare_cached(ARCHIVED_DAYS)
+            .await
+            .map_err(ArchiveError::query("read the archive catalog"))?;
         let rows = client
             .query(
-                "WITH days AS (SELECT DISTINCT day FROM walhook.archive_partitions \
-                   WHERE table_name = $1 AND state IN ('verified', 'dropped') \
-                   AND ($2::date IS NULL OR day >= $2) AND ($3::date IS NULL OR day <= $3) \
-                   ORDER BY day DESC LIMIT $4) \
-                 SELECT p.day, p.manifest_key FROM walhook.archive_partitions p JOIN days USING (day) \
-                 WHERE p.table_name = $1 AND p.state IN ('verified', 'dropped') \
-                 ORDER BY p.day DESC, p.generation",
+                &stmt,
                 &[
                     &table.name(),
                     &from.map(NaiveDateSql),

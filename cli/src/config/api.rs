@@ -65,6 +65,10 @@ pub struct ApiConfig {
     /// Archive reads one tenant may have at once; more are answered 429.
     #[serde(default = "default_cold_reads_per_tenant")]
     pub cold_reads_per_tenant: usize,
+    /// Archive reads one tenant may start per minute; more are answered
+    /// 429.
+    #[serde(default = "default_cold_reads_per_minute")]
+    pub cold_reads_per_minute: u32,
     /// Endpoints created through the API (and those whose URL's host
     /// changes) receive nothing until they prove a signed challenge with
     /// their secret.
@@ -172,6 +176,10 @@ fn default_cold_reads_per_tenant() -> usize {
     walhook_api::settings::DEFAULT_COLD_READS_PER_TENANT
 }
 
+fn default_cold_reads_per_minute() -> u32 {
+    walhook_api::settings::DEFAULT_COLD_READS_PER_MINUTE
+}
+
 fn default_rotation_overlap() -> std::time::Duration {
     walhook_api::settings::DEFAULT_ROTATION_OVERLAP
 }
@@ -256,6 +264,7 @@ impl ApiConfig {
             sign_in_attempts_per_minute: self.sign_in_attempts_per_minute,
             failed_authentications_per_minute: self.failed_authentications_per_minute,
             cold_reads_per_tenant: self.cold_reads_per_tenant,
+            cold_reads_per_minute: self.cold_reads_per_minute,
         }
     }
 
@@ -459,6 +468,7 @@ mod tests {
                 "[api].failed_authentications_per_minute",
             ),
             ("cold_reads_per_tenant = 0", "[api].cold_reads_per_tenant"),
+            ("cold_reads_per_minute = 0", "[api].cold_reads_per_minute"),
         ] {
             let message = err(line);
             assert!(message.contains(field), "{line}: {message}");

@@ -323,6 +323,24 @@ impl Served {
         self.get_with(&self.http, key, path).await
     }
 
+    /// GET `path` as a well-behaved client: after a 429 (the tenant's
+    /// archive reads per minute) wait its `Retry-After` and ask again. The
+    /// answered request's status, body and time.
+    async fn get_patiently(
+        &self,
+        key: &str,
+        path: &str,
+    ) -> anyhow::Result<(u16, serde_json::Value, f64)> {
+        loop {
+            let (status, body, ms) = self.get(key, path).await?;
+            if status != 429 {
+                return Ok((status, body, ms));
+            }
+            let wait = body["quota"]["retry_after_seconds"].as_u64().unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+        }
+    }
+
     async fn get_with(
         &self,
         http: &reqwest::Client,
@@ -444,7 +462,9 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let bar = progress_bar(args.requests as u64, "listings (a)", quiet);
     for _ in 0..args.requests {
         let before = served.cold.store().totals();
-        let (status, body, ms) = served.get(&walker, &nothing(cursor.as_deref())).await?;
+        let (status, body, ms) = served
+            .get_patiently(&walker, &nothing(cursor.as_deref()))
+            .await?;
         anyhow::ensure!(status == 200, "a listing answered {status}: {body}");
         anyhow::ensure!(
             body["data"].as_array().is_some_and(|d| d.is_empty()),
@@ -489,7 +509,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         let id = walhook_pipeline::ids::DeliveryId(raw);
         let before = served.cold.store().totals();
         let (status, body, ms) = served
-            .get(&keys[tenant], &format!("/v1/webhook-deliveries/{id}"))
+            .get_patiently(&keys[tenant], &format!("/v1/webhook-deliveries/{id}"))
             .await?;
         anyhow::ensure!(status == 200, "looking up {id} answered {status}: {body}");
         anyhow::ensure!(
