@@ -262,8 +262,15 @@ pub async fn principal_of(token: &str, state: &ApiState) -> Result<Principal, Ap
     {
         return Err(invalid());
     }
-    match state.platform.tenant_for_key(&hash_key(token)).await? {
-        Some((tenant, key_id)) => Ok(Principal::Tenant { tenant, key_id }),
+    let hash = hash_key(token);
+    if let Some((tenant, key_id)) = state.guards.verified_keys.get(&hash) {
+        return Ok(Principal::Tenant { tenant, key_id });
+    }
+    match state.platform.tenant_for_key(&hash).await? {
+        Some((tenant, key_id)) => {
+            state.guards.verified_keys.put(hash, tenant.clone(), key_id);
+            Ok(Principal::Tenant { tenant, key_id })
+        }
         None => Err(invalid()),
     }
 }

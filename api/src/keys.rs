@@ -53,3 +53,80 @@ impl KnownPrefixes {
         self.reads.load(Ordering::Relaxed)
     }
 }
+
+/// How long a key found live is believed without asking the database
+/// again. A key revoked, or a tenant disabled, through this process is
+/// forgotten at once; through another API process it stops working
+/// within this time.
+pub const VERIFIED_FOR: Duration = Duration::from_secs(2);
+
+/// Keys remembered at most; past that the memory starts over.
+const MAX_VERIFIED: usize = 4096;
+
+/// Live keys found recently, by their SHA-256: a tenant's requests cost
+/// one key lookup per [`VERIFIED_FOR`], not one each (a burst of requests
+/// refused at the tenant's limits then costs the database nothing).
+#[derive(Debug, Default)]
+pub struct VerifiedKeys {
+    keys: parking_lot::Mutex<std::collections::HashMap<[u8; 32], Verified>>,
+}
+
+#[derive(Debug, Clone)]
+struct Verified {
+    at: Instant,
+    tenant: walhook_pipeline::ids::TenantId,
+    key_id: uuid::Uuid,
+}
+
+impl VerifiedKeys {
+    /// The tenant and key id of `hash`, when found live within
+    /// [`VERIFIED_FOR`].
+    pub fn get(&self, hash: &[u8; 32]) -> Option<(walhook_pipeline::ids::TenantId, uuid::Uuid)> {
+        let keys = self.keys.lock();
+        keys.get(hash)
+            .filter(|v| v.at.elapsed() < VERIFIED_FOR)
+            .map(|v| (v.tenant.clone(), v.key_id))
+    }
+
+    /// Remembers `hash` as live now.
+    pub fn put(&self, hash: [u8; 32], tenant: walhook_pipeline::ids::TenantId, key_id: uuid::Uuid) {
+        let mut keys = self.keys.lock();
+        if keys.len() >= MAX_VERIFIED {
+            keys.retain(|_, v| v.at.elapsed() < VERIFIED_FOR);
+            if keys.len() >= MAX_VERIFIED {
+                keys.clear();
+            }
+        }
+        keys.insert(
+            hash,
+            Verified {
+                at: Instant::now(),
+                tenant,
+                key_id,
+            },
+        );
+    }
+
+    /// Forgets every key (one was revoked, or a tenant changed).
+    pub fn forget_all(&self) {
+        self.keys.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verified_key_is_believed_until_forgotten() {
+        let keys = VerifiedKeys::default();
+        let acme = walhook_pipeline::ids::TenantId::new("acme").unwrap();
+        let id = uuid::Uuid::from_u128(7);
+        assert!(keys.get(&[1; 32]).is_none());
+        keys.put([1; 32], acme.clone(), id);
+        assert_eq!(keys.get(&[1; 32]), Some((acme, id)));
+        assert!(keys.get(&[2; 32]).is_none());
+        keys.forget_all();
+        assert!(keys.get(&[1; 32]).is_none());
+    }
+}

@@ -121,12 +121,18 @@ pub(crate) struct Guards {
     pub(crate) readiness: cache::TtlCache<Result<(), String>>,
     /// Prefixes of live API keys: made-up keys cost no query.
     pub(crate) key_prefixes: keys::KnownPrefixes,
+    /// Live keys found in the last [`keys::VERIFIED_FOR`].
+    pub(crate) verified_keys: keys::VerifiedKeys,
     /// Failed authentications per address and per token.
     pub(crate) failed_auths: ratelimit::Attempts,
     pub(crate) console: console::Console,
     /// Archive reads started per tenant and minute (keyed by a digest of
     /// the tenant id).
     pub(crate) cold_rate: ratelimit::RateTable<ratelimit::CredentialKey>,
+    /// Archive reads refused per tenant, draining at the tenant's reads
+    /// per minute: how many wait ahead of the next one refused, which sets
+    /// its `Retry-After`.
+    pub(crate) cold_queue: ratelimit::RateTable<ratelimit::CredentialKey>,
 }
 
 impl ApiState {
@@ -142,11 +148,16 @@ impl ApiState {
                 verify_requests: quota::PerMinute::new(limits.verify_requests_per_minute),
                 readiness: cache::TtlCache::default(),
                 key_prefixes: keys::KnownPrefixes::default(),
+                verified_keys: keys::VerifiedKeys::default(),
                 failed_auths: ratelimit::Attempts::new(limits.failed_authentications_per_minute),
                 console: console::Console::new(limits.sign_in_attempts_per_minute),
                 cold_rate: ratelimit::RateTable::with_burst(
                     limits.cold_reads_per_minute,
                     (limits.cold_reads_per_minute / 10).max(1),
+                    ratelimit::MAX_TRACKED,
+                ),
+                cold_queue: ratelimit::RateTable::new(
+                    limits.cold_reads_per_minute,
                     ratelimit::MAX_TRACKED,
                 ),
             }),
@@ -208,7 +219,16 @@ impl ApiState {
     ) -> Result<walhook_archive::cold::Slot, ApiError> {
         let key = ratelimit::CredentialKey::of(tenant.as_str());
         let now = std::time::Instant::now();
-        if let Some(wait) = self.guards.cold_rate.wait(key, now) {
+        if let Some(next) = self.guards.cold_rate.wait(key, now) {
+            // Come back when the reads refused before this one had their
+            // turn: clients that honour Retry-After then return spread
+            // out at the rate reads are allowed, instead of all asking
+            // again every second.
+            let queue = &self.guards.cold_queue;
+            let ahead = queue.take_and_count(key, now);
+            let wait = next.max(std::time::Duration::from_secs_f64(
+                ahead / queue.per_second(),
+            ));
             let limit = self.settings.limits.cold_reads_per_minute;
             return Err(cold::reads_too_often(tenant.as_str(), limit, wait));
         }

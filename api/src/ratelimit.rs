@@ -144,6 +144,23 @@ impl<K: Hash + Eq + Copy> RateTable<K> {
         self.bucket(&mut t, key, now).take(rate, capacity, now);
     }
 
+    /// Counts an attempt by `key` and answers how many attempts its bucket
+    /// holds below full after it: read as a queue that drains at the
+    /// table's rate, the attempts ahead of the next one (at most the
+    /// capacity).
+    pub fn take_and_count(&self, key: K, now: Instant) -> f64 {
+        let mut t = self.inner.lock();
+        let (rate, capacity) = (self.rate, self.capacity);
+        let bucket = self.bucket(&mut t, key, now);
+        bucket.take(rate, capacity, now);
+        capacity - bucket.tokens
+    }
+
+    /// Tokens refilled per second.
+    pub fn per_second(&self) -> f64 {
+        self.rate
+    }
+
     /// Keys tracked now (the overflow bucket aside).
     pub fn len(&self) -> usize {
         self.inner.lock().buckets.len()
@@ -367,5 +384,20 @@ mod tests {
         assert_eq!(key, CredentialKey::of("whk_secret"));
         assert_ne!(key, CredentialKey::of("whk_secreT"));
         assert!(!format!("{key:?}").contains("secret"));
+    }
+
+    #[test]
+    fn refusals_counted_as_a_queue_drain_at_the_rate_and_a_burst_is_capped() {
+        let t0 = Instant::now();
+        // 60 a minute: one a second, bursts of 6.
+        let queue = RateTable::with_burst(60, 6, 4);
+        assert_eq!(queue.per_second(), 1.0);
+        let ahead: Vec<f64> = (0..8).map(|_| queue.take_and_count(1u8, t0)).collect();
+        assert_eq!(ahead, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0, 6.0]);
+        // Three seconds later three have had their turn.
+        let later = t0 + Duration::from_secs(3);
+        assert_eq!(queue.take_and_count(1u8, later), 4.0);
+        // Another key queues on its own.
+        assert_eq!(queue.take_and_count(2u8, later), 1.0);
     }
 }

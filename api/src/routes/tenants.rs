@@ -275,11 +275,13 @@ pub async fn revoke_api_key(
     let tenant = tenant_id(&id)?;
     let not_found = || ApiError::NotFound(format!("tenant {tenant:?} has no API key {key_id:?}"));
     let uuid = parse_key_id(&key_id).ok_or_else(not_found)?;
-    if state
+    let revoked = state
         .platform
         .revoke_api_key(&tenant, uuid, "operator")
-        .await?
-    {
+        .await?;
+    // Whether or not it was live: no request after this answer uses it.
+    state.guards.verified_keys.forget_all();
+    if revoked {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(not_found())

@@ -665,7 +665,13 @@ async fn crowd(
                         } else {
                             busy.fetch_add(1, Ordering::Relaxed);
                         }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let wait = Duration::from_secs(
+                            body["quota"]["retry_after_seconds"].as_u64().unwrap_or(1),
+                        );
+                        let back = Instant::now() + wait;
+                        while Instant::now() < back && !stop.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
                     }
                     other => anyhow::bail!("a crowd listing answered {other}: {body}"),
                 }
