@@ -333,7 +333,7 @@ async fn a_tenant_past_its_cold_reads_at_once_gets_429_naming_the_limit() {
                 429 if answer.body["quota"]["limit_name"] == "cold_reads_per_minute" => {}
                 429 if answer.body["quota"]["limit_name"] == "requests_per_tenant" => {
                     assert_eq!(answer.body["quota"]["limit"], 4, "{answer:?}");
-                    assert_eq!(answer.headers["retry-after"], "1");
+                    assert!(answer.headers.contains_key("retry-after"), "{answer:?}");
                 }
                 _ => panic!("{answer:?}"),
             }

@@ -111,6 +111,9 @@ pub(crate) struct TenantShares {
     share: usize,
     in_progress: Mutex<HashMap<TenantId, usize>>,
     metrics: Arc<Metrics>,
+    /// The tenant's refused requests, draining at `share` a second: how
+    /// many were refused ahead of the next, which sets its `Retry-After`.
+    refused: crate::ratelimit::RateTable<crate::ratelimit::CredentialKey>,
 }
 
 impl TenantShares {
@@ -119,6 +122,10 @@ impl TenantShares {
             share: share.max(1),
             in_progress: Mutex::new(HashMap::new()),
             metrics,
+            refused: crate::ratelimit::RateTable::new(
+                u32::try_from(share.max(1) * 60).unwrap_or(u32::MAX),
+                crate::ratelimit::MAX_TRACKED,
+            ),
         }
     }
 
@@ -128,6 +135,14 @@ impl TenantShares {
         if *n >= self.share {
             let current = *n;
             drop(map);
+            // Requests refused together are told to come back one share
+            // a second, so that many clients of one tenant retrying after
+            // the same wait do not all arrive again at once.
+            let ahead = self.refused.take_and_count(
+                crate::ratelimit::CredentialKey::of(tenant.as_str()),
+                std::time::Instant::now(),
+            );
+            let retry = (ahead / self.refused.per_second()).ceil().max(1.0) as u64;
             if self.metrics.refused(Refusal::TenantRequests) {
                 tracing::warn!(
                     tenant_id = %tenant,
@@ -149,7 +164,7 @@ impl TenantShares {
                     limit_name: "requests_per_tenant".into(),
                     limit: self.share as u64,
                     current: current as u64,
-                    retry_after_seconds: Some(1),
+                    retry_after_seconds: Some(retry),
                 },
             });
         }
@@ -281,5 +296,29 @@ mod tests {
         requests[2].admit(&acme).unwrap();
         drop(requests);
         assert!(shares.in_progress.lock().is_empty());
+    }
+
+    #[test]
+    fn refusals_together_are_told_to_come_back_a_share_a_second() {
+        let shares = Arc::new(TenantShares::new(2, Arc::new(Metrics::new())));
+        let acme = TenantId::new("acme").unwrap();
+        let held: Vec<_> = (0..2)
+            .map(|_| TenantAdmission::new(shares.clone()))
+            .collect();
+        for h in &held {
+            h.admit(&acme).unwrap();
+        }
+        let retries: Vec<u64> = (0..6)
+            .map(
+                |_| match TenantAdmission::new(shares.clone()).admit(&acme) {
+                    Err(ApiError::QuotaExceeded { quota, .. }) => {
+                        assert_eq!(quota.limit_name, "requests_per_tenant");
+                        quota.retry_after_seconds.unwrap()
+                    }
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(retries, [1, 1, 2, 2, 3, 3]);
     }
 }
