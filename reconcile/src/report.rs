@@ -450,10 +450,12 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn report() -> Report {
+    /// A report of nothing over one hour, for the tests of this crate to
+    /// fill in.
+    pub(crate) fn report() -> Report {
         Report {
             format: FORMAT.into(),
             schema_version: SCHEMA_VERSION,

@@ -77,8 +77,7 @@ pub fn for_tenant(report: &Report, tenant: &str) -> Report {
 mod tests {
     use super::*;
     use crate::report::{
-        ArchiveDay, CaptureRow, Explained, Explanation, FORMAT, Gap, GapClass, Parameters,
-        SCHEMA_VERSION, TenantFunnel,
+        ArchiveDay, CaptureRow, Explained, Explanation, Gap, GapClass, Parameters, TenantFunnel,
     };
 
     fn gap(class: GapClass, tenant: Option<&str>, id: &str, repaired: bool) -> Gap {
@@ -104,18 +103,11 @@ mod tests {
     }
 
     fn report() -> Report {
+        let base = crate::report::tests::report();
         let mut r = Report {
-            format: FORMAT.into(),
-            schema_version: SCHEMA_VERSION,
-            software_version: "0.1.0".into(),
-            generated_at: "2026-11-30T10:00:00Z".into(),
             parameters: Parameters {
-                since: "2026-11-30T09:00:00Z".into(),
-                until: "2026-11-30T10:00:00Z".into(),
-                tenant: None,
                 repair: true,
-                grace_seconds: 60,
-                as_of: "2026-11-30T10:02:00Z".into(),
+                ..base.parameters
             },
             capture: vec![CaptureRow {
                 source: "shop".into(),
@@ -127,8 +119,6 @@ mod tests {
                 first_commit_lsn: None,
                 last_commit_lsn: None,
             }],
-            capture_coverage: Vec::new(),
-            schema_changes: Vec::new(),
             funnel: funnel(9004),
             tenants: vec![
                 TenantFunnel {
@@ -185,14 +175,12 @@ mod tests {
                 gap(GapClass::OverduePending, Some("acme"), "dlv_acme2", false),
                 gap(GapClass::CaptureIncident, None, "shop:globex_orders", false),
             ],
-            gaps_not_listed: 0,
             repairs: vec![Repair {
                 class: GapClass::MissingDelivery,
                 repaired: 2,
                 action: "made the missing deliveries".into(),
             }],
-            clean: false,
-            data_sha256: String::new(),
+            ..base
         };
         r.seal();
         r

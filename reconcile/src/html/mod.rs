@@ -566,9 +566,6 @@ mod tests {
 
     fn report() -> Report {
         Report {
-            format: crate::report::FORMAT.to_owned(),
-            schema_version: crate::report::SCHEMA_VERSION,
-            software_version: "0.1.0".to_owned(),
             generated_at: "2025-03-02T00:05:00Z".to_owned(),
             parameters: Parameters {
                 since: "2025-03-01T00:00:00Z".to_owned(),
@@ -578,10 +575,6 @@ mod tests {
                 grace_seconds: 300,
                 as_of: "2025-03-02T00:04:00Z".to_owned(),
             },
-            capture: Vec::new(),
-            capture_coverage: Vec::new(),
-            schema_changes: Vec::new(),
-            funnel: Funnel::default(),
             tenants: vec![TenantFunnel {
                 tenant: HOSTILE.to_owned(),
                 funnel: Funnel::default(),
@@ -592,7 +585,6 @@ mod tests {
                 tenant: Some(HOSTILE.to_owned()),
                 count: 1,
             }],
-            archive: Vec::new(),
             gap_counts: BTreeMap::from([(GapClass::MissingDelivery, 1)]),
             gaps: vec![Gap {
                 id: format!("missing_delivery:{HOSTILE}"),
@@ -604,10 +596,7 @@ mod tests {
                 detail: HOSTILE.to_owned(),
                 repaired: false,
             }],
-            gaps_not_listed: 0,
-            repairs: Vec::new(),
-            clean: false,
-            data_sha256: String::new(),
+            ..crate::report::tests::report()
         }
     }
 
