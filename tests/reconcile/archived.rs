@@ -9,8 +9,8 @@ use walhook_archive::table::Table;
 use walhook_pipeline::ids::DeliveryId;
 use walhook_pipeline::objstore::sha256_hex;
 
-use super::{gap_ids, reconcile};
-use crate::support::{Child, World, run, stderr, stdout, walhook};
+use super::{Archived, archived_orders, gap_ids, reconcile};
+use crate::support::World;
 
 /// Rewrites the first deliveries part of `day` under `root` without its
 /// row at `index` (the first); the manifest and its catalog row follow.
@@ -80,41 +80,11 @@ async fn remove_row(w: &World, root: &std::path::Path, day: &str, index: usize) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_removed_from_an_archived_day_is_found_with_its_id() {
     let w = World::new().await;
-    w.endpoint("acme", "acme", &[]).await;
-    w.endpoint("globex", "globex", &[]).await;
-    let cfg = w.config("[reconcile]\nevery = \"0s\"\n");
-    let child = Child::run(&cfg);
-    w.wait_streaming().await;
-    for i in 0..10i64 {
-        let tenant = if i % 2 == 0 { "acme" } else { "globex" };
-        w.shop
-            .execute("INSERT INTO orders VALUES ($1, $2, 1)", &[&i, &tenant])
-            .await
-            .unwrap();
-    }
-    w.wait_count(
-        "deliveries succeeded",
-        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
-        10,
-    )
-    .await;
-    child.terminate();
-    let today: String = w
-        .platform_sql
-        .query_one(
-            "SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let later =
-        (today.parse::<chrono::NaiveDate>().unwrap() + chrono::Duration::days(5)).to_string();
-    let out = run(walhook()
-        .args(["archive", "--config"])
-        .arg(&cfg)
-        .args(["--today", &later]));
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let Archived {
+        cfg,
+        today,
+        child: _child,
+    } = archived_orders(&w, 10).await;
     let hot: i64 = w
         .platform_sql
         .query_one("SELECT count(*) FROM walhook.deliveries", &[])
@@ -122,8 +92,6 @@ async fn a_delivery_removed_from_an_archived_day_is_found_with_its_id() {
         .unwrap()
         .get(0);
     assert_eq!(hot, 0, "the day's deliveries left the hot table");
-    let _child = Child::run(&cfg);
-    w.wait_streaming().await;
 
     // Read from the Parquet: every delivery and attempt of the window.
     let (code, report) = reconcile(&cfg, &[]);

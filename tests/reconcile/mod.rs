@@ -439,15 +439,26 @@ async fn injected_faults_are_classified_with_their_ids_and_repair_fixes_what_it_
     child.terminate();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn archived_days_are_verified_object_by_object() {
-    let w = World::new().await;
+/// A world's run whose orders were archived: walhook as it runs again
+/// after `walhook archive --today` five days on, its config, and the day
+/// the orders were made.
+pub(crate) struct Archived {
+    pub cfg: std::path::PathBuf,
+    pub today: String,
+    pub child: Child,
+}
+
+/// `orders` orders of acme and globex (in turn) delivered, then archived
+/// by `walhook archive` as if five days later (the day's hot rows
+/// dropped); walhook then runs again, since a window is reconciled only
+/// once capture shows it is past the window's end.
+pub(crate) async fn archived_orders(w: &World, orders: i64) -> Archived {
     w.endpoint("acme", "acme", &[]).await;
     w.endpoint("globex", "globex", &[]).await;
     let cfg = w.config("[reconcile]\nevery = \"0s\"\n");
     let child = Child::run(&cfg);
     w.wait_streaming().await;
-    for i in 0..8i64 {
+    for i in 0..orders {
         let tenant = if i % 2 == 0 { "acme" } else { "globex" };
         w.shop
             .execute("INSERT INTO orders VALUES ($1, $2, 1)", &[&i, &tenant])
@@ -457,7 +468,7 @@ async fn archived_days_are_verified_object_by_object() {
     w.wait_count(
         "deliveries succeeded",
         "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
-        8,
+        orders,
     )
     .await;
     child.terminate();
@@ -477,10 +488,19 @@ async fn archived_days_are_verified_object_by_object() {
         .arg(&cfg)
         .args(["--today", &later]));
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    // Capture runs again: a window is reconciled only once capture shows
-    // it is past the window's end.
-    let _child = Child::run(&cfg);
+    let child = Child::run(&cfg);
     w.wait_streaming().await;
+    Archived { cfg, today, child }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archived_days_are_verified_object_by_object() {
+    let w = World::new().await;
+    let Archived {
+        cfg,
+        today,
+        child: _child,
+    } = archived_orders(&w, 8).await;
 
     let (code, report) = reconcile(&cfg, &[]);
     assert_eq!(code, 0, "{report:#}");
