@@ -5,6 +5,7 @@
 //! Postgres (`held.*`, kept up to date with the replays).
 
 use crate::compaction::{Fixture, duckdb};
+use crate::support::Kind;
 
 /// The platform's answer to each SELECT of the page, in order: one
 /// `json_build_array` per row.
@@ -29,13 +30,13 @@ const TWINS: &[&str] = &[
      WHERE trigger = 'manual' GROUP BY tenant_id",
 ];
 
-/// The `sql` blocks of a Markdown page.
-fn sql_blocks(page: &str) -> Vec<String> {
+/// The blocks of a Markdown page fenced with exactly `fence`.
+fn blocks_fenced(page: &str, fence: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut current: Option<String> = None;
     for line in page.lines() {
         match (&mut current, line.trim_start()) {
-            (None, "```sql") => current = Some(String::new()),
+            (None, open) if open == fence => current = Some(String::new()),
             (Some(b), "```") => {
                 blocks.push(std::mem::take(b));
                 current = None;
@@ -62,14 +63,50 @@ fn norm(row: &[serde_json::Value]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_duckdb_query_of_the_analytics_page_answers_as_the_platform_did() {
-    let f = Fixture::new().await;
+    answers_as_the_platform_did(Kind::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_duckdb_query_of_the_analytics_page_answers_the_same_over_s3() {
+    answers_as_the_platform_did(Kind::S3).await;
+}
+
+/// The page's blocks in one DuckDB session over an archive in a store of
+/// `kind` (for S3, the page's S3 block in place of the local views, its
+/// placeholders filled with the test server's), each SELECT's answer
+/// compared with its twin.
+async fn answers_as_the_platform_did(kind: Kind) {
+    let f = Fixture::new_in(kind).await;
     f.replay_two().await;
     f.archive_all().await;
     let page =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/analytics.md"))
             .unwrap();
-    let blocks = sql_blocks(&page);
+    let mut blocks = blocks_fenced(&page, "```sql");
     assert!(blocks.len() >= 5, "{blocks:?}");
+    if let Some(server) = &f.s3 {
+        let s3 = blocks_fenced(&page, "```sql s3");
+        assert_eq!(s3.len(), 1, "one S3 block: {s3:?}");
+        let host = server
+            .endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/');
+        let views = s3[0]
+            .replace("INSTALL httpfs;", "")
+            .replace("LOAD httpfs;", "LOAD '{httpfs}';")
+            .replace("'ACCESS_KEY_ID'", &format!("'{}'", server.access_key()))
+            .replace("'SECRET_ACCESS_KEY'", &format!("'{}'", server.secret_key()))
+            .replace("'HOST:PORT'", &format!("'{host}'"))
+            .replace("URL_STYLE 'path'", "URL_STYLE 'path', USE_SSL false")
+            .replace(
+                "s3://BUCKET/PREFIX/",
+                &format!("s3://{}/cold/", server.bucket()),
+            );
+        blocks.retain(|b| !b.contains("CREATE VIEW"));
+        blocks.insert(0, views);
+        // DuckDB runs in an empty directory: every read goes to the server.
+        std::fs::create_dir_all(f.root()).unwrap();
+    }
     let answers = duckdb(&f.root(), &blocks);
     assert_eq!(
         answers.len(),

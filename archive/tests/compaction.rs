@@ -22,7 +22,9 @@ use walhook_pipeline::ids::{DeliveryId, TenantId};
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
-use crate::support::{first_day, history};
+use walhook_devkit::s3::S3Server;
+
+use crate::support::{Kind, first_day, history, s3};
 
 const DAYS: u32 = 3;
 
@@ -37,6 +39,9 @@ pub(crate) struct Fixture {
     platform: Platform,
     dir: tempfile::TempDir,
     store: AnyStore,
+    /// The S3-compatible server holding the archive, when it is not the
+    /// local directory.
+    pub(crate) s3: Option<S3Server>,
 }
 
 fn settings() -> Settings {
@@ -52,7 +57,13 @@ fn today() -> NaiveDate {
 }
 
 impl Fixture {
+    /// The archive in a local directory.
     pub(crate) async fn new() -> Fixture {
+        Fixture::new_in(Kind::Local).await
+    }
+
+    /// The archive in a store of `kind`.
+    pub(crate) async fn new_in(kind: Kind) -> Fixture {
         let pg = LocalPostgres::start().await.unwrap();
         let url = pg.create_database("platform").await.unwrap();
         let sql = pg.connect("platform").await.unwrap();
@@ -73,7 +84,16 @@ impl Fixture {
         .await
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let store = AnyStore::Local(LocalDirStore::open(dir.path().join("archive")).unwrap());
+        let (store, s3) = match kind {
+            Kind::Local => (
+                AnyStore::Local(LocalDirStore::open(dir.path().join("archive")).unwrap()),
+                None,
+            ),
+            Kind::S3 => {
+                let (server, store) = s3().await;
+                (AnyStore::S3(store), Some(server))
+            }
+        };
         let platform = Platform::new(&url, 4).unwrap();
         let f = Fixture {
             _pg: pg,
@@ -82,6 +102,7 @@ impl Fixture {
             platform,
             dir,
             store,
+            s3,
         };
         f.archive_all().await;
         f
@@ -236,6 +257,15 @@ import datetime, decimal, json, os, sys, uuid
 import duckdb
 os.chdir(sys.argv[1])
 con = duckdb.connect()
+# DuckDB's httpfs extension from its pip package (the suite runs offline:
+# `INSTALL httpfs` would download it), for the SQL's '{httpfs}'.
+try:
+    import duckdb_extension_httpfs
+    HTTPFS = os.path.join(os.path.dirname(duckdb_extension_httpfs.__file__), 'extensions',
+                          'v' + duckdb.__version__, 'httpfs.duckdb_extension')
+except ImportError:
+    HTTPFS = '(the pip package duckdb-extension-httpfs is not installed)'
+
 def norm(v):
     if isinstance(v, uuid.UUID): return str(v)
     if isinstance(v, datetime.datetime): return v.timestamp()
@@ -245,11 +275,13 @@ def norm(v):
     return v
 out = []
 for block in json.load(sys.stdin):
+    # Comment lines go first: a comment may hold a ';'.
+    block = '\n'.join(l for l in block.splitlines() if not l.strip().startswith('--'))
     for stmt in block.split(';'):
-        body = '\n'.join(l for l in stmt.splitlines() if not l.strip().startswith('--')).strip()
+        body = stmt.strip()
         if not body:
             continue
-        cur = con.execute(body)
+        cur = con.execute(body.replace('{httpfs}', HTTPFS))
         if body.upper().startswith(('SELECT', 'WITH')):
             out.append([body, [[norm(v) for v in r] for r in cur.fetchall()]])
 print(json.dumps(out))
