@@ -167,7 +167,7 @@ async fn three_days() -> (World, String) {
         w.platform_sql
             .batch_execute(&format!(
                 "SELECT walhook.ensure_day_partition(t, (now() AT TIME ZONE 'UTC')::date - {back}) \
-                   FROM unnest(ARRAY['events', 'attempts']) t;
+                   FROM unnest(ARRAY['events', 'deliveries', 'attempts']) t;
                  UPDATE walhook.events SET occurred_at = occurred_at - {shift}, created_at = created_at - {shift} WHERE tenant_id = '{tenant}';
                  UPDATE walhook.deliveries SET event_occurred_at = event_occurred_at - {shift}, created_at = created_at - {shift}, \
                    updated_at = updated_at - {shift}, next_attempt_at = next_attempt_at - {shift}, expires_at = expires_at - {shift} WHERE tenant_id = '{tenant}';

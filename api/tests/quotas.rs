@@ -276,6 +276,14 @@ async fn recovery_works_in_batches_and_asks_once() {
     let uid = uuid::Uuid::from_bytes(ep.parse::<walhook_pipeline::ids::EndpointId>().unwrap().0);
     // 2,345 failures in the last day (more than two batches) and one
     // older than the window. Ids follow the derivation the table checks.
+    api.sql
+        .execute(
+            "SELECT walhook.ensure_day_partition('deliveries', (now() AT TIME ZONE 'UTC')::date - g) \
+             FROM generate_series(0, 3) g",
+            &[],
+        )
+        .await
+        .unwrap();
     let inserted = api
         .sql
         .execute(

@@ -426,48 +426,34 @@ impl<S: ObjectStore> Archiver<S> {
     /// Rows of `table`'s `day` in the hot table.
     async fn hot_count(&self, table: Table, day: NaiveDate) -> Result<u64, ArchiveError> {
         let client = self.platform.client().await?;
-        let n: i64 = if table.partitioned() {
-            if !self.partition_exists(&client, table, day).await? {
-                return Ok(0);
-            }
-            client
-                .query_one(
-                    &format!(
-                        "SELECT count(*) FROM walhook.{}",
-                        partition_name(table, day)
-                    ),
-                    &[],
-                )
-                .await
-                .map_err(ArchiveError::query("count a day partition"))?
-                .get(0)
-        } else {
-            let (from, to) = bounds(day);
-            client
-                .query_one(
-                    "SELECT count(*) FROM walhook.tenants t, LATERAL (SELECT 1 FROM walhook.deliveries d \
-                     WHERE d.tenant_id = t.id AND d.created_at >= $1 AND d.created_at < $2) x",
-                    &[&from, &to],
-                )
-                .await
-                .map_err(ArchiveError::query("count a day of deliveries"))?
-                .get(0)
+        let Some(source) = self.hot_day(&client, table, day).await?.source(day) else {
+            return Ok(0);
         };
+        let n: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {source}"), &[])
+            .await
+            .map_err(ArchiveError::query("count a day's hot rows"))?
+            .get(0);
         Ok(n as u64)
     }
 
-    async fn partition_exists(
+    /// Where the hot rows of `table`'s `day` are.
+    pub(crate) async fn hot_day(
         &self,
         client: &deadpool_postgres::Object,
         table: Table,
         day: NaiveDate,
-    ) -> Result<bool, ArchiveError> {
-        let name = format!("walhook.{}", partition_name(table, day));
-        Ok(client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
-            .await
-            .map_err(ArchiveError::query("look for a day partition"))?
-            .get(0))
+    ) -> Result<HotDay, ArchiveError> {
+        let name = partition_name(table, day);
+        if relation_exists(client, &name).await? {
+            return Ok(HotDay::Partition(name));
+        }
+        if let Some(legacy) = table.legacy_partition()
+            && relation_exists(client, legacy).await?
+        {
+            return Ok(HotDay::Legacy(legacy));
+        }
+        Ok(HotDay::Nowhere)
     }
 
     /// Writes every hot row of the day as parts and a manifest, and records
@@ -483,6 +469,7 @@ impl<S: ObjectStore> Archiver<S> {
         let started_at = std::time::SystemTime::now();
         let buckets = self.settings.tenant_buckets;
         let mut client = self.platform.client().await?;
+        let hot = self.hot_day(&client, table, day).await?;
         let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -498,16 +485,9 @@ impl<S: ObjectStore> Archiver<S> {
         let day_col = table.day_column();
         // COPY takes no parameters: the values below are a number and two
         // dates this code formats, never input.
-        let source = if table.partitioned() {
-            format!("walhook.{}", partition_name(table, day))
-        } else {
-            let next = day + Duration::days(1);
-            format!(
-                "(SELECT d.* FROM walhook.tenants t, LATERAL (SELECT * FROM walhook.deliveries d \
-                 WHERE d.tenant_id = t.id AND d.created_at >= '{day} 00:00:00+00' \
-                 AND d.created_at < '{next} 00:00:00+00') d) d"
-            )
-        };
+        let source = hot
+            .source(day)
+            .unwrap_or_else(|| format!("walhook.{}", partition_name(table, day)));
         let total: i64 = tx
             .query_one(&format!("SELECT count(*) FROM {source}"), &[])
             .await
@@ -696,41 +676,76 @@ impl<S: ObjectStore> Archiver<S> {
         written_at: std::time::SystemTime,
     ) -> Result<DropOutcome, ArchiveError> {
         let mut client = self.platform.client().await?;
-        if table.partitioned() {
-            if !self.partition_exists(&client, table, day).await? {
-                return Ok(DropOutcome::Dropped { left: 0 });
+        let name = match self.hot_day(&client, table, day).await? {
+            HotDay::Nowhere => return Ok(DropOutcome::Dropped { left: 0 }),
+            HotDay::Legacy(legacy) => {
+                return self.empty_legacy_day(legacy, day, written_at).await;
             }
-            let name = partition_name(table, day);
-            let tx = client
-                .transaction()
-                .await
-                .map_err(ArchiveError::query("start the drop"))?;
-            tx.batch_execute(&format!(
-                "SET LOCAL lock_timeout = '5s'; LOCK TABLE walhook.{name} IN ACCESS EXCLUSIVE MODE"
-            ))
+            HotDay::Partition(name) => name,
+        };
+        let tx = client
+            .transaction()
             .await
-            .map_err(ArchiveError::query("lock the day partition"))?;
-            let n: i64 = tx
-                .query_one(&format!("SELECT count(*) FROM walhook.{name}"), &[])
-                .await
-                .map_err(ArchiveError::query("count the day partition"))?
-                .get(0);
-            if n as u64 != manifest.hot_rows() {
-                // Rows reached the day after the export; the partition is
-                // whole, so the day is written anew (the caller forgets
-                // this generation's catalog row).
-                return Ok(DropOutcome::Changed {
-                    hot: n as u64,
-                    archived: manifest.hot_rows(),
-                });
-            }
-            tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
-                .await
-                .map_err(ArchiveError::query("drop the day partition"))?;
-            walhook_sql::commit!(tx, client)
-                .map_err(ArchiveError::query("drop the day partition"))?;
-            return Ok(DropOutcome::Dropped { left: 0 });
+            .map_err(ArchiveError::query("start the drop"))?;
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '5s'; LOCK TABLE walhook.{name} IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .map_err(ArchiveError::query("lock the day partition"))?;
+        let n: i64 = tx
+            .query_one(&format!("SELECT count(*) FROM walhook.{name}"), &[])
+            .await
+            .map_err(ArchiveError::query("count the day partition"))?
+            .get(0);
+        // Deliveries change after the export (a replay, a cancellation):
+        // a row the export saw in another state, or one being replayed,
+        // keeps the partition, and the day is written again with the
+        // latest state.
+        let changed: i64 = if table == Table::Deliveries {
+            tx.query_one(
+                &format!(
+                    "SELECT count(*) FROM walhook.{name} d \
+                     WHERE d.status = 'pending' OR d.updated_at > $1 \
+                     OR EXISTS (SELECT 1 FROM walhook.replay_requests r \
+                     WHERE r.delivery_id = d.id AND r.done_at IS NULL)"
+                ),
+                &[&written_at],
+            )
+            .await
+            .map_err(ArchiveError::query(
+                "look for deliveries changed after the export",
+            ))?
+            .get(0)
+        } else {
+            0
+        };
+        if n as u64 != manifest.hot_rows() || changed > 0 {
+            // The partition is whole, so the day is written anew (the
+            // caller forgets this generation's catalog row, or keeps a
+            // published compaction and takes the rows again).
+            return Ok(DropOutcome::Changed {
+                hot: n as u64,
+                archived: manifest.hot_rows(),
+            });
         }
+        tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
+            .await
+            .map_err(ArchiveError::query("drop the day partition"))?;
+        walhook_sql::commit!(tx, client).map_err(ArchiveError::query("drop the day partition"))?;
+        Ok(DropOutcome::Dropped { left: 0 })
+    }
+
+    /// Deletes the archived rows of `day` from the legacy partition (rows
+    /// of terminal deliveries unchanged since the export and not being
+    /// replayed), a batch per statement and tenant, and drops the
+    /// partition once it is empty. Returns how many of the day's rows stay.
+    async fn empty_legacy_day(
+        &self,
+        legacy: &'static str,
+        day: NaiveDate,
+        written_at: std::time::SystemTime,
+    ) -> Result<DropOutcome, ArchiveError> {
+        let mut client = self.platform.client().await?;
         let (from, to) = bounds(day);
         let tenants: Vec<String> = client
             .query("SELECT id FROM walhook.tenants ORDER BY id", &[])
@@ -743,11 +758,13 @@ impl<S: ObjectStore> Archiver<S> {
             loop {
                 let n = client
                     .execute(
-                        "DELETE FROM walhook.deliveries WHERE id IN (SELECT d.id FROM walhook.deliveries d \
-                         WHERE d.tenant_id = $1 AND d.created_at >= $2 AND d.created_at < $3 \
-                         AND d.status <> 'pending' AND d.updated_at <= $4 \
-                         AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests r \
-                         WHERE r.delivery_id = d.id AND r.done_at IS NULL) LIMIT $5)",
+                        &format!(
+                            "DELETE FROM walhook.{legacy} WHERE id IN (SELECT d.id FROM walhook.{legacy} d \
+                             WHERE d.tenant_id = $1 AND d.created_at >= $2 AND d.created_at < $3 \
+                             AND d.status <> 'pending' AND d.updated_at <= $4 \
+                             AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests r \
+                             WHERE r.delivery_id = d.id AND r.done_at IS NULL) LIMIT $5)"
+                        ),
                         &[tenant, &from, &to, &written_at, &DELETE_BATCH],
                     )
                     .await
@@ -757,7 +774,92 @@ impl<S: ObjectStore> Archiver<S> {
                 }
             }
         }
-        let left = self.hot_count(table, day).await?;
-        Ok(DropOutcome::Dropped { left })
+        let left: i64 = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM walhook.{legacy} WHERE created_at >= $1 AND created_at < $2"
+                ),
+                &[&from, &to],
+            )
+            .await
+            .map_err(ArchiveError::query("count a day's hot rows"))?
+            .get(0);
+        // Empty, the partition goes, under a lock that waits for nobody
+        // long (a row arriving meanwhile keeps it for a later round).
+        let tx = client
+            .transaction()
+            .await
+            .map_err(ArchiveError::query("start the drop"))?;
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '5s'; LOCK TABLE walhook.{legacy} IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .map_err(ArchiveError::query("lock the legacy partition"))?;
+        let empty: bool = tx
+            .query_one(
+                &format!("SELECT NOT EXISTS (SELECT 1 FROM walhook.{legacy})"),
+                &[],
+            )
+            .await
+            .map_err(ArchiveError::query("look into the legacy partition"))?
+            .get(0);
+        if empty {
+            tx.batch_execute(&format!("DROP TABLE walhook.{legacy}"))
+                .await
+                .map_err(ArchiveError::query("drop the legacy partition"))?;
+            walhook_sql::commit!(tx, client)
+                .map_err(ArchiveError::query("drop the legacy partition"))?;
+            tracing::info!(
+                partition = legacy,
+                "the legacy partition of deliveries is empty and dropped: every day has a partition of its own now"
+            );
+        }
+        Ok(DropOutcome::Dropped { left: left as u64 })
     }
+}
+
+/// Where a day's hot rows are.
+pub(crate) enum HotDay {
+    /// In the day's own partition (its name).
+    Partition(String),
+    /// In the legacy partition (its name), among other days' rows.
+    Legacy(&'static str),
+    /// Nowhere: the day has no hot rows.
+    Nowhere,
+}
+
+impl HotDay {
+    /// The rows as a `FROM` item, if there are any; a day in the legacy
+    /// partition is read through the tenant index. COPY takes no
+    /// parameters: the values are a name and two dates this code formats,
+    /// never input.
+    fn source(&self, day: NaiveDate) -> Option<String> {
+        match self {
+            HotDay::Partition(name) => Some(format!("walhook.{name}")),
+            HotDay::Legacy(legacy) => {
+                let next = day + Duration::days(1);
+                Some(format!(
+                    "(SELECT d.* FROM walhook.tenants t, LATERAL (SELECT * FROM walhook.{legacy} d \
+                     WHERE d.tenant_id = t.id AND d.created_at >= '{day} 00:00:00+00' \
+                     AND d.created_at < '{next} 00:00:00+00') d) d"
+                ))
+            }
+            HotDay::Nowhere => None,
+        }
+    }
+}
+
+/// Whether `walhook.{name}` exists.
+async fn relation_exists(
+    client: &deadpool_postgres::Object,
+    name: &str,
+) -> Result<bool, ArchiveError> {
+    Ok(client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("walhook.{name}")],
+        )
+        .await
+        .map_err(ArchiveError::query("look for a day partition"))?
+        .get(0))
 }

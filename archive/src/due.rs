@@ -31,31 +31,44 @@ impl<S: ObjectStore> Archiver<S> {
         {
             days.insert(row.get::<_, NaiveDateSql>(0).0);
         }
-        if table.partitioned() {
-            let parent = format!("walhook.{}", table.name());
-            for row in client
-                .query(
-                    "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                     WHERE i.inhparent = $1::text::regclass",
-                    &[&parent],
+        let parent = format!("walhook.{}", table.name());
+        for row in client
+            .query(
+                "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE i.inhparent = $1::text::regclass",
+                &[&parent],
+            )
+            .await
+            .map_err(ArchiveError::query("list the day partitions"))?
+        {
+            if let Some(day) = partition_day(table, row.get(0))
+                && day < cutoff
+            {
+                days.insert(day);
+            }
+        }
+        let legacy = match table.legacy_partition() {
+            Some(name) => client
+                .query_one(
+                    "SELECT to_regclass($1)::text",
+                    &[&format!("walhook.{name}")],
                 )
                 .await
-                .map_err(ArchiveError::query("list the day partitions"))?
-            {
-                if let Some(day) = partition_day(table, row.get(0))
-                    && day < cutoff
-                {
-                    days.insert(day);
-                }
-            }
-        } else {
-            // The oldest delivery through each tenant's index, then every day
-            // from there to the cutoff that has rows.
+                .map_err(ArchiveError::query("look for the legacy partition"))?
+                .get::<_, Option<String>>(0),
+            None => None,
+        };
+        if let Some(legacy) = legacy {
+            // The legacy partition holds many days: the oldest row through
+            // each tenant's index, then every day from there to the cutoff
+            // that has rows.
             let oldest: Option<i64> = client
                 .query_one(
-                    "SELECT min(x.m) FROM walhook.tenants t, LATERAL (SELECT \
-                     (extract(epoch FROM min(created_at)) / 86400)::int8 AS m \
-                     FROM walhook.deliveries d WHERE d.tenant_id = t.id) x",
+                    &format!(
+                        "SELECT min(x.m) FROM walhook.tenants t, LATERAL (SELECT \
+                         (extract(epoch FROM min(created_at)) / 86400)::int8 AS m \
+                         FROM {legacy} d WHERE d.tenant_id = t.id) x"
+                    ),
                     &[],
                 )
                 .await
@@ -68,9 +81,11 @@ impl<S: ObjectStore> Archiver<S> {
                     let (from, to) = bounds(day);
                     let has: bool = client
                         .query_one(
-                            "SELECT EXISTS (SELECT 1 FROM walhook.tenants t, LATERAL (SELECT 1 \
-                             FROM walhook.deliveries d WHERE d.tenant_id = t.id \
-                             AND d.created_at >= $1 AND d.created_at < $2 LIMIT 1) x)",
+                            &format!(
+                                "SELECT EXISTS (SELECT 1 FROM walhook.tenants t, LATERAL (SELECT 1 \
+                                 FROM {legacy} d WHERE d.tenant_id = t.id \
+                                 AND d.created_at >= $1 AND d.created_at < $2 LIMIT 1) x)"
+                            ),
                             &[&from, &to],
                         )
                         .await

@@ -211,10 +211,12 @@ impl Table {
         }
     }
 
-    /// Whether the hot table is partitioned by day (dropped whole) rather
-    /// than emptied of a day's rows.
-    pub fn partitioned(self) -> bool {
-        !matches!(self, Table::Deliveries)
+    /// The partition that holds a table's rows from before it was
+    /// partitioned by day, emptied a day at a time by the archive and
+    /// dropped once empty: `walhook.deliveries` until migration 0024 kept
+    /// one table (existing installs only).
+    pub fn legacy_partition(self) -> Option<&'static str> {
+        matches!(self, Table::Deliveries).then_some("deliveries_legacy")
     }
 
     /// The archived columns, in Parquet order.

@@ -9,5 +9,6 @@ mod analytics;
 mod cold;
 mod compaction;
 mod failures;
+mod migration;
 mod parts;
 mod schedule;

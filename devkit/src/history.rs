@@ -61,7 +61,7 @@ impl History {
         let day = format!("('{}'::date + {d})", self.first_day);
         let _ = write!(
             sql,
-            "SELECT walhook.ensure_day_partition(p, {day}) FROM unnest(ARRAY['events', 'attempts']) p;
+            "SELECT walhook.ensure_day_partition(p, {day}) FROM unnest(ARRAY['events', 'deliveries', 'attempts']) p;
              INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version,
                  occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256)
              SELECT (lpad(to_hex(l.lsn), 16, '0') || substr(md5('event' || i), 1, 16))::uuid,

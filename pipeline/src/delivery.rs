@@ -264,6 +264,9 @@ pub struct AttemptRecord {
     /// When the event committed (first-attempt latency is measured from
     /// it).
     pub event_occurred_at: Timestamp,
+    /// When the delivery was made: its row's day partition, so that the
+    /// state update probes one partition instead of every hot day's.
+    pub delivery_created_at: Timestamp,
     /// When the request started.
     pub started_at: Timestamp,
     /// When the outcome was known.

@@ -417,6 +417,8 @@ impl Platform {
         let mut client = self.client().await?;
         self.ensure_partitions(&client, "events", std::iter::once(event.occurred_at))
             .await?;
+        self.ensure_partitions(&client, "deliveries", std::iter::once(delivery.created_at))
+            .await?;
         let tx = client
             .transaction()
             .await

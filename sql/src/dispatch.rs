@@ -99,7 +99,8 @@ static INSERT_ATTEMPTS: std::sync::LazyLock<String> =
 /// The CTEs `u`, `gone`, `freed`: the deliveries' new states under their
 /// leases, and the pending rows kept in step (a terminal delivery leaves
 /// `pending`; one handed back becomes due for any node), for parameters
-/// from `$first` on (8 arrays). The state change touches no indexed column
+/// from `$first` on (9 arrays; the last, when each delivery was made,
+/// names its day partition). The state change touches no indexed column
 /// of `deliveries`: a HOT update.
 fn states_sql(first: usize) -> String {
     format!(
@@ -114,7 +115,8 @@ fn states_sql(first: usize) -> String {
                 last_error_class = x.err, \
                 updated_at = now() \
             FROM {} AS x \
-            WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
+            WHERE d.id = x.id AND d.created_at = x.created AND d.lease_version = x.lease \
+              AND d.status = 'pending' \
             RETURNING d.id, d.status, d.lease_owner, d.next_attempt_at), \
         gone AS ( \
             DELETE FROM walhook.pending p USING u \
@@ -132,7 +134,8 @@ fn states_sql(first: usize) -> String {
                 ("hold", "timestamptz"),
                 ("lease", "int8"),
                 ("http", "int4"),
-                ("err", "text")
+                ("err", "text"),
+                ("created", "timestamptz")
             ]
         )
     )
@@ -203,7 +206,7 @@ fn fresh_sql(first: usize, careful: bool) -> String {
     )
 }
 
-/// Attempts with their tallies, the states after them (`updates`: 8
+/// Attempts with their tallies, the states after them (`updates`: 9
 /// arrays) and the first rows of deliveries that had none (`fresh`: 16
 /// arrays), in one statement (one round trip, atomic without an explicit
 /// transaction), inserts plain: only a redo meets existing rows, and takes
@@ -217,7 +220,7 @@ fn record_fast_sql(updates: bool, fresh: bool) -> String {
     if updates {
         ctes.push(states_sql(next));
         results.push("SELECT id FROM u");
-        next += 8;
+        next += 9;
     }
     if fresh {
         ctes.push(fresh_sql(next, false));
@@ -246,7 +249,7 @@ static RECORD_CAREFUL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
     format!(
         "WITH {}, {} SELECT id FROM u UNION ALL SELECT id FROM n",
         states_sql(1),
-        fresh_sql(9, true)
+        fresh_sql(10, true)
     )
 });
 
@@ -358,7 +361,8 @@ taken AS (UPDATE walhook.pending p SET lease_owner = $1 FROM due WHERE p.deliver
 UPDATE walhook.deliveries d SET \
     lease_version = d.lease_version + 1, lease_owner = $1, lease_expires_at = NULL \
 FROM due, walhook.events e \
-WHERE d.id = due.id AND d.status = 'pending' AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+WHERE d.id = due.id AND d.created_at = due.created AND d.status = 'pending' \
+  AND e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
 RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload, d.attempt_count, \
           d.created_at, d.next_attempt_at, d.expires_at, d.lease_version, d.endpoint_config_version, \
           d.event_occurred_at, d.manual_attempt_count, due.after_unknown, e.schema_version, \
@@ -374,7 +378,7 @@ RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.event_type, e.payload,
 /// partial index `replay_requests_by_delivery` per candidate row.
 const CLAIM_UNHELD: &str = "\
 WITH due AS ( \
-    SELECT delivery_id AS id, false AS after_unknown FROM walhook.pending \
+    SELECT delivery_id AS id, created_at AS created, false AS after_unknown FROM walhook.pending \
     WHERE lease_owner IS NULL AND next_attempt_at <= now() \
       AND endpoint_id <> ALL($3::uuid[]) \
       AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
@@ -388,7 +392,7 @@ WITH due AS ( \
 /// out.
 const CLAIM_ORPHANS: &str = "\
 WITH due AS ( \
-    SELECT p.delivery_id AS id, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
+    SELECT p.delivery_id AS id, p.created_at AS created, coalesce(n.stopped_at IS NULL, true) AS after_unknown \
     FROM walhook.pending p LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
     WHERE p.lease_owner = ANY($3::text[]) \
       AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
@@ -399,7 +403,7 @@ WITH due AS ( \
 
 const RECLAIM_OWN: &str = "\
 WITH due AS ( \
-    SELECT delivery_id AS id, $4::bool AS after_unknown FROM walhook.pending \
+    SELECT delivery_id AS id, created_at AS created, $4::bool AS after_unknown FROM walhook.pending \
     WHERE lease_owner = $1 AND delivery_id > $3 \
     ORDER BY delivery_id \
     LIMIT $2 \
@@ -510,6 +514,8 @@ impl DispatchStore for Platform {
                 x.error_class,
             );
         }
+        self.ensure_partitions(&client, "deliveries", first.created_days())
+            .await?;
         let fresh_params = first.params();
         let u_ids: Vec<Uuid> = u.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
         let u_statuses: Vec<&str> = u.iter().map(|x| x.status.as_str()).collect();
@@ -525,7 +531,11 @@ impl DispatchStore for Platform {
         let u_leases: Vec<i64> = u.iter().map(|x| x.lease_version).collect();
         let u_http: Vec<Option<i32>> = u.iter().map(|x| x.http_status.map(i32::from)).collect();
         let u_errs: Vec<Option<&str>> = u.iter().map(|x| x.error_class).collect();
-        let update_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+        let u_created: Vec<SystemTime> = u
+            .iter()
+            .map(|x| x.delivery_created_at.to_system_time())
+            .collect();
+        let update_params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
             &u_ids,
             &u_statuses,
             &u_counts,
@@ -534,6 +544,7 @@ impl DispatchStore for Platform {
             &u_leases,
             &u_http,
             &u_errs,
+            &u_created,
         ];
         let stale_of = |rows: &[tokio_postgres::Row]| -> Vec<DeliveryId> {
             let applied: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
@@ -660,7 +671,7 @@ impl DispatchStore for Platform {
                     );
                 }
             }
-            first.write(&client, "end planned deliveries").await?;
+            first.write(self, &client, "end planned deliveries").await?;
         }
         if changes.is_empty() {
             return Ok(());
@@ -934,7 +945,9 @@ impl DispatchStore for Platform {
                     );
                 }
             }
-            first.write(&client, "hand planned deliveries back").await?;
+            first
+                .write(self, &client, "hand planned deliveries back")
+                .await?;
         }
         if releases.is_empty() {
             return Ok(());
@@ -1153,12 +1166,21 @@ impl<'a> FreshRows<'a> {
         self.errs.push(err);
     }
 
+    /// When the rows were made: the days whose partitions they need.
+    fn created_days(&self) -> impl Iterator<Item = Timestamp> + '_ {
+        self.created.iter().map(|t| Timestamp::from_system_time(*t))
+    }
+
     /// Writes these rows alone ([`FRESH_ONLY`]), gap-filling.
     async fn write(
         &self,
+        platform: &Platform,
         client: &deadpool_postgres::Object,
         what: &'static str,
     ) -> Result<(), StoreError> {
+        platform
+            .ensure_partitions(client, "deliveries", self.created_days())
+            .await?;
         let stmt = client
             .prepare_cached(&FRESH_ONLY)
             .await

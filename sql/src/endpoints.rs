@@ -436,6 +436,8 @@ impl Platform {
         });
         self.ensure_partitions(&tx, "events", std::iter::once(now))
             .await?;
+        self.ensure_partitions(&tx, "deliveries", std::iter::once(now))
+            .await?;
         tx.execute(
             "INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version, \
                occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256) \
@@ -467,8 +469,8 @@ impl Platform {
             let delivery = walhook_pipeline::ids::DeliveryId::derive(event_id, ep);
             tx.execute(
                 "WITH d AS (INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, \
-                   event_occurred_at, endpoint_config_version, next_attempt_at, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now() + interval '24 hours') ON CONFLICT DO NOTHING \
+                   event_occurred_at, endpoint_config_version, next_attempt_at, expires_at, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now() + interval '24 hours', $6) ON CONFLICT DO NOTHING \
                  RETURNING id, endpoint_id, created_at, next_attempt_at) \
                  INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at) \
                  SELECT * FROM d",

@@ -39,11 +39,16 @@ impl Platform {
             }
         }
         for (day, at) in missing {
-            client
-                .execute("SELECT walhook.ensure_day_partition($1, ($2::timestamptz AT TIME ZONE 'UTC')::date)", &[&table, &at])
+            // NULL: another partition covers the day (the legacy partition
+            // of deliveries, migration 0024), which the archive drops once
+            // it is empty: not remembered, so the day gets a partition of
+            // its own then.
+            let own: Option<String> = client
+                .query_one("SELECT walhook.ensure_day_partition($1, ($2::timestamptz AT TIME ZONE 'UTC')::date)", &[&table, &at])
                 .await
-                .map_err(StoreError::query("create a daily partition"))?;
-            if day >= yesterday {
+                .map_err(StoreError::query("create a daily partition"))?
+                .get(0);
+            if own.is_some() && day >= yesterday {
                 self.partitions.lock().insert((table, day));
             }
         }

@@ -129,6 +129,21 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "archive_id_index",
         sql: include_str!("../migrations/0021_archive_id_index.sql"),
     },
+    Migration {
+        version: 22,
+        name: "deliveries_by_day_prepare",
+        sql: include_str!("../migrations/0022_deliveries_by_day_prepare.sql"),
+    },
+    Migration {
+        version: 23,
+        name: "deliveries_by_day_validate",
+        sql: include_str!("../migrations/0023_deliveries_by_day_validate.sql"),
+    },
+    Migration {
+        version: 24,
+        name: "deliveries_by_day",
+        sql: include_str!("../migrations/0024_deliveries_by_day.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).
@@ -173,8 +188,17 @@ async fn applied<C: GenericClient>(client: &C) -> Result<Vec<(i32, String)>, Sto
 
 /// Applies every pending migration.
 pub async fn run(client: &mut tokio_postgres::Client) -> Result<Report, StoreError> {
+    run_until(client, i32::MAX).await
+}
+
+/// Applies the pending migrations up to version `last`: a database as an
+/// earlier release left it, for the tests of an upgrade.
+pub async fn run_until(
+    client: &mut tokio_postgres::Client,
+    last: i32,
+) -> Result<Report, StoreError> {
     let mut report = Report::default();
-    for m in MIGRATIONS {
+    for m in MIGRATIONS.iter().filter(|m| m.version <= last) {
         let tx = client
             .transaction()
             .await

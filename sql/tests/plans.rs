@@ -164,6 +164,7 @@ fn success(job: &DeliveryJob) -> AttemptRecord {
         endpoint_config_version: job.endpoint_config_version,
         secret_versions: vec![1],
         event_occurred_at: job.event_occurred_at,
+        delivery_created_at: job.created_at,
         started_at: now,
         finished_at: now,
         http_status: Some(200),

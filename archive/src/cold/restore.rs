@@ -75,12 +75,19 @@ impl<S: ObjectStore> ColdHistory<S> {
         .await
         .map_err(ArchiveError::query("restore an archived event"))?;
         let d = &delivery;
+        // Made on its first day: the row goes back to that day's partition.
+        tx.execute(
+            "SELECT walhook.ensure_day_partition('deliveries', ($1::timestamptz AT TIME ZONE 'UTC')::date)",
+            &[&d.created_at],
+        )
+        .await
+        .map_err(ArchiveError::query("make the delivery's day partition"))?;
         tx.execute(
             "INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, event_occurred_at, \
              endpoint_config_version, status, attempt_count, manual_attempt_count, next_attempt_at, expires_at, \
              last_http_status, last_error_class, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::walhook.delivery_status, $9, $10, $11, $12, $13, $14, $15, $16) \
-             ON CONFLICT (id) DO NOTHING",
+             ON CONFLICT DO NOTHING",
             &[
                 &Uuid::from_bytes(d.id.0),
                 &Uuid::from_bytes(d.event_id.0),

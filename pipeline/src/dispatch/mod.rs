@@ -845,6 +845,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             endpoint_config_version: f.config_version,
             secret_versions: f.secrets.iter().map(|s| s.version).collect(),
             event_occurred_at: job.event_occurred_at,
+            delivery_created_at: job.created_at,
             started_at: f.started_at,
             finished_at: f.finished_at,
             http_status: outcome.status(),

@@ -61,7 +61,7 @@ impl Progress for Bar {
 fn fill_sql(day: chrono::NaiveDate, first: u64, args: &Args) -> String {
     let (n, t) = (args.events_per_day, args.tenants.max(1));
     format!(
-        "SELECT walhook.ensure_day_partition(p, '{day}') FROM unnest(ARRAY['events', 'attempts']) p;
+        "SELECT walhook.ensure_day_partition(p, '{day}') FROM unnest(ARRAY['events', 'deliveries', 'attempts']) p;
          INSERT INTO walhook.events (id, tenant_id, event_type, schema_version, object_id, object_version,
              occurred_at, source, commit_lsn, tx_ordinal, payload, payload_sha256)
          SELECT md5('event' || i)::uuid, 'tenant-' || (i % {t}), 'order.created', 1, i::text, NULL,
