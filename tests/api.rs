@@ -597,6 +597,61 @@ async fn replays_and_recovery_make_manual_attempts() {
     assert!(child.terminate().success());
 }
 
+/// A split deployment starts in any order: `walhook api` alone, before
+/// capture ever ran, knows the rules' event types from the config, and
+/// endpoints subscribe to them at once.
+#[tokio::test]
+async fn walhook_api_alone_knows_the_rules_event_types() {
+    let w = World::new().await;
+    let rules = ["invoice.paid", "order.created", "user.disabled"];
+    let known: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*) FROM walhook.event_types WHERE name = ANY($1)",
+            &[&&rules[..]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        known, 0,
+        "the rules' types were known before the API started"
+    );
+    let port = free_port();
+    let cfg = w.config(&api_section(port));
+    let child = Child(
+        walhook()
+            .args(["api", "--config"])
+            .arg(&cfg)
+            .spawn()
+            .expect("cannot start walhook api"),
+    );
+    let api = Http::new(port);
+    api.wait_ready().await;
+    let key = onboard(&w, &api, "acme").await;
+    for event_type in rules {
+        let (s, body) = api
+            .post(
+                &key,
+                "/v1/webhook-endpoints",
+                json!({"url": w.receiver.url(event_type), "event_types": [event_type]}),
+            )
+            .await;
+        assert_eq!(s, 201, "{event_type}: {body}");
+    }
+    // A type no rule declares is still refused, naming the field.
+    let (s, body) = api
+        .post(
+            &key,
+            "/v1/webhook-endpoints",
+            json!({"url": w.receiver.url("x"), "event_types": ["order.exploded"]}),
+        )
+        .await;
+    assert_eq!(s, 422, "{body}");
+    assert!(body.to_string().contains("event_types"), "{body}");
+    assert!(child.terminate().success());
+}
+
 #[tokio::test]
 async fn walhook_api_serves_the_committed_document() {
     let w = World::new().await;

@@ -108,6 +108,18 @@ async fn assert_delivered_once(
         (orders, want),
         "{what}: events or deliveries made twice or missing"
     );
+    // One row per attempt id (a delivery and its attempt number): what the
+    // archive exports, and analysts count.
+    let twice: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*) FROM (SELECT 1 FROM walhook.attempts GROUP BY delivery_id, id HAVING count(*) > 1) t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(twice, 0, "{what}: attempt ids recorded twice");
     let mut first: HashMap<String, &Received> = HashMap::new();
     let mut again = 0;
     let got = w.receiver.received();
@@ -213,6 +225,224 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
             "a process did not stop cleanly"
         );
     }
+}
+
+/// Orders `ids` inserted one by one, `every` apart, on a connection of
+/// their own (a producer that keeps writing while the test does other
+/// things).
+fn write_orders(
+    w: &World,
+    ids: std::ops::RangeInclusive<i64>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let shop = w.shop_url();
+    tokio::spawn(async move {
+        let (client, conn) = tokio_postgres::connect(&shop, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for id in ids {
+            client
+                .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&id])
+                .await
+                .unwrap();
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// Panics unless every process still runs (none exited and none was
+/// restarted by the test).
+fn assert_all_running(children: &mut [&mut Child], what: &str) {
+    for child in children.iter_mut() {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!("{what}: a walhook process exited ({status}) instead of healing");
+        }
+    }
+}
+
+/// The broker crashes three times under load (SIGKILL, down for a few
+/// seconds, started again on the same ports and data) while capture, two
+/// fan-out members and a standby dispatcher run as separate processes, and
+/// no process is restarted: capture's producer is made again on a new
+/// connection and capture resumes from the slot, the members' readers
+/// reopen, and every delivery is made within 60 s of each restart, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stage_heals_from_broker_crashes_with_no_process_restarted() {
+    let Some(cluster) =
+        FluvioCluster::start("every_stage_heals_from_broker_crashes_with_no_process_restarted")
+    else {
+        return;
+    };
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let cfg = w.config(&fluvio_log(&cluster));
+    let mut capture = Child::stage("capture", &cfg, &[], &[]);
+    let mut member0 = Child::stage("fanout", &cfg, &["--member", "0/2"], &[]);
+    let mut member1 = Child::stage("fanout", &cfg, &["--member", "1/2"], &[]);
+    let mut standby = Child::stage("dispatch", &cfg, &["--node-id", "standby"], &[]);
+    w.wait_streaming().await;
+
+    // Writes in flight when the broker dies (a produce request cut off is
+    // what poisons a Fluvio producer).
+    const PER_ROUND: i64 = 300;
+    for round in 0..3i64 {
+        let first = round * PER_ROUND + 1;
+        let last = first + PER_ROUND - 1;
+        let writer = write_orders(&w, first..=last, Duration::from_millis(10));
+        // The crash lands at another moment of the writes each round.
+        tokio::time::sleep(Duration::from_millis(150 + 250 * round as u64)).await;
+        cluster.kill_spu();
+        tokio::time::sleep(Duration::from_secs(2 + round as u64)).await;
+        cluster.restart_spu();
+        let restarted = std::time::Instant::now();
+        writer.await.unwrap();
+        let what = format!("broker crash {}", round + 1);
+        let expected: HashSet<(String, String)> = (1..=last)
+            .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
+            .collect();
+        let arrived = w
+            .receiver
+            .wait_until(Duration::from_secs(60), |got| {
+                let seen: HashSet<(String, String)> = got
+                    .iter()
+                    .filter(|r| (200..300).contains(&r.status))
+                    .filter_map(|r| {
+                        let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+                        Some((r.path.clone(), body["object_id"].as_str()?.to_owned()))
+                    })
+                    .collect();
+                expected.is_subset(&seen)
+            })
+            .await;
+        assert!(
+            arrived,
+            "{what}: deliveries missing 60 s after the restart ({:?} since): {}\nthe cluster:\n{}",
+            restarted.elapsed(),
+            w.state().await,
+            cluster.describe()
+        );
+        assert_all_running(
+            &mut [&mut capture, &mut member0, &mut member1, &mut standby],
+            &what,
+        );
+    }
+    assert_delivered_once(&w, &cluster, "three broker crashes", 3 * PER_ROUND).await;
+    assert_recent_window_reconciles(&cfg);
+    for child in [capture, member0, member1, standby] {
+        assert!(
+            child.terminate().success(),
+            "a process did not stop cleanly"
+        );
+    }
+}
+
+/// A stage whose cluster stays away longer than `[log] give_up_after`
+/// says so on `/healthz` first, then exits with an error naming the
+/// cluster, instead of retrying for ever while nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_that_cannot_reach_the_cluster_fails_its_health_check_and_exits() {
+    let Some(cluster) = FluvioCluster::start(
+        "a_stage_that_cannot_reach_the_cluster_fails_its_health_check_and_exits",
+    ) else {
+        return;
+    };
+    let w = World::new().await;
+    let cfg = w.config(&format!(
+        "{}give_up_after = \"10s\"\n",
+        fluvio_log(&cluster)
+    ));
+    let listen = format!("127.0.0.1:{}", free_port());
+    // Its log goes to a file: a pipe nobody reads while it runs could fill
+    // and stall it.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = crate::support::walhook()
+        .args(["fanout", "--config"])
+        .arg(&cfg)
+        .args(["--member", "0/1", "--metrics-listen", &listen])
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let health = || async {
+        let r = reqwest::get(format!("http://{listen}/healthz"))
+            .await
+            .ok()?;
+        Some((r.status().as_u16(), r.text().await.unwrap_or_default()))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while health().await.map(|h| h.0) != Some(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the member never answered /healthz"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Running: its dispatcher node has registered.
+    w.wait_count(
+        "the member's node",
+        "SELECT count(*) FROM walhook.dispatch_nodes WHERE node_id = 'local-fanout-0'",
+        1,
+    )
+    .await;
+
+    cluster.kill_spu();
+    let killed = std::time::Instant::now();
+    let mut unhealthy = None;
+    let mut seen = Vec::new();
+    while killed.elapsed() < Duration::from_secs(30) {
+        let answer = health().await;
+        seen.push(format!("{:?}: {answer:?}", killed.elapsed()));
+        match answer {
+            Some((503, why)) => {
+                unhealthy = Some(why);
+                break;
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            // The process is gone already: the check below says why.
+            None => break,
+        }
+    }
+    let why = unhealthy.unwrap_or_else(|| {
+        panic!(
+            "/healthz never answered 503 while the cluster was away ({}); the member's log:\n{}",
+            seen.join(", "),
+            std::fs::read_to_string(log.path()).unwrap_or_default()
+        )
+    });
+    assert!(
+        why.contains(cluster.endpoint()),
+        "/healthz does not name the cluster: {why}"
+    );
+
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            panic!(
+                "the member still runs {:?} after the cluster went away:\n{}",
+                killed.elapsed(),
+                std::fs::read_to_string(log.path()).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stderr = std::fs::read_to_string(log.path()).unwrap_or_default();
+    assert!(
+        !status.success(),
+        "the member exited with success: {stderr}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(60),
+        "the member took {:?} to give up",
+        killed.elapsed()
+    );
+    assert!(
+        stderr.contains(cluster.endpoint()) && stderr.contains("give_up_after"),
+        "the exit does not name the cluster and the setting: {stderr}"
+    );
 }
 
 /// The dangerous points of each process, hit exactly; after the restart of

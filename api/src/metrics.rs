@@ -211,6 +211,12 @@ pub struct PipelineMetrics {
     pub endpoints_labelled: Bounded,
     /// Which tenants have labels of their own.
     pub tenants_labelled: Bounded,
+    /// Seconds the log's cluster has not answered (0 while it answers;
+    /// Fluvio only).
+    pub log_unreachable_seconds: Gauge<f64, AtomicU64>,
+    /// Why `/healthz` of a stage process fails, while it does (the log's
+    /// cluster has not answered for some seconds).
+    pub log_problem: parking_lot::Mutex<Option<String>>,
 }
 
 impl Default for PipelineMetrics {
@@ -239,6 +245,8 @@ impl Default for PipelineMetrics {
             attempts_after_unknown: Counter::default(),
             endpoints_labelled: Bounded::default(),
             tenants_labelled: Bounded::default(),
+            log_unreachable_seconds: Gauge::default(),
+            log_problem: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -371,6 +379,11 @@ impl Metrics {
             CAPTURE_LAG,
             "Seconds from commit to capture for the last transaction read",
             pipeline.capture_lag.clone(),
+        );
+        registry.register(
+            LOG_UNREACHABLE,
+            "Seconds the log's cluster has not answered (0 while it answers; Fluvio only)",
+            pipeline.log_unreachable_seconds.clone(),
         );
         registry.register(
             CAPTURE_SLOT_LAG,

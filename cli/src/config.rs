@@ -156,6 +156,11 @@ pub struct LogConfig {
     /// Fluvio: the prefix of walhook's topic names (one prefix per
     /// deployment sharing a cluster).
     pub topic_prefix: String,
+    /// Fluvio: how long the cluster may fail to answer before a stage
+    /// process stops with an error naming it (until then it retries, on
+    /// new connections, and capture resumes from the slot).
+    #[serde(with = "walhook_pipeline::duration")]
+    pub give_up_after: std::time::Duration,
 }
 
 /// Which log runs between the stages.
@@ -178,6 +183,7 @@ impl Default for LogConfig {
             endpoint: "127.0.0.1:9003".into(),
             replication: 1,
             topic_prefix: "walhook-".into(),
+            give_up_after: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -197,6 +203,7 @@ impl LogConfig {
     pub fn fluvio_settings(&self) -> walhook_connectors::fluvio::FluvioSettings {
         walhook_connectors::fluvio::FluvioSettings {
             replication: self.replication,
+            give_up_after: self.give_up_after,
             ..walhook_connectors::fluvio::FluvioSettings::new(self.endpoint.clone())
         }
     }
@@ -219,6 +226,13 @@ impl LogConfig {
             if self.replication == 0 {
                 bail!(
                     "[log].replication = 0: give at least 1 (the number of SPUs that keep each partition)"
+                );
+            }
+            if self.give_up_after < std::time::Duration::from_secs(10) {
+                bail!(
+                    "[log].give_up_after = {:?}: give at least \"10s\" (a broker restart takes seconds; \
+                     the default is \"5m\")",
+                    self.give_up_after
                 );
             }
             let name = self.events_topic();

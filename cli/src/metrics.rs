@@ -277,6 +277,8 @@ impl Collector for PipelineCollector {
 /// `walhook api` serves once for the deployment) and `GET /healthz` on
 /// `listen` until `shutdown`, for the processes without the API: `walhook
 /// capture`, `walhook fanout`, `walhook dispatch` (`--metrics-listen`).
+/// `/healthz` answers 503 with the reason while the Fluvio cluster has not
+/// answered for some seconds (see `pipeline::watch_cluster`).
 pub async fn serve_stage_metrics(
     listen: &str,
     metrics: Arc<walhook_api::Metrics>,
@@ -290,6 +292,7 @@ pub async fn serve_stage_metrics(
         .with_context(|| {
             format!("cannot listen on --metrics-listen {listen:?}; is the port free?")
         })?;
+    let health = metrics.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -308,7 +311,18 @@ pub async fn serve_stage_metrics(
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
+        .route(
+            "/healthz",
+            axum::routing::get(move || {
+                let problem = health.pipeline.log_problem.lock().clone();
+                async move {
+                    match problem {
+                        None => (axum::http::StatusCode::OK, "ok".to_owned()),
+                        Some(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        );
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
         tracing::warn!(

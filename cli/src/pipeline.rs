@@ -34,7 +34,7 @@ use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use walhook_api::metrics::PipelineMetrics;
-use walhook_connectors::fluvio::FluvioLog;
+use walhook_connectors::fluvio::{FluvioLog, Reachability};
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
 use walhook_pipeline::capture::{Incident, LedgerSink, LogSink, RecordingSink};
@@ -256,9 +256,20 @@ pub async fn start_roles(
 }
 
 /// A log the runtime can close after a failure, so that nothing waits on
-/// receipts that will never come.
+/// receipts that will never come, and whose cluster it may watch.
 trait Closable {
     fn close_after_failure(&self);
+
+    /// A task that watches the log's cluster until `stop`, failing once the
+    /// cluster has not answered for longer than the configured limit;
+    /// `None` for a log inside the process.
+    fn watch(
+        &self,
+        _metrics: Option<Arc<PipelineMetrics>>,
+        _stop: CancellationToken,
+    ) -> Option<futures::future::BoxFuture<'static, Result<(), Stopped>>> {
+        None
+    }
 }
 
 impl Closable for EmbeddedLog {
@@ -271,6 +282,62 @@ impl Closable for FluvioLog {
     // Receipts resolve when the cluster stored the records; nothing here
     // waits for a consumer.
     fn close_after_failure(&self) {}
+
+    fn watch(
+        &self,
+        metrics: Option<Arc<PipelineMetrics>>,
+        stop: CancellationToken,
+    ) -> Option<futures::future::BoxFuture<'static, Result<(), Stopped>>> {
+        Some(Box::pin(watch_cluster(self.clone(), metrics, stop)))
+    }
+}
+
+/// How often the log's cluster is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Failures shorter than this (a blip) leave `/healthz` answering "ok".
+const UNHEALTHY_AFTER: Duration = Duration::from_secs(5);
+
+/// Probes the cluster every [`PROBE_EVERY`] (each probe also renews the
+/// connection after a failure), publishes how long it has failed
+/// (`walhook_log_unreachable_seconds`, and `/healthz` answers 503 after
+/// [`UNHEALTHY_AFTER`]), and fails once it has failed for longer than
+/// `[log] give_up_after`: the process then stops with an error naming the
+/// cluster, rather than retrying for ever while nothing moves.
+async fn watch_cluster(
+    log: FluvioLog,
+    metrics: Option<Arc<PipelineMetrics>>,
+    stop: CancellationToken,
+) -> Result<(), Stopped> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = log.probe() => {}
+        }
+        let failing = match log.reachability() {
+            Reachability::Answering => None,
+            Reachability::Failing { for_, error } => Some((for_, error)),
+        };
+        if let Some(m) = &metrics {
+            m.log_unreachable_seconds
+                .set(failing.as_ref().map_or(0.0, |(for_, _)| for_.as_secs_f64()));
+            *m.log_problem.lock() = failing.as_ref().and_then(|(for_, error)| {
+                (*for_ >= UNHEALTHY_AFTER).then(|| {
+                    format!(
+                        "the Fluvio cluster at {} has not answered for {} s: {error}",
+                        log.endpoint(),
+                        for_.as_secs()
+                    )
+                })
+            });
+        }
+        if let Some(error) = log.unreachable_past_limit() {
+            return Err(Stopped(error));
+        }
+    }
 }
 
 /// The capture source, resuming from the platform's checkpoint: a slot
@@ -355,6 +422,10 @@ async fn start_on<L: Log + Closable>(
         (Arc::new(SubscriptionCache::default()), None)
     };
     let counters = Arc::new(Counters::default());
+    let watch_stop = CancellationToken::new();
+    if let Some(watch) = log.watch(metrics.clone(), watch_stop.clone()) {
+        supervisor.spawn("the Fluvio cluster watch", watch);
+    }
 
     let workers = match &roles.workers {
         Some(role) => {
@@ -382,18 +453,27 @@ async fn start_on<L: Log + Closable>(
                 fanout: counters.fanout.clone(),
                 dispatch: counters.dispatch.clone(),
             };
-            Some(
-                Workers::start(
-                    &log,
-                    Arc::new(HttpEgress::new(cfg.egress.clone())?),
-                    platform.clone(),
-                    directory.clone(),
-                    settings,
-                    &worker_counters,
-                    &supervisor,
-                )
-                .await?,
-            )
+            let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
+            let starting = Workers::start(
+                &log,
+                egress,
+                platform.clone(),
+                directory.clone(),
+                settings,
+                &worker_counters,
+                &supervisor,
+            );
+            // Opening the partitions waits for their leaders; a task that
+            // fails meanwhile (the cluster watch giving up) ends the start.
+            tokio::select! {
+                started = starting => Some(started?),
+                _ = failed.cancelled() => {
+                    return Err(match supervisor.take_failure() {
+                        Some(e) => anyhow::Error::new(e),
+                        None => anyhow::anyhow!("a task failed while the workers started"),
+                    });
+                }
+            }
         }
         None => None,
     };
@@ -472,6 +552,7 @@ async fn start_on<L: Log + Closable>(
             w.stop().await;
         }
         refresh_stop.cancel();
+        watch_stop.cancel();
         if let Some(t) = refresher {
             let _ = t.await;
         }

@@ -140,3 +140,67 @@ async fn a_consumer_and_a_producer_ride_out_a_broker_crash() {
         "the group resumes at its commit made before the crash"
     );
 }
+
+/// The probe sees a partition without a live leader while the SPU is down,
+/// and the log reports how long the cluster has failed; once the SPU is
+/// back the probe succeeds and the log answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_tells_when_the_cluster_cannot_serve() {
+    use walhook_connectors::fluvio::Reachability;
+    let Some(cluster) = FluvioCluster::start("the_probe_tells_when_the_cluster_cannot_serve")
+    else {
+        return;
+    };
+    let topic = TopicSpec {
+        name: "walhook-probed".into(),
+        partitions: 2,
+        capacity: 0,
+        durable_groups: vec![],
+    };
+    let mut settings = settings(&cluster);
+    settings.give_up_after = Duration::from_secs(1);
+    let log = FluvioLog::connect(settings, vec![topic])
+        .await
+        .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
+        .expect("connects");
+    log.probe()
+        .await
+        .expect("a healthy cluster passes the probe");
+    assert_eq!(log.reachability(), Reachability::Answering);
+
+    cluster.kill_spu();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        match log.probe().await {
+            Err(e) => break format!("{:#}", anyhow::Error::from(e)),
+            Ok(()) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the probe still passes 20 s after the SPU died"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(error.contains("walhook-probed-"), "{error}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let _ = log.probe().await;
+    let said = log
+        .unreachable_past_limit()
+        .expect("past give_up_after the log says the cluster is unreachable");
+    assert!(
+        said.contains(cluster.endpoint()) && said.contains("give_up_after"),
+        "{said}"
+    );
+
+    cluster.restart_spu();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while log.probe().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the probe still fails 30 s after the SPU came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(log.reachability(), Reachability::Answering);
+}

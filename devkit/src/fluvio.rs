@@ -138,13 +138,41 @@ impl FluvioCluster {
         out
     }
 
-    /// Kills the SPU with SIGKILL and starts it again on the same ports and
-    /// data (a broker crash). Panics for a cluster this test did not start.
-    pub fn restart_spu(&self) {
-        let started = self
-            .started
+    /// Kills the SPU with SIGKILL (a broker crash) and leaves it down until
+    /// [`Self::restart_spu`]. Panics for a cluster this test did not start.
+    pub fn kill_spu(&self) {
+        let started = self.own();
+        let pid = std::fs::read_to_string(started.dir.path().join("spu.pid"))
+            .expect("the SPU's pid file")
+            .trim()
+            .to_owned();
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        // Gone once `kill -0` fails.
+        for _ in 0..100 {
+            let alive = Command::new("kill")
+                .args(["-0", &pid])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !alive {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the SPU (pid {pid}) did not die of SIGKILL");
+    }
+
+    fn own(&self) -> &Started {
+        self.started
             .as_ref()
-            .expect("the SPU of a cluster named by WALHOOK_FLUVIO_ENDPOINT cannot be restarted");
+            .expect("the SPU of a cluster named by WALHOOK_FLUVIO_ENDPOINT cannot be restarted")
+    }
+
+    /// Kills the SPU with SIGKILL (if it runs) and starts it again on the
+    /// same ports and data (a broker crash). Panics for a cluster this test
+    /// did not start.
+    pub fn restart_spu(&self) {
+        let started = self.own();
         let out = Command::new(&started.script)
             .arg("restart-spu")
             .arg(started.dir.path())

@@ -16,6 +16,9 @@ pub const CAPTURE_EVENTS: &str = "walhook_capture_events";
 pub const CAPTURE_INCIDENTS: &str = "walhook_capture_incidents";
 /// Seconds from commit to capture reading the last transaction (gauge).
 pub const CAPTURE_LAG: &str = "walhook_capture_lag_seconds";
+/// Seconds the log's cluster has not answered, 0 while it answers (gauge;
+/// Fluvio only, per stage process).
+pub const LOG_UNREACHABLE: &str = "walhook_log_unreachable_seconds";
 /// WAL the replication slot retains, bytes (gauge).
 pub const CAPTURE_SLOT_LAG: &str = "walhook_capture_slot_lag_bytes";
 /// Seconds since a source's checkpoint moved, by source (gauge, SQL).

@@ -132,6 +132,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     platform.check().await.context(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;
+    // The rules' event types, from the config: in a split deployment the
+    // API may start before capture ever ran, and endpoint creation checks
+    // subscriptions against the catalog.
+    platform
+        .upsert_event_types(
+            &cfg.source.name,
+            &walhook_connectors::postgres::rule_event_types(&cfg.rules),
+        )
+        .await
+        .context("cannot register the rules' event types in the catalog")?;
     let shutdown = super::shutdown_on_signals();
     let task = spawn(&cfg, platform, Arc::new(Metrics::new()), shutdown).await?;
     task.await.context("the API task panicked")?;

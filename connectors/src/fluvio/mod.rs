@@ -39,11 +39,21 @@
 //!   One member reads a partition for a group at a time (static
 //!   assignment), so nothing else moves it.
 //!
-//! A broker restart is absorbed by the client: producers retry their
-//! batches (`DeliverySemantic::AtLeastOnce`), and the reader's stream
-//! reconnects at the next offset it had not read. Records sent twice by a
-//! producer retry are read twice; every stage downstream de-duplicates on
-//! ids, as the contract says.
+//! A broker crash heals without a process restart:
+//! - producers retry their batches (`DeliverySemantic::AtLeastOnce`); a
+//!   producer that failed anyway refuses every later record, so it is
+//!   dropped and the next send makes a new one on a new connection (capture
+//!   restarts from the slot after a failed receipt, and its next run sends
+//!   again what the failed one had not stored);
+//! - the reader's stream reconnects by itself, and is reopened on a new
+//!   connection at the next offset not read should it fail or end;
+//! - commits and the opening of a partition retry on new connections.
+//!
+//! Records sent twice by a producer retry are read twice; every stage
+//! downstream de-duplicates on ids, as the contract says. How long the
+//! cluster has failed to answer (operations, and a probe of the partitions'
+//! leaders) is kept ([`FluvioLog::reachability`]); the runtime stops a
+//! process once it exceeds [`FluvioSettings::give_up_after`].
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -54,13 +64,14 @@ use std::time::{Duration, Instant};
 use fluvio::consumer::{
     ConsumerConfigExt, ConsumerRecord, ConsumerStream, OffsetManagementStrategy, RetryMode,
 };
+use fluvio::metadata::partition::{PartitionResolution, PartitionSpec};
 use fluvio::metadata::topic::{TopicResolution, TopicSpec as FluvioTopicSpec};
 use fluvio::{
     Fluvio, FluvioClusterConfig, Isolation, Offset as FluvioOffset, PartitionId, Partitioner,
     PartitionerConfig, TopicProducerConfigBuilder, TopicProducerPool,
 };
 use futures::StreamExt;
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use walhook_pipeline::ids::Offset;
 use walhook_pipeline::log::{
@@ -80,6 +91,11 @@ pub struct FluvioSettings {
     pub connect_timeout: Duration,
     /// Records read ahead per partition and consumer.
     pub read_ahead: usize,
+    /// How long the cluster may fail to answer (operations failing, or a
+    /// partition of walhook's topics without a live leader) before
+    /// [`FluvioLog::unreachable_past_limit`] says so and the process
+    /// stops rather than waiting for ever.
+    pub give_up_after: Duration,
 }
 
 impl FluvioSettings {
@@ -90,6 +106,7 @@ impl FluvioSettings {
             replication: 1,
             connect_timeout: Duration::from_secs(30),
             read_ahead: 1024,
+            give_up_after: Duration::from_secs(300),
         }
     }
 }
@@ -101,8 +118,12 @@ pub struct FluvioLog {
 }
 
 struct Inner {
-    client: Arc<Fluvio>,
+    /// The client new producers and consumers use; replaced by a new
+    /// connection when an operation on it failed (a broker restart leaves
+    /// the old one's sockets dead).
+    client: parking_lot::Mutex<Arc<Fluvio>>,
     settings: FluvioSettings,
+    health: Health,
     partitions: HashMap<String, u32>,
     /// The commit state of the latest consumer per (topic, partition,
     /// group).
@@ -116,6 +137,73 @@ fn backend(e: impl Into<anyhow::Error>) -> LogError {
 
 fn broken(msg: String) -> LogError {
     LogError::Backend(msg.into())
+}
+
+/// Since when the cluster has failed to answer, if it has.
+///
+/// Two witnesses, each cleared by its own success: the operations
+/// (a producer's send or receipt, a consumer's read, an offset commit)
+/// and the probe (the SC lists walhook's partitions, each with a live
+/// leader). A stage that does nothing while the cluster is down (an idle
+/// fan-out member) still learns of it from the probe; a producer that
+/// keeps failing while the SC answers still counts.
+#[derive(Default)]
+struct Health {
+    ops: parking_lot::Mutex<Option<Trouble>>,
+    probe: parking_lot::Mutex<Option<Trouble>>,
+}
+
+/// The first failure of a run of failures, and the latest error.
+#[derive(Debug, Clone)]
+struct Trouble {
+    since: Instant,
+    last: String,
+}
+
+impl Health {
+    fn note(slot: &parking_lot::Mutex<Option<Trouble>>, outcome: Result<(), &str>) {
+        let mut slot = slot.lock();
+        match outcome {
+            Ok(()) => *slot = None,
+            Err(error) => match &mut *slot {
+                Some(t) => t.last = error.to_owned(),
+                None => {
+                    *slot = Some(Trouble {
+                        since: Instant::now(),
+                        last: error.to_owned(),
+                    })
+                }
+            },
+        }
+    }
+
+    fn op(&self, outcome: Result<(), &str>) {
+        Self::note(&self.ops, outcome);
+    }
+
+    /// The older of the two runs of failures.
+    fn failing(&self) -> Option<Trouble> {
+        let ops = self.ops.lock().clone();
+        let probe = self.probe.lock().clone();
+        match (ops, probe) {
+            (Some(a), Some(b)) => Some(if a.since <= b.since { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// How the cluster answers, as [`FluvioLog::reachability`] tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reachability {
+    /// The latest operations and probe succeeded.
+    Answering,
+    /// Operations or probes have failed for `for_` (the latest error).
+    Failing {
+        /// How long, since the first failure of the run.
+        for_: Duration,
+        /// The latest error.
+        error: String,
+    },
 }
 
 impl FluvioLog {
@@ -236,12 +324,146 @@ impl FluvioLog {
         }
         Ok(FluvioLog {
             inner: Arc::new(Inner {
-                client: Arc::new(client),
+                client: parking_lot::Mutex::new(Arc::new(client)),
                 settings,
+                health: Health::default(),
                 partitions,
                 commits: parking_lot::Mutex::new(HashMap::new()),
             }),
         })
+    }
+}
+
+impl FluvioLog {
+    /// The cluster's address, as configured.
+    pub fn endpoint(&self) -> &str {
+        &self.inner.settings.endpoint
+    }
+
+    /// Whether the cluster has answered the latest operations and probe.
+    pub fn reachability(&self) -> Reachability {
+        match self.inner.health.failing() {
+            None => Reachability::Answering,
+            Some(t) => Reachability::Failing {
+                for_: t.since.elapsed(),
+                error: t.last,
+            },
+        }
+    }
+
+    /// An error naming the cluster once it has failed to answer for longer
+    /// than [`FluvioSettings::give_up_after`]; `None` before.
+    pub fn unreachable_past_limit(&self) -> Option<String> {
+        match self.reachability() {
+            Reachability::Failing { for_, error } if for_ > self.inner.settings.give_up_after => {
+                Some(format!(
+                    "the Fluvio cluster at {} has not answered for {} s (more than [log] give_up_after = {:?}): \
+                     {error}; check that its SC and SPUs run and can be reached from here",
+                    self.inner.settings.endpoint,
+                    for_.as_secs(),
+                    self.inner.settings.give_up_after
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Asks the SC for the partitions of walhook's topics and checks that
+    /// each has a live leader; the outcome feeds [`Self::reachability`]. A
+    /// failure to reach the SC makes a new connection for what follows.
+    pub async fn probe(&self) -> Result<(), LogError> {
+        let client = self.inner.client();
+        let outcome =
+            match tokio::time::timeout(Committer::TRY_TIMEOUT, self.try_probe(&client)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!(
+                    "the SC did not answer within {:?}",
+                    Committer::TRY_TIMEOUT
+                )),
+            };
+        Health::note(
+            &self.inner.health.probe,
+            outcome.as_ref().map(|_| ()).map_err(String::as_str),
+        );
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let _ = self.inner.reconnect(&client).await;
+                Err(broken(error))
+            }
+        }
+    }
+
+    async fn try_probe(&self, client: &Fluvio) -> Result<(), String> {
+        let admin = client.admin().await;
+        let found = admin
+            .all::<PartitionSpec>()
+            .await
+            .map_err(|e| format!("cannot list the partitions: {e:#}"))?;
+        let mut topics: Vec<_> = self.inner.partitions.iter().collect();
+        topics.sort();
+        for (topic, count) in topics {
+            for p in 0..*count {
+                let name = format!("{topic}-{p}");
+                match found.iter().find(|m| m.name == name) {
+                    None => return Err(format!("partition {name} is not on the cluster")),
+                    Some(m) if m.status.resolution != PartitionResolution::Online => {
+                        return Err(format!(
+                            "partition {name} has no live leader ({:?}; leader SPU {})",
+                            m.status.resolution, m.spec.leader
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// The client for new producers and consumers.
+    fn client(&self) -> Arc<Fluvio> {
+        self.client.lock().clone()
+    }
+
+    /// A new connection in place of `failed` (one that an operation failed
+    /// on), unless another caller replaced it already: then that one.
+    async fn reconnect(&self, failed: &Arc<Fluvio>) -> Result<Arc<Fluvio>, LogError> {
+        {
+            let current = self.client.lock();
+            if !Arc::ptr_eq(&current, failed) {
+                return Ok(current.clone());
+            }
+        }
+        let config = FluvioClusterConfig::new(self.settings.endpoint.clone());
+        let fresh = match tokio::time::timeout(
+            Committer::TRY_TIMEOUT,
+            Fluvio::connect_with_config(&config),
+        )
+        .await
+        {
+            Ok(Ok(client)) => Arc::new(client),
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    _ => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
+                };
+                let error = format!(
+                    "cannot connect to Fluvio at {}: {error}",
+                    self.settings.endpoint
+                );
+                self.health.op(Err(&error));
+                return Err(broken(error));
+            }
+        };
+        let mut current = self.client.lock();
+        if Arc::ptr_eq(&current, failed) {
+            *current = fresh.clone();
+            Ok(fresh)
+        } else {
+            Ok(current.clone())
+        }
     }
 }
 
@@ -256,57 +478,134 @@ impl Partitioner for PortPartitioner {
 
 /// Appends to one Fluvio topic. The client's producer is made on the
 /// first send (making it talks to the cluster; the port's `producer` call
-/// does not wait), and shared by the clones.
+/// does not wait), shared by the clones, and made again after it failed:
+/// a Fluvio producer that met an error refuses every later record (seen
+/// after a broker crash: capture's every restart failed at once, for as
+/// long as the process lived), so a failed one is dropped, and the next
+/// send makes a new one on a new connection.
 pub struct FluvioProducer<M> {
-    client: Arc<Fluvio>,
+    inner: Arc<Inner>,
     topic: String,
-    producer: Arc<OnceCell<TopicProducerPool>>,
+    slot: Arc<parking_lot::Mutex<ProducerSlot>>,
     _record: PhantomData<fn(M)>,
+}
+
+/// The producer in use, or why the next send makes a new one.
+#[derive(Default)]
+struct ProducerSlot {
+    current: Option<Arc<Pooled>>,
+    /// The client of a producer that failed: the next producer is made on
+    /// a new connection.
+    failed_client: Option<Arc<Fluvio>>,
+}
+
+/// A producer and the client it was made on.
+struct Pooled {
+    pool: TopicProducerPool,
+    client: Arc<Fluvio>,
 }
 
 impl<M> Clone for FluvioProducer<M> {
     fn clone(&self) -> Self {
         FluvioProducer {
-            client: self.client.clone(),
+            inner: self.inner.clone(),
             topic: self.topic.clone(),
-            producer: self.producer.clone(),
+            slot: self.slot.clone(),
             _record: PhantomData,
         }
     }
 }
 
+/// Drops `failed` from `slot` (unless a newer producer replaced it), so
+/// that the next send makes a new one on a new connection.
+fn discard(slot: &parking_lot::Mutex<ProducerSlot>, failed: &Arc<Pooled>) {
+    let mut slot = slot.lock();
+    if slot
+        .current
+        .as_ref()
+        .is_some_and(|current| Arc::ptr_eq(current, failed))
+    {
+        slot.current = None;
+        slot.failed_client = Some(failed.client.clone());
+    }
+}
+
 impl<M> FluvioProducer<M> {
-    async fn get(&self) -> Result<&TopicProducerPool, LogError> {
-        self.producer
-            .get_or_try_init(|| async {
-                let config = TopicProducerConfigBuilder::default()
-                    .partitioner(Arc::new(PortPartitioner))
-                    .isolation(Isolation::ReadCommitted)
-                    .build()
-                    .map_err(backend)?;
-                self.client
-                    .topic_producer_with_config(self.topic.clone(), config)
-                    .await
-                    .map_err(backend)
-            })
-            .await
+    async fn get(&self) -> Result<Arc<Pooled>, LogError> {
+        let failed_client = {
+            let mut slot = self.slot.lock();
+            if let Some(current) = &slot.current {
+                return Ok(current.clone());
+            }
+            slot.failed_client.take()
+        };
+        let client = match failed_client {
+            Some(failed) => self.inner.reconnect(&failed).await?,
+            None => self.inner.client(),
+        };
+        let config = TopicProducerConfigBuilder::default()
+            .partitioner(Arc::new(PortPartitioner))
+            .isolation(Isolation::ReadCommitted)
+            .build()
+            .map_err(backend)?;
+        let made = tokio::time::timeout(
+            Committer::TRY_TIMEOUT,
+            client.topic_producer_with_config(self.topic.clone(), config),
+        )
+        .await;
+        let pool = match made {
+            Ok(Ok(pool)) => pool,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    _ => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
+                };
+                self.slot.lock().failed_client = Some(client);
+                let error = format!(
+                    "cannot make a producer for Fluvio topic {:?} at {}: {error}",
+                    self.topic, self.inner.settings.endpoint
+                );
+                self.inner.health.op(Err(&error));
+                return Err(broken(error));
+            }
+        };
+        let pooled = Arc::new(Pooled { pool, client });
+        let mut slot = self.slot.lock();
+        // Another send may have made one meanwhile: use that one.
+        Ok(slot.current.get_or_insert(pooled).clone())
     }
 }
 
 impl<M: Message> Producer<M> for FluvioProducer<M> {
     async fn send_all(&self, records: Vec<(Vec<u8>, M)>) -> Result<Receipt, LogError> {
-        let producer = self.get().await?;
+        let pooled = self.get().await?;
         let mut outputs = Vec::with_capacity(records.len());
         for (key, record) in records {
             let mut bytes = Vec::new();
             record.encode(&mut bytes);
-            let output = producer.send(key, bytes).await.map_err(backend)?;
-            outputs.push(output);
+            match pooled.pool.send(key, bytes).await {
+                Ok(output) => outputs.push(output),
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    tracing::warn!(topic = %self.topic, %error, "a Fluvio producer failed; the next send makes a new one");
+                    self.inner.health.op(Err(&error));
+                    discard(&self.slot, &pooled);
+                    return Err(backend(e));
+                }
+            }
         }
+        let (inner, slot, topic) = (self.inner.clone(), self.slot.clone(), self.topic.clone());
         Ok(Receipt::new(async move {
             for output in outputs {
-                output.wait().await.map_err(backend)?;
+                if let Err(e) = output.wait().await {
+                    let error = format!("{e:#}");
+                    tracing::warn!(%topic, %error, "a Fluvio producer's records were not stored; the next send makes a new producer");
+                    inner.health.op(Err(&error));
+                    discard(&slot, &pooled);
+                    return Err(backend(e));
+                }
             }
+            inner.health.op(Ok(()));
             Ok(())
         }))
     }
@@ -448,8 +747,8 @@ async fn run_committer(
 
 /// Moves a consumer offset to exact positions (see the module's notes).
 struct Committer {
+    inner: Arc<Inner>,
     client: Arc<Fluvio>,
-    cluster: FluvioClusterConfig,
     topic: String,
     partition: u32,
     group: String,
@@ -458,39 +757,36 @@ struct Committer {
 impl Committer {
     /// How long one try of a commit may take.
     const TRY_TIMEOUT: Duration = Duration::from_secs(5);
-    /// How long a commit keeps trying (a broker restart takes seconds).
-    const GIVE_UP: Duration = Duration::from_secs(120);
-
+    /// Stores `next`, trying again on a new connection after failures, for
+    /// as long as the cluster may be away (`[log] give_up_after`).
     async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
-        let deadline = Instant::now() + Self::GIVE_UP;
+        let give_up = self.inner.settings.give_up_after;
+        let deadline = Instant::now() + give_up;
         let mut pause = Duration::from_millis(100);
         loop {
             let tried = tokio::time::timeout(Self::TRY_TIMEOUT, self.try_commit(next)).await;
             let error = match tried {
-                Ok(Ok(())) => return Ok(()),
+                Ok(Ok(())) => {
+                    self.inner.health.op(Ok(()));
+                    return Ok(());
+                }
                 Ok(Err(e)) => format!("{:#}", anyhow::Error::from(e)),
                 Err(_) => format!("no answer within {:?}", Self::TRY_TIMEOUT),
             };
+            self.inner.health.op(Err(&error));
             if Instant::now() + pause > deadline {
                 return Err(broken(format!(
-                    "could not commit offset {next} of {}/{} for group {:?} within {:?}: {error}",
-                    self.topic,
-                    self.partition,
-                    self.group,
-                    Self::GIVE_UP
+                    "could not commit offset {next} of {}/{} for group {:?} within {give_up:?} \
+                     ([log] give_up_after): {error}",
+                    self.topic, self.partition, self.group,
                 )));
             }
             tracing::warn!(topic = %self.topic, partition = self.partition, group = %self.group, %error, retry_in = ?pause, "a Fluvio offset commit failed; retrying on a new connection");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));
             // A broker restart leaves the client's pooled sockets dead.
-            if let Ok(Ok(client)) = tokio::time::timeout(
-                Self::TRY_TIMEOUT,
-                Fluvio::connect_with_config(&self.cluster),
-            )
-            .await
-            {
-                self.client = Arc::new(client);
+            if let Ok(client) = self.inner.reconnect(&self.client).await {
+                self.client = client;
             }
         }
     }
@@ -528,31 +824,112 @@ impl Committer {
     }
 }
 
-/// Reads the partition into `out` until the consumer is dropped. The
-/// client's stream reconnects by itself; if it ends anyway, the consumer's
-/// next poll fails with an error naming the partition (`what`).
-async fn read<M, S, E>(mut stream: S, out: mpsc::Sender<Result<Record<M>, LogError>>, what: String)
-where
-    M: Message,
-    S: futures::Stream<Item = Result<ConsumerRecord, E>> + Unpin,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    while let Some(item) = stream.next().await {
-        let record = item.map_err(backend).and_then(|r| {
-            Ok(Record {
-                offset: Offset(u64::try_from(r.offset).map_err(backend)?),
-                message: M::decode(r.value())?,
-            })
-        });
-        if out.send(record).await.is_err() {
-            // The consumer is gone: nobody reads any more.
-            return;
+/// The records of one partition as the client's stream yields them.
+type Records =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<ConsumerRecord, String>> + Send>>;
+
+/// Opens a stream of `config` on `client`, and again on a new connection
+/// after each failure, pausing longer each time, until it opens or
+/// `deadline` passes (`None`: until it opens; the log's health watch stops
+/// the process if the cluster stays away).
+async fn open_stream(
+    inner: &Inner,
+    config: &ConsumerConfigExt,
+    mut client: Arc<Fluvio>,
+    what: &str,
+    deadline: Option<Instant>,
+) -> Result<(Arc<Fluvio>, Records), LogError> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let opened = tokio::time::timeout(
+            Committer::TRY_TIMEOUT,
+            client.consumer_with_config(config.clone()),
+        )
+        .await;
+        let error = match opened {
+            Ok(Ok(stream)) => {
+                let records: Records = Box::pin(stream.map(|r| r.map_err(|e| e.to_string())));
+                return Ok((client, records));
+            }
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
+        };
+        inner.health.op(Err(&error));
+        if deadline.is_some_and(|d| Instant::now() + pause > d) {
+            return Err(broken(format!(
+                "could not open {what} on the Fluvio cluster at {} within [log] give_up_after = {:?}: {error}",
+                inner.settings.endpoint, inner.settings.give_up_after
+            )));
+        }
+        tracing::warn!(partition = what, %error, retry_in = ?pause, "cannot read a Fluvio partition; retrying on a new connection");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+        if let Ok(fresh) = inner.reconnect(&client).await {
+            client = fresh;
         }
     }
-    // Dropped only when the consumer is gone, which needs no telling.
-    let _ = out
-        .send(Err(broken(format!("the Fluvio stream of {what} ended"))))
-        .await;
+}
+
+/// Reads the partition into `out` until the consumer is dropped. The
+/// client's stream reconnects by itself; should it fail or end anyway, a
+/// new stream opens on a new connection at the next offset not read, so a
+/// broker crash costs a pause, never the consumer. A record that cannot
+/// be decoded is handed on as an error (definite: reading again would not
+/// change it).
+async fn read<M: Message>(
+    inner: Arc<Inner>,
+    config: ConsumerConfigExt,
+    (mut client, mut stream): (Arc<Fluvio>, Records),
+    out: mpsc::Sender<Result<Record<M>, LogError>>,
+    what: String,
+) {
+    let mut next: Option<i64> = None;
+    loop {
+        let error = match stream.next().await {
+            Some(Ok(r)) => {
+                inner.health.op(Ok(()));
+                next = Some(r.offset + 1);
+                let record = u64::try_from(r.offset).map_err(backend).and_then(|offset| {
+                    Ok(Record {
+                        offset: Offset(offset),
+                        message: M::decode(r.value())?,
+                    })
+                });
+                if out.send(record).await.is_err() {
+                    // The consumer is gone: nobody reads any more.
+                    return;
+                }
+                continue;
+            }
+            Some(Err(e)) => e,
+            None => "the stream ended".to_owned(),
+        };
+        inner.health.op(Err(&error));
+        tracing::warn!(partition = %what, %error, "a Fluvio partition's stream failed; reopening it");
+        // Where this stream stopped, or the group's stored position when
+        // nothing was read yet.
+        let mut config = config.clone();
+        if let Some(next) = next {
+            match FluvioOffset::absolute(next) {
+                Ok(at) => config.offset_start = at,
+                Err(e) => {
+                    let _ = out.send(Err(backend(e))).await;
+                    return;
+                }
+            }
+        }
+        let fresh = match inner.reconnect(&client).await {
+            Ok(fresh) => fresh,
+            Err(_) => client.clone(),
+        };
+        match open_stream(&inner, &config, fresh, &what, None).await {
+            Ok(opened) => (client, stream) = opened,
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        }
+    }
 }
 
 impl Log for FluvioLog {
@@ -570,9 +947,9 @@ impl Log for FluvioLog {
     fn producer<M: Message>(&self, topic: &str) -> Result<FluvioProducer<M>, LogError> {
         self.partitions(topic)?;
         Ok(FluvioProducer {
-            client: self.inner.client.clone(),
+            inner: self.inner.clone(),
             topic: topic.to_owned(),
-            producer: Arc::new(OnceCell::new()),
+            slot: Arc::default(),
             _record: PhantomData,
         })
     }
@@ -590,7 +967,6 @@ impl Log for FluvioLog {
                 partition,
             });
         }
-        let client = &self.inner.client;
         // No offset management on the reading stream: it starts at the
         // group's stored offset and never commits (the committer does).
         let config = ConsumerConfigExt::builder()
@@ -612,48 +988,18 @@ impl Log for FluvioLog {
         // The partition's leader may be restarting (a member starting
         // while a broker crashes): keep trying, on a new connection, as
         // commits do, rather than fail the whole process's start.
-        let deadline = Instant::now() + Committer::GIVE_UP;
-        let mut pause = Duration::from_millis(100);
-        let mut client = client.clone();
-        let stream = loop {
-            let opened = tokio::time::timeout(
-                Committer::TRY_TIMEOUT,
-                client.consumer_with_config(config.clone()),
-            )
-            .await;
-            let error = match opened {
-                Ok(Ok(stream)) => break stream,
-                Ok(Err(e)) => format!("{e:#}"),
-                Err(_) => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
-            };
-            if Instant::now() + pause > deadline {
-                return Err(broken(format!(
-                    "could not open {topic}/{partition} for group {group:?} within {:?}: {error}",
-                    Committer::GIVE_UP
-                )));
-            }
-            tracing::warn!(topic, partition, group, %error, retry_in = ?pause, "cannot read a Fluvio partition yet; retrying on a new connection");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
-            let cluster = FluvioClusterConfig::new(self.inner.settings.endpoint.clone());
-            if let Ok(Ok(fresh)) = tokio::time::timeout(
-                Committer::TRY_TIMEOUT,
-                Fluvio::connect_with_config(&cluster),
-            )
-            .await
-            {
-                client = Arc::new(fresh);
-            }
-        };
-        let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
-        // The stream's client (a fresh one after a retry) lives as long as
-        // the stream reads.
-        let stream_client = client.clone();
         let name = format!("{topic} partition {partition} (group {group:?})");
-        let reader = tokio::spawn(async move {
-            let _client = stream_client;
-            read::<M, _, _>(stream, tx, name).await
-        });
+        let opened = open_stream(
+            &self.inner,
+            &config,
+            self.inner.client(),
+            &name,
+            Some(Instant::now() + self.inner.settings.give_up_after),
+        )
+        .await?;
+        let client = opened.0.clone();
+        let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
+        let reader = tokio::spawn(read::<M>(self.inner.clone(), config, opened, tx, name));
         let commits = Arc::new(CommitState {
             want: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),
@@ -662,8 +1008,8 @@ impl Log for FluvioLog {
         self.inner.commits.lock().insert(key, commits.clone());
         let (wake, woken) = mpsc::channel(1);
         let committer = Committer {
-            client: client.clone(),
-            cluster: FluvioClusterConfig::new(self.inner.settings.endpoint.clone()),
+            inner: self.inner.clone(),
+            client,
             topic: topic.to_owned(),
             partition,
             group: group.to_owned(),

@@ -35,4 +35,4 @@ pub mod value;
 
 pub use config::{RuleConfig, SourceConfig};
 pub use error::CaptureError;
-pub use source::{CaptureObserver, PostgresSource, RunOptions, RunStats};
+pub use source::{CaptureObserver, PostgresSource, RunOptions, RunStats, rule_event_types};

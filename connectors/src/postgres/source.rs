@@ -181,17 +181,7 @@ impl PostgresSource {
         for w in &warnings {
             tracing::warn!("{w}");
         }
-        let mut event_types: Vec<(String, u32)> = rules
-            .iter()
-            .flat_map(|r| {
-                r.event_type
-                    .iter()
-                    .chain(&r.event_types)
-                    .map(|t| (t.clone(), r.schema_version))
-            })
-            .collect();
-        event_types.sort();
-        event_types.dedup();
+        let event_types = rule_event_types(&rules);
         Ok(PostgresSource {
             cfg,
             options,
@@ -464,4 +454,23 @@ async fn acker(
             observer.confirmed(lsn);
         }
     }
+}
+
+/// The event types `rules` produce or declare (`event_type`, `event_types`),
+/// each with its rule's schema version, sorted, once each: what capture
+/// registers in the catalog, and what `walhook api` registers at its own
+/// start, so that endpoints can subscribe before capture first runs.
+pub fn rule_event_types(rules: &[RuleConfig]) -> Vec<(String, u32)> {
+    let mut types: Vec<(String, u32)> = rules
+        .iter()
+        .flat_map(|r| {
+            r.event_type
+                .iter()
+                .chain(&r.event_types)
+                .map(|t| (t.clone(), r.schema_version))
+        })
+        .collect();
+    types.sort();
+    types.dedup();
+    types
 }
