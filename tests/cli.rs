@@ -92,6 +92,10 @@ fn bad_config_values_are_named() {
             "[log].endpoint = \"sc.example\": give the Fluvio SC's public address as host:port",
         ),
         (
+            "[log]\nkind = \"fluvio\"\ngive_up_after = \"2s\"\n",
+            "[log].give_up_after = 2s: give at least \"10s\"",
+        ),
+        (
             "[log]\nkind = \"fluvio\"\ntopic_prefix = \"Walhook_\"\n",
             "[log].topic_prefix = \"Walhook_\": Fluvio topic names use a-z, 0-9 and '-'",
         ),

@@ -119,7 +119,42 @@ async fn assert_delivered_once(
         .await
         .unwrap()
         .get(0);
-    assert_eq!(twice, 0, "{what}: attempt ids recorded twice");
+    if twice > 0 {
+        let rows = w
+            .platform_sql
+            .query(
+                "SELECT a.delivery_id::text, a.number, a.trigger::text, a.started_at::text, a.outcome, \
+                        coalesce(a.error_class, ''), d.lease_owner, d.lease_version, d.created_at::text \
+                 FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
+                 WHERE (a.delivery_id, a.id) IN (SELECT delivery_id, id FROM walhook.attempts \
+                                                 GROUP BY 1, 2 HAVING count(*) > 1) \
+                 ORDER BY 1, 4",
+                &[],
+            )
+            .await
+            .unwrap();
+        let shown: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} #{} {} at {} {} {} (held by {:?} v{}, made {})",
+                    r.get::<_, String>(0),
+                    r.get::<_, i32>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, String>(3),
+                    r.get::<_, String>(4),
+                    r.get::<_, String>(5),
+                    r.get::<_, Option<String>>(6),
+                    r.get::<_, i64>(7),
+                    r.get::<_, String>(8)
+                )
+            })
+            .collect();
+        panic!(
+            "{what}: {twice} attempt ids recorded twice:\n{}",
+            shown.join("\n")
+        );
+    }
     let mut first: HashMap<String, &Received> = HashMap::new();
     let mut again = 0;
     let got = w.receiver.received();
@@ -277,9 +312,16 @@ async fn every_stage_heals_from_broker_crashes_with_no_process_restarted() {
     let w = World::new().await;
     w.endpoint("acme", "acme-a", &[]).await;
     w.endpoint("acme", "acme-b", &["order.created"]).await;
-    let cfg = w.config(&fluvio_log(&cluster));
+    let (log, events) = fluvio_log_named(&cluster);
+    let cfg = w.config(&log);
     let mut capture = Child::stage("capture", &cfg, &[], &[]);
-    let mut member0 = Child::stage("fanout", &cfg, &["--member", "0/2"], &[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut member0 = Child::stage(
+        "fanout",
+        &cfg,
+        &["--member", "0/2", "--metrics-listen", &listen],
+        &[],
+    );
     let mut member1 = Child::stage("fanout", &cfg, &["--member", "1/2"], &[]);
     let mut standby = Child::stage("dispatch", &cfg, &["--node-id", "standby"], &[]);
     w.wait_streaming().await;
@@ -329,6 +371,22 @@ async fn every_stage_heals_from_broker_crashes_with_no_process_restarted() {
         );
     }
     assert_delivered_once(&w, &cluster, "three broker crashes", 3 * PER_ROUND).await;
+    // Member 0 reports the fan-out group's lag on every partition, its
+    // own and member 1's: nothing left behind once all is delivered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for partition in 0..4 {
+        let series = format!(
+            "walhook_log_consumer_lag{{topic=\"{events}\",partition=\"{partition}\",group=\"fanout\"}}"
+        );
+        while scrape(&listen, &series).await != 0.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} is still {}",
+                scrape(&listen, &series).await
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     assert_recent_window_reconciles(&cfg);
     for child in [capture, member0, member1, standby] {
         assert!(

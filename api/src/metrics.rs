@@ -104,6 +104,17 @@ pub struct StatusClassLabel {
     pub status_class: String,
 }
 
+/// Labels of a consumer group's lag on one partition of the log.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LogLagLabels {
+    /// The topic.
+    pub topic: String,
+    /// The partition number.
+    pub partition: String,
+    /// The consumer group.
+    pub group: String,
+}
+
 /// Labels of per-endpoint attempts.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
@@ -214,6 +225,9 @@ pub struct PipelineMetrics {
     /// Seconds the log's cluster has not answered (0 while it answers;
     /// Fluvio only).
     pub log_unreachable_seconds: Gauge<f64, AtomicU64>,
+    /// Records stored after each consumer group's committed position, per
+    /// partition of the log (Fluvio only).
+    pub log_consumer_lag: Family<LogLagLabels, Gauge>,
     /// Why `/healthz` of a stage process fails, while it does (the log's
     /// cluster has not answered for some seconds).
     pub log_problem: parking_lot::Mutex<Option<String>>,
@@ -246,6 +260,7 @@ impl Default for PipelineMetrics {
             endpoints_labelled: Bounded::default(),
             tenants_labelled: Bounded::default(),
             log_unreachable_seconds: Gauge::default(),
+            log_consumer_lag: Family::default(),
             log_problem: parking_lot::Mutex::new(None),
         }
     }
@@ -379,6 +394,11 @@ impl Metrics {
             CAPTURE_LAG,
             "Seconds from commit to capture for the last transaction read",
             pipeline.capture_lag.clone(),
+        );
+        registry.register(
+            LOG_CONSUMER_LAG,
+            "Records stored after a consumer group's committed position, by topic and partition (Fluvio only)",
+            pipeline.log_consumer_lag.clone(),
         );
         registry.register(
             LOG_UNREACHABLE,

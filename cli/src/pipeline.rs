@@ -33,7 +33,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use walhook_api::metrics::PipelineMetrics;
+use walhook_api::metrics::{LogLagLabels, PipelineMetrics};
 use walhook_connectors::fluvio::{FluvioLog, Reachability};
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
@@ -300,7 +300,8 @@ const UNHEALTHY_AFTER: Duration = Duration::from_secs(5);
 /// Probes the cluster every [`PROBE_EVERY`] (each probe also renews the
 /// connection after a failure), publishes how long it has failed
 /// (`walhook_log_unreachable_seconds`, and `/healthz` answers 503 after
-/// [`UNHEALTHY_AFTER`]), and fails once it has failed for longer than
+/// [`UNHEALTHY_AFTER`]) and, while it answers, every consumer group's lag
+/// per partition (`walhook_log_consumer_lag`), and fails once it has failed for longer than
 /// `[log] give_up_after`: the process then stops with an error naming the
 /// cluster, rather than retrying for ever while nothing moves.
 async fn watch_cluster(
@@ -333,6 +334,20 @@ async fn watch_cluster(
                     )
                 })
             });
+        }
+        if let Some(m) = &metrics
+            && failing.is_none()
+            && let Ok(lags) = log.consumer_lag().await
+        {
+            for l in lags {
+                m.log_consumer_lag
+                    .get_or_create(&LogLagLabels {
+                        topic: l.topic,
+                        partition: l.partition.to_string(),
+                        group: l.group,
+                    })
+                    .set(i64::try_from(l.lag).unwrap_or(i64::MAX));
+            }
         }
         if let Some(error) = log.unreachable_past_limit() {
             return Err(Stopped(error));

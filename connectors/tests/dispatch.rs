@@ -99,6 +99,7 @@ impl DispatchStore for Memory {
         _: Option<EventId>,
         _: usize,
         _: bool,
+        _: walhook_pipeline::time::Timestamp,
     ) -> Result<(Vec<DeliveryJob>, Option<EventId>), StoreError> {
         Ok((Vec::new(), None))
     }

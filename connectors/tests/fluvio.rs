@@ -204,3 +204,78 @@ async fn the_probe_tells_when_the_cluster_cannot_serve() {
     }
     assert_eq!(log.reachability(), Reachability::Answering);
 }
+
+/// A group's lag per partition: what was stored after its committed
+/// position, and everything on a partition it never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_lag_counts_what_each_group_has_not_committed() {
+    use walhook_connectors::fluvio::ConsumerLag;
+    let Some(cluster) =
+        FluvioCluster::start("consumer_lag_counts_what_each_group_has_not_committed")
+    else {
+        return;
+    };
+    let topic = TopicSpec {
+        name: "walhook-lagging".into(),
+        partitions: 2,
+        capacity: 0,
+        durable_groups: vec![],
+    };
+    let log = FluvioLog::connect(settings(&cluster), vec![topic])
+        .await
+        .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
+        .expect("connects");
+    let producer = log
+        .producer::<TestRecord>("walhook-lagging")
+        .expect("producer");
+    // Keys that land on partition 0 and on partition 1.
+    let key_on = |p: u32| {
+        (0u32..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| walhook_pipeline::log::partition_for(k, 2) == p)
+            .unwrap()
+    };
+    let batch = (0..5u64)
+        .map(|i| (key_on(0), TestRecord(i, String::new())))
+        .chain((0..3u64).map(|i| (key_on(1), TestRecord(i, String::new()))))
+        .collect();
+    producer.send_all(batch).await.unwrap().await.unwrap();
+    let mut consumer = log
+        .consumer::<TestRecord>("walhook-lagging", 0, "g")
+        .await
+        .expect("consumer");
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        seen.extend(consumer.poll(10).await.expect("poll"));
+    }
+    consumer.commit(Offset(3)).await.expect("commit");
+
+    let want = vec![
+        ConsumerLag {
+            topic: "walhook-lagging".into(),
+            partition: 0,
+            group: "g".into(),
+            lag: 2,
+        },
+        ConsumerLag {
+            topic: "walhook-lagging".into(),
+            partition: 1,
+            group: "g".into(),
+            lag: 3,
+        },
+    ];
+    // The commit is made in the background, and the SC learns the high
+    // watermarks from the SPU: wait for both.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let lags = log.consumer_lag().await.expect("lags");
+        if lags == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lags {lags:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

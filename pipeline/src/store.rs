@@ -195,15 +195,19 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
     /// After a restart: takes back the plans of fan-out (deliveries with no
-    /// row yet) this node held, in event order after `after`, bumping each
-    /// plan's lease; returns their deliveries that have no row yet and the
-    /// event to continue after (`None` when done).
+    /// row yet) this node held, made before `before` (the start of this
+    /// run: the plans this run's own fan-out makes meanwhile are already on
+    /// their way to its dispatcher, and taking them again would send them
+    /// twice), in event order after `after`, bumping each plan's lease;
+    /// returns their deliveries that have no row yet and the event to
+    /// continue after (`None` when done).
     fn reclaim_plans(
         &self,
         node: &str,
         after: Option<crate::ids::EventId>,
         limit: usize,
         after_unknown: bool,
+        before: crate::time::Timestamp,
     ) -> impl Future<Output = Result<(Vec<DeliveryJob>, Option<crate::ids::EventId>), StoreError>> + Send;
 
     /// Removes plans whose deliveries all have their rows (left behind by a

@@ -303,11 +303,13 @@ fn plans_claim_sql(picked: &str, after_unknown: &str) -> String {
     )
 }
 
-/// This node's plans after a restart, in event order after `$3`.
+/// This node's plans after a restart, made before this run began (`$5`),
+/// in event order after `$3`.
 static RECLAIM_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     plans_claim_sql(
         "SELECT event_id, lease_owner AS old_owner FROM walhook.fanouts \
-         WHERE lease_owner = $1 AND event_id > $3 ORDER BY event_id LIMIT $2 FOR UPDATE SKIP LOCKED",
+         WHERE lease_owner = $1 AND event_id > $3 AND created_at < $5 \
+         ORDER BY event_id LIMIT $2 FOR UPDATE SKIP LOCKED",
         "$4::bool",
     )
 });
@@ -865,6 +867,7 @@ impl DispatchStore for Platform {
         after: Option<EventId>,
         limit: usize,
         after_unknown: bool,
+        before: Timestamp,
     ) -> Result<(Vec<DeliveryJob>, Option<EventId>), walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
         let stmt = client
@@ -873,7 +876,16 @@ impl DispatchStore for Platform {
             .map_err(StoreError::query("prepare the reclaim of plans"))?;
         let after = uuid16(&after.map_or([0; 16], |e| e.0));
         let rows = client
-            .query(&stmt, &[&node, &(limit as i64), &after, &after_unknown])
+            .query(
+                &stmt,
+                &[
+                    &node,
+                    &(limit as i64),
+                    &after,
+                    &after_unknown,
+                    &before.to_system_time(),
+                ],
+            )
             .await
             .map_err(StoreError::query("reclaim this node's plans"))?;
         // A page of `limit` plans was taken (the last event continues it),

@@ -201,7 +201,13 @@ async fn a_planned_delivery_gets_its_row_with_its_first_attempt() {
 
     let (mut jobs, next) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     assert_eq!(next, None, "one page");
@@ -283,7 +289,13 @@ async fn a_retry_after_a_lost_answer_hands_over_what_the_first_try_stored() {
     // Claimed since (a later lease): whoever claimed it has the rest.
     let (jobs, _) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     assert_eq!(jobs.len(), 2);
@@ -326,7 +338,13 @@ async fn a_lapsed_nodes_plans_move_to_another_node_and_its_late_results_are_stal
     let made = w.plan(2_000, Some("a"), Duration::ZERO).await;
     let (a_jobs, _) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     assert_eq!(a_jobs.len(), 3);
@@ -453,7 +471,13 @@ async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_lates
     let made = w.plan(6_000, Some("a"), Duration::ZERO).await;
     let (jobs, _) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     let job = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
@@ -499,7 +523,13 @@ async fn attempts_are_tallied_once_even_when_a_batch_is_recorded_again() {
     w.plan(2_000, Some("a"), Duration::ZERO).await;
     let (mut jobs, _) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     jobs.sort_by_key(|j| j.endpoint_id);
@@ -592,7 +622,13 @@ async fn a_batch_removes_exactly_the_plans_it_completes() {
     w.plan(3_000, Some("a"), Duration::ZERO).await;
     let (mut jobs, _) = w
         .platform
-        .reclaim_plans("a", None, 10, false)
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
         .await
         .unwrap();
     assert_eq!(jobs.len(), 6, "two events, three endpoints each");
@@ -771,4 +807,38 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
         status(won.delivery_id).await,
         ("succeeded".to_owned(), None, false)
     );
+}
+
+/// A restart takes back the plans of the node's previous run, never the
+/// ones its own fan-out made since it began (already on their way to its
+/// dispatcher: taking them again sent first attempts twice).
+#[tokio::test]
+async fn a_restart_leaves_the_plans_of_its_own_run_alone() {
+    let w = world().await;
+    let began = walhook_pipeline::time::Timestamp::now();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let made = w.plan(1_000, Some("a"), Duration::ZERO).await;
+    assert_eq!(made.len(), 3);
+    let (jobs, next) = w
+        .platform
+        .reclaim_plans("a", None, 10, false, began)
+        .await
+        .unwrap();
+    assert!(
+        jobs.is_empty() && next.is_none(),
+        "took this run's plans: {jobs:?}"
+    );
+    // The same plans, as a later run sees them: its predecessor's.
+    let (jobs, _) = w
+        .platform
+        .reclaim_plans(
+            "a",
+            None,
+            10,
+            false,
+            walhook_pipeline::time::Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 3);
 }

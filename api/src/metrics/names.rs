@@ -19,6 +19,9 @@ pub const CAPTURE_LAG: &str = "walhook_capture_lag_seconds";
 /// Seconds the log's cluster has not answered, 0 while it answers (gauge;
 /// Fluvio only, per stage process).
 pub const LOG_UNREACHABLE: &str = "walhook_log_unreachable_seconds";
+/// Records after a consumer group's committed position, by topic,
+/// partition and group (gauge; Fluvio only, from every stage process).
+pub const LOG_CONSUMER_LAG: &str = "walhook_log_consumer_lag";
 /// WAL the replication slot retains, bytes (gauge).
 pub const CAPTURE_SLOT_LAG: &str = "walhook_capture_slot_lag_bytes";
 /// Seconds since a source's checkpoint moved, by source (gauge, SQL).

@@ -421,6 +421,82 @@ impl FluvioLog {
     }
 }
 
+/// How far a consumer group is behind on one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerLag {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// The consumer group.
+    pub group: String,
+    /// Records stored after the group's committed position.
+    pub lag: u64,
+}
+
+impl FluvioLog {
+    /// The lag of each consumer group on each partition of walhook's topics:
+    /// the partition's high watermark (as the SC reports it) less the
+    /// group's stored position. Every group that stored a position on
+    /// these topics is listed, and those of this process, on every
+    /// partition (one never read counts all its records), so any member
+    /// shows a partition nobody reads.
+    pub async fn consumer_lag(&self) -> Result<Vec<ConsumerLag>, LogError> {
+        let client = self.inner.client();
+        let asked = async {
+            let admin = client.admin().await;
+            let found = admin.all::<PartitionSpec>().await.map_err(backend)?;
+            let offsets = client.consumer_offsets().await.map_err(backend)?;
+            let mut groups: std::collections::BTreeSet<String> = offsets
+                .iter()
+                .filter(|o| self.inner.partitions.contains_key(&o.topic))
+                .map(|o| o.consumer_id.clone())
+                .collect();
+            groups.extend(self.inner.commits.lock().keys().map(|k| k.2.clone()));
+            let mut topics: Vec<_> = self.inner.partitions.iter().collect();
+            topics.sort();
+            let mut lags = Vec::new();
+            for (topic, count) in topics {
+                for partition in 0..*count {
+                    let name = format!("{topic}-{partition}");
+                    let Some(m) = found.iter().find(|m| m.name == name) else {
+                        continue;
+                    };
+                    let high = m.status.leader.hw;
+                    for group in &groups {
+                        // A stored offset is the last record done: the
+                        // group's next record follows it.
+                        let next = offsets
+                            .iter()
+                            .find(|o| {
+                                o.consumer_id == *group
+                                    && o.topic == *topic
+                                    && o.partition == partition
+                            })
+                            .map_or(0, |o| o.offset + 1);
+                        lags.push(ConsumerLag {
+                            topic: topic.clone(),
+                            partition,
+                            group: group.clone(),
+                            lag: u64::try_from(high - next).unwrap_or(0),
+                        });
+                    }
+                }
+            }
+            Ok(lags)
+        };
+        tokio::time::timeout(Committer::TRY_TIMEOUT, asked)
+            .await
+            .unwrap_or_else(|_| {
+                Err(broken(format!(
+                    "the Fluvio cluster at {} did not report its offsets within {:?}",
+                    self.inner.settings.endpoint,
+                    Committer::TRY_TIMEOUT
+                )))
+            })
+    }
+}
+
 impl Inner {
     /// The client for new producers and consumers.
     fn client(&self) -> Arc<Fluvio> {

@@ -216,6 +216,10 @@ pub struct Dispatcher<E, S> {
     settings: DispatchSettings,
     counters: Arc<DispatchCounters>,
     observer: Arc<dyn AttemptObserver>,
+    /// When this run began (wall clock, as fan-out stamps its plans), taken
+    /// before the fan-out beside it can make a plan: the restart's retake
+    /// leaves this run's own plans alone.
+    made_at: Timestamp,
 }
 
 /// Mutable state of a run, beside the schedule.
@@ -304,6 +308,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             settings,
             counters,
             observer: Arc::new(NoObserver),
+            made_at: Timestamp::now(),
         }
     }
 
@@ -365,7 +370,10 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             self.settings.clone(),
             claimed_tx,
             state.exclude.clone(),
-            !previous_clean,
+            sweeper::Retake {
+                after_unknown: !previous_clean,
+                before: self.made_at,
+            },
             sweep_stop.clone(),
         ));
 

@@ -37,26 +37,40 @@ pub enum Claimed {
     Cancelled(Vec<crate::ids::DeliveryId>),
 }
 
+/// What a run takes back of this node's previous run at its start.
+#[derive(Debug, Clone, Copy)]
+pub struct Retake {
+    /// The previous run did not stop cleanly: what it held may have had
+    /// attempts out.
+    pub after_unknown: bool,
+    /// Plans made from this instant on are this run's own (its fan-out's,
+    /// already handed to its dispatcher), never taken back.
+    pub before: Timestamp,
+}
+
 /// Runs until `stop`; `exclude` lists endpoints whose due deliveries it
 /// leaves alone until the given time (open circuits: their deliveries wait
 /// for the probe; after it, claims resume so that a probe can go at all).
-/// `after_unknown`: this node's previous run did not stop cleanly, so what
-/// it held may have had attempts out. A failpoint `dispatch.sweeper` with
-/// the action `end` ends it (supervision tests).
+/// `retake`: what to take back of this node's previous run. A failpoint
+/// `dispatch.sweeper` with the action `end` ends it (supervision tests).
 pub async fn run<S: DispatchStore>(
     store: Arc<S>,
     settings: DispatchSettings,
     out: mpsc::Sender<Claimed>,
     exclude: Arc<Mutex<HashMap<EndpointId, Timestamp>>>,
-    after_unknown: bool,
+    retake_from: Retake,
     stop: CancellationToken,
 ) {
+    let Retake {
+        after_unknown,
+        before,
+    } = retake_from;
     if let Err(e) = store.heartbeat(&settings.node_id, settings.lease).await {
         tracing::warn!(error = %e, "could not renew the node's lease");
     }
     let mut last_heartbeat = std::time::Instant::now();
     // Everything this node held before a restart.
-    let Some(complete) = retake_own(&*store, &settings, &out, after_unknown).await else {
+    let Some(complete) = retake_own(&*store, &settings, &out, after_unknown, before).await else {
         return;
     };
     let mut retake = !complete;
@@ -109,7 +123,7 @@ pub async fn run<S: DispatchStore>(
         // which the next number and note account for).
         if retake {
             tracing::info!("taking again what this node holds, after a failed claim");
-            let Some(complete) = retake_own(&*store, &settings, &out, true).await else {
+            let Some(complete) = retake_own(&*store, &settings, &out, true, before).await else {
                 return;
             };
             retake = !complete;
@@ -197,6 +211,7 @@ async fn retake_own<S: DispatchStore>(
     settings: &DispatchSettings,
     out: &mpsc::Sender<Claimed>,
     after_unknown: bool,
+    before: Timestamp,
 ) -> Option<bool> {
     let mut complete = true;
     let mut after = None;
@@ -238,6 +253,7 @@ async fn retake_own<S: DispatchStore>(
                 after,
                 settings.sweep_batch,
                 after_unknown,
+                before,
             )
             .await
         {
