@@ -469,7 +469,9 @@ async fn start_on<L: Log + Closable>(
                 dispatch: counters.dispatch.clone(),
             };
             let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
-            let starting = Workers::start(
+            // Boxed: the start's future is large, and nesting it in the
+            // select below inline overflows the compiler's layout queries.
+            let starting = Box::pin(Workers::start(
                 &log,
                 egress,
                 platform.clone(),
@@ -477,7 +479,7 @@ async fn start_on<L: Log + Closable>(
                 settings,
                 &worker_counters,
                 &supervisor,
-            );
+            ));
             // Opening the partitions waits for their leaders; a task that
             // fails meanwhile (the cluster watch giving up) ends the start.
             tokio::select! {
