@@ -336,7 +336,6 @@ async fn watch_cluster(
             });
         }
         if let Some(m) = &metrics
-            && failing.is_none()
             && let Ok(lags) = log.consumer_lag().await
         {
             for l in lags {

@@ -216,7 +216,16 @@ where
         let Some(last) = records.last().map(|r| r.offset) else {
             return Ok(());
         };
-        let events: Vec<Event> = records.into_iter().map(|r| r.message).collect();
+        // A log that delivers at least once may hand one event twice in a
+        // chunk (a producer's retried batch stored twice, seen after a
+        // broker crash): planned twice, its deliveries went to dispatch
+        // twice and their first attempts were sent twice. Each event once.
+        let mut seen = std::collections::HashSet::new();
+        let events: Vec<Event> = records
+            .into_iter()
+            .map(|r| r.message)
+            .filter(|e| seen.insert(e.id))
+            .collect();
         let (deliveries, jobs) = self.plan(&events);
         let mut incidents = self.unknown_tenants(&events);
         failpoint::hit("fanout.before_materialize");

@@ -158,7 +158,15 @@ struct Health {
 struct Trouble {
     since: Instant,
     last: String,
+    /// When the latest failure happened.
+    last_at: Instant,
 }
+
+/// A failed operation followed by none (a reader's error, then a quiet
+/// partition) stops counting once the probe has passed for this long since
+/// it; an operation that keeps failing (capture retries at least every
+/// 10 s) keeps counting.
+const STALE_AFTER: Duration = Duration::from_secs(30);
 
 impl Health {
     fn note(slot: &parking_lot::Mutex<Option<Trouble>>, outcome: Result<(), &str>) {
@@ -166,11 +174,15 @@ impl Health {
         match outcome {
             Ok(()) => *slot = None,
             Err(error) => match &mut *slot {
-                Some(t) => t.last = error.to_owned(),
+                Some(t) => {
+                    t.last = error.to_owned();
+                    t.last_at = Instant::now();
+                }
                 None => {
                     *slot = Some(Trouble {
                         since: Instant::now(),
                         last: error.to_owned(),
+                        last_at: Instant::now(),
                     })
                 }
             },
@@ -179,6 +191,19 @@ impl Health {
 
     fn op(&self, outcome: Result<(), &str>) {
         Self::note(&self.ops, outcome);
+    }
+
+    /// The probe passed: a run of failed operations that ended long ago
+    /// (nothing failed since) is over.
+    fn probe_passed(&self) {
+        Self::note(&self.probe, Ok(()));
+        let mut ops = self.ops.lock();
+        if ops
+            .as_ref()
+            .is_some_and(|t| t.last_at.elapsed() > STALE_AFTER)
+        {
+            *ops = None;
+        }
     }
 
     /// The older of the two runs of failures.
@@ -381,10 +406,10 @@ impl FluvioLog {
                     Committer::TRY_TIMEOUT
                 )),
             };
-        Health::note(
-            &self.inner.health.probe,
-            outcome.as_ref().map(|_| ()).map_err(String::as_str),
-        );
+        match &outcome {
+            Ok(()) => self.inner.health.probe_passed(),
+            Err(e) => Health::note(&self.inner.health.probe, Err(e)),
+        }
         match outcome {
             Ok(()) => Ok(()),
             Err(error) => {
