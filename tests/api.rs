@@ -619,13 +619,7 @@ async fn walhook_api_alone_knows_the_rules_event_types() {
     );
     let port = free_port();
     let cfg = w.config(&api_section(port));
-    let child = Child(
-        walhook()
-            .args(["api", "--config"])
-            .arg(&cfg)
-            .spawn()
-            .expect("cannot start walhook api"),
-    );
+    let child = Child::api(&cfg);
     let api = Http::new(port);
     api.wait_ready().await;
     let key = onboard(&w, &api, "acme").await;
@@ -657,12 +651,7 @@ async fn walhook_api_serves_the_committed_document() {
     let w = World::new().await;
     let port = free_port();
     let cfg = w.config(&api_section(port));
-    let child = walhook()
-        .args(["api", "--config"])
-        .arg(&cfg)
-        .spawn()
-        .expect("cannot start walhook api");
-    let child = Child(child);
+    let child = Child::api(&cfg);
     let api = Http::new(port);
     api.wait_ready().await;
     let served = api.text("/openapi.json").await;
@@ -695,13 +684,7 @@ async fn metrics_are_served_on_their_own_listener_and_a_busy_port_stops_the_star
         crate::support::api::OPERATOR
     );
     let cfg = w.config(&section);
-    let child = Child(
-        walhook()
-            .args(["api", "--config"])
-            .arg(&cfg)
-            .spawn()
-            .expect("cannot start walhook api"),
-    );
+    let child = Child::api(&cfg);
     let api = Http::new(port);
     api.wait_ready().await;
     let open = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))

@@ -211,22 +211,7 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
     insert_orders(&w, 21..=40).await;
     member1 = Child::stage("fanout", &cfg, &["--member", "1/2"], &[]);
     // The broker crashes while capture writes.
-    let writer = {
-        let shop = w.shop_url();
-        tokio::spawn(async move {
-            let (client, conn) = tokio_postgres::connect(&shop, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            for id in 41..=60i64 {
-                client
-                    .execute("INSERT INTO orders VALUES ($1, 'acme', 1)", &[&id])
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let writer = write_orders(&w, 41..=60, Duration::from_millis(20));
     tokio::time::sleep(Duration::from_millis(150)).await;
     cluster.restart_spu();
     writer.await.unwrap();

@@ -121,14 +121,7 @@ async fn deliveries_become_partitioned_by_day_online_and_the_legacy_partition_em
         before + made
     );
     // Today is covered by the legacy partition: no partition of its own.
-    let own: Option<String> = sql
-        .query_one(
-            "SELECT walhook.ensure_day_partition('deliveries', (now() AT TIME ZONE 'UTC')::date)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let own = today_partition(&sql).await;
     assert_eq!(own, None, "today's rows go to the legacy partition");
 
     // The archive, days later: every day of the legacy partition leaves
@@ -174,14 +167,7 @@ async fn deliveries_become_partitioned_by_day_online_and_the_legacy_partition_em
     );
 
     // From now on a day gets its own partition, keyed on id.
-    let own: Option<String> = sql
-        .query_one(
-            "SELECT walhook.ensure_day_partition('deliveries', (now() AT TIME ZONE 'UTC')::date)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let own = today_partition(&sql).await;
     let own = own.expect("a partition of its own once the legacy partition is gone");
     let writer = pg.connect("platform").await.unwrap();
     writer
@@ -210,4 +196,16 @@ async fn deliveries_become_partitioned_by_day_online_and_the_legacy_partition_em
 
 async fn count(sql: &tokio_postgres::Client, q: &str) -> i64 {
     sql.query_one(q, &[]).await.unwrap().get(0)
+}
+
+/// `ensure_day_partition` for today's deliveries: the partition's name, or
+/// `None` while the legacy partition covers the day.
+async fn today_partition(sql: &tokio_postgres::Client) -> Option<String> {
+    sql.query_one(
+        "SELECT walhook.ensure_day_partition('deliveries', (now() AT TIME ZONE 'UTC')::date)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }

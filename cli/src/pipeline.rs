@@ -314,10 +314,10 @@ async fn watch_cluster(
             _ = stop.cancelled() => return Ok(()),
             _ = tokio::time::sleep(PROBE_EVERY) => {}
         }
-        tokio::select! {
+        let probed = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            _ = log.probe() => {}
-        }
+            probed = log.probe() => probed,
+        };
         let failing = match log.reachability() {
             Reachability::Answering => None,
             Reachability::Failing { for_, error } => Some((for_, error)),
@@ -336,7 +336,8 @@ async fn watch_cluster(
             });
         }
         if let Some(m) = &metrics
-            && let Ok(lags) = log.consumer_lag().await
+            && let Ok(marks) = &probed
+            && let Ok(lags) = log.consumer_lag(marks).await
         {
             for l in lags {
                 m.log_consumer_lag

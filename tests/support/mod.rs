@@ -435,6 +435,17 @@ impl Child {
         Child::run_with_env(cfg, &[])
     }
 
+    /// Starts `walhook api --config cfg`.
+    pub fn api(cfg: &Path) -> Child {
+        Child(
+            walhook()
+                .args(["api", "--config"])
+                .arg(cfg)
+                .spawn()
+                .expect("cannot start walhook api"),
+        )
+    }
+
     /// Starts `walhook run --config cfg` with `env` added to the
     /// environment.
     pub fn run_with_env(cfg: &Path, env: &[(&str, &str)]) -> Child {

@@ -139,6 +139,18 @@ fn broken(msg: String) -> LogError {
     LogError::Backend(msg.into())
 }
 
+/// Runs one try of a cluster operation within [`Committer::TRY_TIMEOUT`];
+/// its error, or the timeout, as text.
+async fn within<T, E: std::fmt::Display>(
+    op: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(Committer::TRY_TIMEOUT, op).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(_) => Err(format!("no answer within {:?}", Committer::TRY_TIMEOUT)),
+    }
+}
+
 /// Since when the cluster has failed to answer, if it has.
 ///
 /// Two witnesses, each cleared by its own success: the operations
@@ -396,22 +408,16 @@ impl FluvioLog {
     /// Asks the SC for the partitions of walhook's topics and checks that
     /// each has a live leader; the outcome feeds [`Self::reachability`]. A
     /// failure to reach the SC makes a new connection for what follows.
-    pub async fn probe(&self) -> Result<(), LogError> {
+    /// Returns each partition's high watermark, for [`Self::consumer_lag`].
+    pub async fn probe(&self) -> Result<Watermarks, LogError> {
         let client = self.inner.client();
-        let outcome =
-            match tokio::time::timeout(Committer::TRY_TIMEOUT, self.try_probe(&client)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!(
-                    "the SC did not answer within {:?}",
-                    Committer::TRY_TIMEOUT
-                )),
-            };
+        let outcome = within(self.try_probe(&client)).await;
         match &outcome {
-            Ok(()) => self.inner.health.probe_passed(),
+            Ok(_) => self.inner.health.probe_passed(),
             Err(e) => Health::note(&self.inner.health.probe, Err(e)),
         }
         match outcome {
-            Ok(()) => Ok(()),
+            Ok(marks) => Ok(marks),
             Err(error) => {
                 let _ = self.inner.reconnect(&client).await;
                 Err(broken(error))
@@ -419,7 +425,7 @@ impl FluvioLog {
         }
     }
 
-    async fn try_probe(&self, client: &Fluvio) -> Result<(), String> {
+    async fn try_probe(&self, client: &Fluvio) -> Result<Watermarks, String> {
         let admin = client.admin().await;
         let found = admin
             .all::<PartitionSpec>()
@@ -427,24 +433,30 @@ impl FluvioLog {
             .map_err(|e| format!("cannot list the partitions: {e:#}"))?;
         let mut topics: Vec<_> = self.inner.partitions.iter().collect();
         topics.sort();
+        let mut marks = Vec::new();
         for (topic, count) in topics {
             for p in 0..*count {
                 let name = format!("{topic}-{p}");
-                match found.iter().find(|m| m.name == name) {
-                    None => return Err(format!("partition {name} is not on the cluster")),
-                    Some(m) if m.status.resolution != PartitionResolution::Online => {
-                        return Err(format!(
-                            "partition {name} has no live leader ({:?}; leader SPU {})",
-                            m.status.resolution, m.spec.leader
-                        ));
-                    }
-                    Some(_) => {}
+                let Some(m) = found.iter().find(|m| m.name == name) else {
+                    return Err(format!("partition {name} is not on the cluster"));
+                };
+                if m.status.resolution != PartitionResolution::Online {
+                    return Err(format!(
+                        "partition {name} has no live leader ({:?}; leader SPU {})",
+                        m.status.resolution, m.spec.leader
+                    ));
                 }
+                marks.push((topic.clone(), p, m.status.leader.hw));
             }
         }
-        Ok(())
+        Ok(Watermarks(marks))
     }
 }
+
+/// Each partition's high watermark (the offset the next record gets), as
+/// the SC reported it to a [`FluvioLog::probe`].
+#[derive(Debug, Clone)]
+pub struct Watermarks(Vec<(String, u32, i64)>);
 
 /// How far a consumer group is behind on one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -461,64 +473,46 @@ pub struct ConsumerLag {
 
 impl FluvioLog {
     /// The lag of each consumer group on each partition of walhook's topics:
-    /// the partition's high watermark (as the SC reports it) less the
+    /// the partition's high watermark (`marks`, from a probe) less the
     /// group's stored position. Every group that stored a position on
     /// these topics is listed, and those of this process, on every
     /// partition (one never read counts all its records), so any member
     /// shows a partition nobody reads.
-    pub async fn consumer_lag(&self) -> Result<Vec<ConsumerLag>, LogError> {
-        let client = self.inner.client();
-        let asked = async {
-            let admin = client.admin().await;
-            let found = admin.all::<PartitionSpec>().await.map_err(backend)?;
-            let offsets = client.consumer_offsets().await.map_err(backend)?;
-            let mut groups: std::collections::BTreeSet<String> = offsets
-                .iter()
-                .filter(|o| self.inner.partitions.contains_key(&o.topic))
-                .map(|o| o.consumer_id.clone())
-                .collect();
-            groups.extend(self.inner.commits.lock().keys().map(|k| k.2.clone()));
-            let mut topics: Vec<_> = self.inner.partitions.iter().collect();
-            topics.sort();
-            let mut lags = Vec::new();
-            for (topic, count) in topics {
-                for partition in 0..*count {
-                    let name = format!("{topic}-{partition}");
-                    let Some(m) = found.iter().find(|m| m.name == name) else {
-                        continue;
-                    };
-                    let high = m.status.leader.hw;
-                    for group in &groups {
-                        // A stored offset is the last record done: the
-                        // group's next record follows it.
-                        let next = offsets
-                            .iter()
-                            .find(|o| {
-                                o.consumer_id == *group
-                                    && o.topic == *topic
-                                    && o.partition == partition
-                            })
-                            .map_or(0, |o| o.offset + 1);
-                        lags.push(ConsumerLag {
-                            topic: topic.clone(),
-                            partition,
-                            group: group.clone(),
-                            lag: u64::try_from(high - next).unwrap_or(0),
-                        });
-                    }
-                }
-            }
-            Ok(lags)
-        };
-        tokio::time::timeout(Committer::TRY_TIMEOUT, asked)
+    pub async fn consumer_lag(&self, marks: &Watermarks) -> Result<Vec<ConsumerLag>, LogError> {
+        let offsets = within(self.inner.client().consumer_offsets())
             .await
-            .unwrap_or_else(|_| {
-                Err(broken(format!(
-                    "the Fluvio cluster at {} did not report its offsets within {:?}",
-                    self.inner.settings.endpoint,
-                    Committer::TRY_TIMEOUT
-                )))
-            })
+            .map_err(|e| {
+                broken(format!(
+                    "the Fluvio cluster at {} did not report its consumer offsets: {e}",
+                    self.inner.settings.endpoint
+                ))
+            })?;
+        let mut groups: std::collections::BTreeSet<String> = offsets
+            .iter()
+            .filter(|o| self.inner.partitions.contains_key(&o.topic))
+            .map(|o| o.consumer_id.clone())
+            .collect();
+        groups.extend(self.inner.commits.lock().keys().map(|k| k.2.clone()));
+        let mut lags = Vec::new();
+        for (topic, partition, high) in &marks.0 {
+            for group in &groups {
+                // A stored offset is the last record done: the group's next
+                // record follows it.
+                let next = offsets
+                    .iter()
+                    .find(|o| {
+                        o.consumer_id == *group && o.topic == *topic && o.partition == *partition
+                    })
+                    .map_or(0, |o| o.offset + 1);
+                lags.push(ConsumerLag {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    group: group.clone(),
+                    lag: u64::try_from(high - next).unwrap_or(0),
+                });
+            }
+        }
+        Ok(lags)
     }
 }
 
@@ -538,18 +532,9 @@ impl Inner {
             }
         }
         let config = FluvioClusterConfig::new(self.settings.endpoint.clone());
-        let fresh = match tokio::time::timeout(
-            Committer::TRY_TIMEOUT,
-            Fluvio::connect_with_config(&config),
-        )
-        .await
-        {
-            Ok(Ok(client)) => Arc::new(client),
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => format!("{e:#}"),
-                    _ => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
-                };
+        let fresh = match within(Fluvio::connect_with_config(&config)).await {
+            Ok(client) => Arc::new(client),
+            Err(error) => {
                 let error = format!(
                     "cannot connect to Fluvio at {}: {error}",
                     self.settings.endpoint
@@ -649,18 +634,10 @@ impl<M> FluvioProducer<M> {
             .isolation(Isolation::ReadCommitted)
             .build()
             .map_err(backend)?;
-        let made = tokio::time::timeout(
-            Committer::TRY_TIMEOUT,
-            client.topic_producer_with_config(self.topic.clone(), config),
-        )
-        .await;
+        let made = within(client.topic_producer_with_config(self.topic.clone(), config)).await;
         let pool = match made {
-            Ok(Ok(pool)) => pool,
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => format!("{e:#}"),
-                    _ => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
-                };
+            Ok(pool) => pool,
+            Err(error) => {
                 self.slot.lock().failed_client = Some(client);
                 let error = format!(
                     "cannot make a producer for Fluvio topic {:?} at {}: {error}",
@@ -942,18 +919,12 @@ async fn open_stream(
 ) -> Result<(Arc<Fluvio>, Records), LogError> {
     let mut pause = Duration::from_millis(100);
     loop {
-        let opened = tokio::time::timeout(
-            Committer::TRY_TIMEOUT,
-            client.consumer_with_config(config.clone()),
-        )
-        .await;
-        let error = match opened {
-            Ok(Ok(stream)) => {
+        let error = match within(client.consumer_with_config(config.clone())).await {
+            Ok(stream) => {
                 let records: Records = Box::pin(stream.map(|r| r.map_err(|e| e.to_string())));
                 return Ok((client, records));
             }
-            Ok(Err(e)) => format!("{e:#}"),
-            Err(_) => format!("no answer within {:?}", Committer::TRY_TIMEOUT),
+            Err(error) => error,
         };
         inner.health.op(Err(&error));
         if deadline.is_some_and(|d| Instant::now() + pause > d) {
