@@ -17,8 +17,8 @@ export WALHOOK_S3S_FS="${WALHOOK_S3S_FS:-$HOME/.cache/walhook-tools/bin/s3s-fs}"
 # of the reconciliation's HTML report. The test fails without them.
 scripts/ensure-chromium.sh
 # A Fluvio cluster for the scale-out tests: no registry serves the Fluvio
-# server, so the tests start one from the programs built from Fluvio's
-# source (local-cluster.sh, bin/fluvio-run, bin/fluvio) in
+# server, so the tests start one (one or three SPUs, plain or TLS) from the
+# programs built from Fluvio's source (bin/fluvio-run, bin/fluvio) in
 # $WALHOOK_FLUVIO_TOOLS, else shared/tools/fluvio beside the checkout or
 # beside a folder above it; or they use the cluster named by
 # WALHOOK_FLUVIO_ENDPOINT. Where the tools are found the tests must run
@@ -26,7 +26,7 @@ scripts/ensure-chromium.sh
 if [ -z "${WALHOOK_FLUVIO_TOOLS:-}" ]; then
   d="$(dirname "$PWD")"
   while :; do
-    if [ -x "$d/shared/tools/fluvio/local-cluster.sh" ] && [ -x "$d/shared/tools/fluvio/bin/fluvio-run" ]; then
+    if [ -x "$d/shared/tools/fluvio/bin/fluvio-run" ] && [ -x "$d/shared/tools/fluvio/bin/fluvio" ]; then
       export WALHOOK_FLUVIO_TOOLS="$d/shared/tools/fluvio"
       break
     fi

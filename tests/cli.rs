@@ -96,6 +96,18 @@ fn bad_config_values_are_named() {
             "[log].give_up_after = 2s: give at least \"10s\"",
         ),
         (
+            "[log]\nkind = \"fluvio\"\nretention = \"5s\"\n",
+            "[log].retention = 5s: give at least \"10s\"",
+        ),
+        (
+            "[log]\nkind = \"fluvio\"\nendpoint = \"fluvio.example.net:9003\"\n",
+            "[log].endpoint = \"fluvio.example.net:9003\" is not on this machine",
+        ),
+        (
+            "[log]\nkind = \"fluvio\"\n[log.tls]\nca_file = \"no-such-ca.pem\"\n",
+            "no-such-ca.pem\": cannot be read",
+        ),
+        (
             "[log]\nkind = \"fluvio\"\ntopic_prefix = \"Walhook_\"\n",
             "[log].topic_prefix = \"Walhook_\": Fluvio topic names use a-z, 0-9 and '-'",
         ),

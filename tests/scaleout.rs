@@ -6,8 +6,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use walhook_devkit::fluvio::FluvioCluster;
+use walhook_devkit::fluvio::{ClusterTls, FluvioCluster};
 use walhook_devkit::receiver::Received;
+use walhook_devkit::tls::TestCa;
 
 use crate::support::api::free_port;
 use crate::support::{Child, World, assert_recent_window_reconciles};
@@ -558,17 +559,37 @@ async fn each_process_crashes_at_its_dangerous_points_and_loses_nothing() {
 }
 
 /// `walhook run` with `[log] kind = "fluvio"`: every stage in one process
-/// against the cluster, stopped and started again midway.
+/// against a cluster that speaks TLS and demands client certificates
+/// (`[log.tls]`, files relative to the config), stopped and started again
+/// midway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn walhook_run_runs_every_stage_on_fluvio() {
-    let Some(cluster) = FluvioCluster::start("walhook_run_runs_every_stage_on_fluvio") else {
+async fn walhook_run_runs_every_stage_on_a_tls_fluvio_cluster() {
+    let ca = TestCa::new("walhook test CA").unwrap();
+    let tls = ClusterTls {
+        server: ca.server_cert(&["fluvio.test", "*.fluvio.test"]).unwrap(),
+        ca_pem: ca.pem(),
+        client_certs: true,
+    };
+    let Some(cluster) =
+        FluvioCluster::builder("walhook_run_runs_every_stage_on_a_tls_fluvio_cluster")
+            .tls(tls)
+            .start()
+    else {
         return;
     };
     let w = World::new().await;
     w.endpoint("acme", "acme-a", &[]).await;
     w.endpoint("acme", "acme-b", &["order.created"]).await;
     let (log, topic) = fluvio_log_named(&cluster);
-    let cfg = w.config(&log);
+    let client = ca.client_cert("walhook").unwrap();
+    let cfg = w.config(&format!(
+        "{log}\n[log.tls]\nca_file = \"fluvio-ca.pem\"\ncert_file = \"fluvio-client.pem\"\n\
+         key_file = \"fluvio-client.key\"\ndomain = \"fluvio.test\"\n"
+    ));
+    let dir = cfg.parent().unwrap();
+    ca.write_pem(dir, "fluvio-ca.pem").unwrap();
+    std::fs::write(dir.join("fluvio-client.pem"), &client.cert_pem).unwrap();
+    std::fs::write(dir.join("fluvio-client.key"), &client.key_pem).unwrap();
     let first = Child::run(&cfg);
     w.wait_streaming().await;
     insert_orders(&w, 1..=15).await;
@@ -669,4 +690,268 @@ async fn a_member_change_rebalances_without_loss() {
             "a process did not stop cleanly"
         );
     }
+}
+
+/// The bytes of a record, whatever it holds (for looking at the events
+/// topic from the test).
+#[derive(Clone)]
+struct Raw;
+
+impl walhook_pipeline::log::Message for Raw {
+    fn encode(&self, _: &mut Vec<u8>) {}
+    fn decode(_: &[u8]) -> Result<Self, walhook_pipeline::log::LogError> {
+        Ok(Raw)
+    }
+}
+
+/// A fan-out member kept down past the events topic's retention: its
+/// restart stops at the records it can no longer read, with an error that
+/// names them, records a `log_gap` incident, and `walhook reconcile` over
+/// the window shows the gap; it never skips past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_past_retention_stops_at_the_gap_and_reconcile_shows_it() {
+    use walhook_pipeline::log::{Consumer, Log};
+    let Some(cluster) = FluvioCluster::start(
+        "a_member_down_past_retention_stops_at_the_gap_and_reconcile_shows_it",
+    ) else {
+        return;
+    };
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    let (log, topic) = fluvio_log_named(&cluster);
+    // Fluvio's least retention and smallest segments.
+    let cfg = w.config(&format!("{log}retention = \"10s\"\nsegment_size = 1024\n"));
+    let _capture = Child::stage("capture", &cfg, &[], &[]);
+    let member = Child::stage("fanout", &cfg, &["--member", "0/1"], &[]);
+    w.wait_streaming().await;
+    insert_orders(&w, 1..=8).await;
+    w.wait_count(
+        "first wave fanned out",
+        "SELECT count(*) FROM walhook.events",
+        8,
+    )
+    .await;
+    assert!(member.terminate().success());
+    // Written while the member is down; capture stores them in the topic.
+    write_orders(&w, 9..=100, Duration::from_millis(10))
+        .await
+        .unwrap();
+
+    // Wait until retention removed records the member had not read: a group
+    // without a stored position then starts past every offset of the first
+    // wave (at most 8 per partition) on some partition.
+    let mut settings = walhook_connectors::fluvio::FluvioSettings::new(cluster.endpoint());
+    settings.retention = Duration::from_secs(10);
+    settings.segment_size = 1024;
+    let spec = walhook_pipeline::log::TopicSpec {
+        name: topic.clone(),
+        partitions: 4,
+        capacity: 0,
+        durable_groups: vec![],
+    };
+    let fluvio = walhook_connectors::fluvio::FluvioLog::connect(settings, vec![spec])
+        .await
+        .expect("the test's own look at the topic");
+    let started = std::time::Instant::now();
+    'evicted: loop {
+        for p in 0..4 {
+            let group = format!("look-{}-{p}", started.elapsed().as_millis());
+            let mut look = fluvio.consumer::<Raw>(&topic, p, &group).await.unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(5), look.poll(1)).await;
+            if let Ok(Ok(records)) = first
+                && records[0].offset.0 > 8
+            {
+                break 'evicted;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "retention removed nothing within 180 s\n{}",
+            cluster.describe()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    let stderr = tempfile::NamedTempFile::new().unwrap();
+    let mut restarted = Child(
+        crate::support::walhook()
+            .args(["fanout", "--config"])
+            .arg(&cfg)
+            .args(["--member", "0/1"])
+            .stderr(stderr.reopen().unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let status = restarted
+        .wait_exit(Duration::from_secs(60))
+        .expect("the member stops at the gap instead of reading past it");
+    let said = std::fs::read_to_string(stderr.path()).unwrap();
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains("are gone from the log before group") && said.contains(&topic),
+        "{said}"
+    );
+    let (incidents, detail): (i64, Option<String>) = {
+        let row = w
+            .platform_sql
+            .query_one(
+                "SELECT count(*), min(detail) FROM walhook.incidents \
+                 WHERE stage = 'fanout' AND kind = 'log_gap' AND resolved_at IS NULL",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(incidents, 1, "one log_gap incident");
+    assert!(detail.unwrap().contains("[log] retention"));
+
+    let now = chrono::Utc::now();
+    let fmt =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let out = crate::support::run(
+        crate::support::walhook()
+            .args(["reconcile", "--config"])
+            .arg(&cfg)
+            .args(["--format", "json"])
+            .args(["--since", &fmt(now - chrono::Duration::minutes(10))])
+            .args(["--until", &fmt(now + chrono::Duration::minutes(1))]),
+    );
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "reconcile reports gaps: {report}"
+    );
+    assert!(
+        report.contains("log_gap on ") && report.contains("capture_incident"),
+        "{report}"
+    );
+}
+
+/// Waits until every follower has caught up with its leader; a follower
+/// that lags without moving for 20 s gets its copy dropped (see the
+/// failover test). Gives up after two minutes (the test's own checks then
+/// say what is missing).
+async fn heal_stuck_followers(cluster: &FluvioCluster) {
+    let started = std::time::Instant::now();
+    let mut stuck_since: Option<(Vec<(String, u32)>, std::time::Instant)> = None;
+    let mut caught_up = 0;
+    while started.elapsed() < Duration::from_secs(120) {
+        let lagging = cluster.lagging_replicas();
+        if lagging.is_empty() {
+            caught_up += 1;
+            if caught_up >= 3 {
+                return;
+            }
+            stuck_since = None;
+        } else {
+            caught_up = 0;
+            match &stuck_since {
+                Some((same, since)) if *same == lagging => {
+                    if since.elapsed() > Duration::from_secs(20) {
+                        eprintln!(
+                            "Fluvio left followers behind for 20 s: {lagging:?}; dropping their copies\n{}",
+                            cluster.describe()
+                        );
+                        for (partition, spu) in &lagging {
+                            cluster.reset_replica(*spu, partition);
+                        }
+                        stuck_since = None;
+                    }
+                }
+                _ => stuck_since = Some((lagging, std::time::Instant::now())),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Leader failover on a replicated cluster: three SPUs, every partition on
+/// all three; the SPU leading the events topic's partition 0 is SIGKILLed
+/// while capture writes and two fan-out members read. A follower takes
+/// over the lead. Fluvio (0.50) commits a record only once every replica
+/// has it, so no record is committed while the dead SPU is away: capture
+/// waits (its slot holds the changes) and the members wait, and once the
+/// SPU is back and has caught up, everything flows: nothing lost, nothing
+/// delivered twice beyond at least once (resends carry the first bytes), no
+/// process restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_leader_dies_under_load_and_a_replica_takes_over_with_nothing_lost() {
+    let Some(cluster) = FluvioCluster::builder(
+        "a_partition_leader_dies_under_load_and_a_replica_takes_over_with_nothing_lost",
+    )
+    .spus(3)
+    .start() else {
+        return;
+    };
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let (log, topic) = fluvio_log_named(&cluster);
+    let cfg = w.config(&format!("{log}replication = 3\n"));
+    let mut capture = Child::stage("capture", &cfg, &[], &[]);
+    let mut member0 = Child::stage("fanout", &cfg, &["--member", "0/2"], &[]);
+    let mut member1 = Child::stage("fanout", &cfg, &["--member", "1/2"], &[]);
+    w.wait_streaming().await;
+    insert_orders(&w, 1..=10).await;
+    w.wait_count(
+        "first orders fanned out",
+        "SELECT count(*) FROM walhook.events",
+        10,
+    )
+    .await;
+
+    let leader = cluster
+        .leader_of(&topic, 0)
+        .unwrap_or_else(|| panic!("no leader for {topic}-0:\n{}", cluster.describe()));
+    let writer = write_orders(&w, 11..=150, Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cluster.kill_spu_id(leader);
+    let killed = std::time::Instant::now();
+    // A replica leads now.
+    loop {
+        match cluster.leader_of(&topic, 0) {
+            Some(now) if now != leader => break,
+            _ => {}
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no other SPU took over {topic}-0 from {leader}:\n{}",
+            cluster.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Down for a few seconds while the writes go on, then back on the same
+    // ports and data: it rejoins as a follower and catches up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_all_running(
+        &mut [&mut capture, &mut member0, &mut member1],
+        "while the leader is down",
+    );
+    cluster.restart_spu_id(leader);
+    writer.await.unwrap();
+    // Fluvio 0.50 now and then leaves followers behind after a failover
+    // (about one run in four here: on one partition a follower stops
+    // fetching, its log ends at the offset of the crash while the leader's
+    // grows, and since a record commits only on every replica, the
+    // partition commits nothing more). That is the broker's recovery, not
+    // walhook's; the operator's remedy (drop the stuck SPU's copy of the
+    // partition, let it fetch afresh) is applied here, loudly, so that the
+    // test checks walhook's part: nothing lost, nothing twice.
+    heal_stuck_followers(&cluster).await;
+    assert_delivered_once(&w, &cluster, "leader failover", 150).await;
+    assert_all_running(
+        &mut [&mut capture, &mut member0, &mut member1],
+        "leader failover",
+    );
+
+    // The old leader follows now; traffic goes on.
+    insert_orders(&w, 151..=160).await;
+    assert_delivered_once(&w, &cluster, "after the old leader's return", 160).await;
+    assert_all_running(
+        &mut [&mut capture, &mut member0, &mut member1],
+        "after the old leader's return",
+    );
+    assert_recent_window_reconciles(&cfg);
 }

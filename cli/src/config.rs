@@ -161,6 +161,53 @@ pub struct LogConfig {
     /// new connections, and capture resumes from the slot).
     #[serde(with = "walhook_pipeline::duration")]
     pub give_up_after: std::time::Duration,
+    /// Fluvio: how long the cluster keeps the events topic's records (set
+    /// when walhook creates the topic; an existing topic that keeps them for
+    /// less is refused). A member down for longer stops at the gap.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub retention: std::time::Duration,
+    /// Fluvio: the size of the topic's log segments in bytes (retention
+    /// removes whole segments).
+    pub segment_size: u32,
+    /// Fluvio: plain TCP to a cluster on another machine. Refused unless
+    /// set, and warned about at start: anyone on the path could read the
+    /// events or forge some.
+    pub insecure: bool,
+    /// Fluvio: TLS to the cluster (`[log.tls]`).
+    pub tls: Option<LogTls>,
+}
+
+/// `[log.tls]`: TLS to the Fluvio cluster, with a client certificate when
+/// the cluster demands one.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogTls {
+    /// The PEM file of the CA that signed the cluster's certificates
+    /// (relative to the config file); absent: the built-in Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// walhook's client certificate, PEM (with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file`, PEM.
+    pub key_file: Option<PathBuf>,
+    /// The name the cluster's certificates are checked against (the SPUs'
+    /// as `<spu id>.<domain>`); the endpoint's host when absent.
+    pub domain: Option<String>,
+    /// `verify-full` (the default: chain and name) or `verify-ca` (chain
+    /// only).
+    #[serde(default)]
+    pub mode: LogTlsMode,
+}
+
+/// `[log.tls].mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum LogTlsMode {
+    /// The chain and the name.
+    #[default]
+    #[serde(rename = "verify-full")]
+    VerifyFull,
+    /// The chain only.
+    #[serde(rename = "verify-ca")]
+    VerifyCa,
 }
 
 /// Which log runs between the stages.
@@ -184,6 +231,10 @@ impl Default for LogConfig {
             replication: 1,
             topic_prefix: "walhook-".into(),
             give_up_after: std::time::Duration::from_secs(300),
+            insecure: false,
+            tls: None,
+            retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            segment_size: 100 << 20,
         }
     }
 }
@@ -204,7 +255,84 @@ impl LogConfig {
         walhook_connectors::fluvio::FluvioSettings {
             replication: self.replication,
             give_up_after: self.give_up_after,
+            tls: self.fluvio_tls(),
+            retention: self.retention,
+            segment_size: self.segment_size,
             ..walhook_connectors::fluvio::FluvioSettings::new(self.endpoint.clone())
+        }
+    }
+
+    /// The endpoint's host, without brackets around an IPv6 address.
+    fn endpoint_host(&self) -> &str {
+        let host = self
+            .endpoint
+            .trim()
+            .rsplit_once(':')
+            .map_or(self.endpoint.trim(), |(h, _)| h);
+        host.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host)
+    }
+
+    /// `[log.tls]` as the Fluvio client takes it.
+    fn fluvio_tls(&self) -> Option<walhook_connectors::fluvio::FluvioTls> {
+        use walhook_connectors::fluvio::{ClientIdentity, FluvioTls, TlsVerify};
+        let tls = self.tls.as_ref()?;
+        Some(FluvioTls {
+            ca_file: tls.ca_file.clone(),
+            client: tls
+                .cert_file
+                .clone()
+                .zip(tls.key_file.clone())
+                .map(|(cert_file, key_file)| ClientIdentity {
+                    cert_file,
+                    key_file,
+                }),
+            domain: tls
+                .domain
+                .clone()
+                .unwrap_or_else(|| self.endpoint_host().to_owned()),
+            verify: match tls.mode {
+                LogTlsMode::VerifyFull => TlsVerify::Full,
+                LogTlsMode::VerifyCa => TlsVerify::Ca,
+            },
+        })
+    }
+
+    /// Whether walhook sends the events in clear to another machine
+    /// (`insecure = true` let it): the warning to log at start.
+    pub fn exposure(&self) -> Option<String> {
+        (self.kind == LogKind::Fluvio
+            && self.tls.is_none()
+            && !walhook_pgtls::exposure::is_local_host(self.endpoint_host()))
+        .then(|| {
+            format!(
+                "[log] insecure = true: the events go to the Fluvio cluster at {} in clear, without TLS;                  anyone on the network path can read them, or forge events that walhook then signs and                  delivers. Set [log.tls] (docs/scale-out.md)",
+                self.endpoint
+            )
+        })
+    }
+
+    /// Resolves `[log.tls]`'s files against the config's folder.
+    fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(tls) = self.tls.as_mut() {
+            for p in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                if p.is_relative() {
+                    *p = dir.join(&*p);
+                }
+            }
+        }
+    }
+
+    /// Reads `[log.tls]`'s files, so that one that cannot serve is refused
+    /// now, naming the field and the file.
+    fn check_files(&self) -> anyhow::Result<()> {
+        match (self.kind, self.fluvio_tls()) {
+            (LogKind::Fluvio, Some(tls)) => tls.check(),
+            _ => Ok(()),
         }
     }
 
@@ -226,6 +354,45 @@ impl LogConfig {
             if self.replication == 0 {
                 bail!(
                     "[log].replication = 0: give at least 1 (the number of SPUs that keep each partition)"
+                );
+            }
+            if let Some(tls) = &self.tls {
+                if tls.cert_file.is_some() != tls.key_file.is_some() {
+                    bail!(
+                        "[log.tls]: cert_file and key_file go together (walhook's client certificate and its \
+                         private key); give both, or neither when the cluster does not ask for a client certificate"
+                    );
+                }
+                if let Some(tls) = self.fluvio_tls() {
+                    walhook_connectors::fluvio::check_domain(&tls.domain, tls.verify)
+                        .map_err(|e| anyhow::anyhow!("{e}{}", if self.tls.as_ref().is_some_and(|t| t.domain.is_none()) {
+                            format!(" (none was given, so the host of [log].endpoint = {:?} was taken)", self.endpoint)
+                        } else {
+                            String::new()
+                        }))?;
+                }
+            } else if !self.insecure
+                && !walhook_pgtls::exposure::is_local_host(self.endpoint_host())
+            {
+                bail!(
+                    "[log].endpoint = {:?} is not on this machine, and without [log.tls] the events would travel \
+                     in clear: anyone on the path could read them or forge events that walhook signs and delivers. \
+                     Add [log.tls] with ca_file (and cert_file and key_file when the cluster demands client \
+                     certificates), or set [log] insecure = true to accept plain TCP",
+                    self.endpoint
+                );
+            }
+            if self.retention < std::time::Duration::from_secs(10) {
+                bail!(
+                    "[log].retention = {:?}: give at least \"10s\" (Fluvio's least); it should outlast the \
+                     longest time a fan-out member may be down (the default is \"7d\")",
+                    self.retention
+                );
+            }
+            if self.segment_size < 1024 {
+                bail!(
+                    "[log].segment_size = {}: give at least 1024 bytes (Fluvio's least; the default is 104857600)",
+                    self.segment_size
                 );
             }
             if self.give_up_after < std::time::Duration::from_secs(10) {
@@ -393,6 +560,7 @@ impl Config {
             cfg.secrets.resolve_paths(dir);
             cfg.archive.resolve_paths(dir);
             cfg.reconcile.resolve_paths(dir);
+            cfg.log.resolve_paths(dir);
             // Declared payload schemas are read from the config's folder.
             for rule in &mut cfg.rules {
                 for file in rule.schema_files.values_mut() {
@@ -417,6 +585,9 @@ impl Config {
                 resolve(&mut platform.sslrootcert);
             }
         }
+        cfg.log
+            .check_files()
+            .with_context(|| format!("config file {}", path.display()))?;
         Ok(cfg)
     }
 
@@ -534,6 +705,84 @@ mod tests {
             cfg.retry.deadline,
             std::time::Duration::from_secs(24 * 3600)
         );
+    }
+}
+
+#[cfg(test)]
+mod log_tls_tests {
+    use super::*;
+
+    const BASE: &str = "[platform]\nurl = \"postgres://u@127.0.0.1/p\"\n\n[source]\nurl = \"postgres://u@127.0.0.1/s\"\n\n\
+        [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n\n[log]\nkind = \"fluvio\"\n";
+
+    fn parse(log: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!("{BASE}{log}"))
+    }
+
+    #[test]
+    fn plain_tcp_leaves_the_machine_only_when_insecure_says_so() {
+        let err = format!(
+            "{:#}",
+            parse("endpoint = \"sc.internal:9003\"\n").unwrap_err()
+        );
+        assert!(
+            err.contains("\"sc.internal:9003\" is not on this machine")
+                && err.contains("insecure = true"),
+            "{err}"
+        );
+        let cfg = parse("endpoint = \"sc.internal:9003\"\ninsecure = true\n").unwrap();
+        assert!(cfg.log.exposure().unwrap().contains("in clear"));
+        assert!(cfg.log.fluvio_settings().tls.is_none());
+        for local in ["127.0.0.1:9003", "localhost:9003", "[::1]:9003"] {
+            let cfg = parse(&format!("endpoint = \"{local}\"\n")).unwrap();
+            assert!(cfg.log.exposure().is_none(), "{local}");
+        }
+    }
+
+    #[test]
+    fn log_tls_maps_onto_the_client_and_its_files_are_read_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("walhook.toml");
+        let text = format!(
+            "{BASE}endpoint = \"sc.fluvio.internal:9003\"\n[log.tls]\nca_file = \"ca.pem\"\n\
+             cert_file = \"walhook.pem\"\nkey_file = \"walhook.key\"\n"
+        );
+        std::fs::write(&path, &text).unwrap();
+        let cfg = Config::parse(&text).unwrap();
+        let tls = cfg.log.fluvio_settings().tls.unwrap();
+        assert_eq!(
+            tls.domain, "sc.fluvio.internal",
+            "the endpoint's host by default"
+        );
+        assert_eq!(tls.verify, walhook_connectors::fluvio::TlsVerify::Full);
+        assert!(cfg.log.exposure().is_none());
+        // Relative to the config's folder, and read when the file loads.
+        let err = format!("{:#}", Config::load(&path).unwrap_err());
+        assert!(
+            err.contains("[log.tls].ca_file")
+                && err.contains(&dir.path().join("ca.pem").display().to_string()),
+            "{err}"
+        );
+
+        let err = format!(
+            "{:#}",
+            parse("endpoint = \"10.1.2.3:9003\"\n[log.tls]\nca_file = \"ca.pem\"\n").unwrap_err()
+        );
+        assert!(
+            err.contains("[log.tls].domain = \"10.1.2.3\" is an IP address"),
+            "{err}"
+        );
+        parse("endpoint = \"10.1.2.3:9003\"\n[log.tls]\nmode = \"verify-ca\"\n").unwrap();
+        let err = format!(
+            "{:#}",
+            parse("[log.tls]\ncert_file = \"walhook.pem\"\n").unwrap_err()
+        );
+        assert!(err.contains("cert_file and key_file go together"), "{err}");
+        let err = format!(
+            "{:#}",
+            parse("[log.tls]\nmode = \"require\"\n").unwrap_err()
+        );
+        assert!(err.contains("unknown variant `require`"), "{err}");
     }
 }
 

@@ -246,6 +246,9 @@ pub async fn start_roles(
             start_on(cfg, platform, shutdown, metrics, roles, log).await
         }
         LogKind::Fluvio => {
+            if let Some(warning) = cfg.log.exposure() {
+                tracing::warn!("{warning}");
+            }
             let log = FluvioLog::connect(cfg.log.fluvio_settings(), vec![events])
                 .await
                 .map_err(anyhow::Error::new)

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use walhook_connectors::fluvio::{FluvioLog, FluvioSettings};
+use walhook_connectors::fluvio::{ClientIdentity, FluvioLog, FluvioSettings, FluvioTls, TlsVerify};
 use walhook_devkit::fluvio::FluvioCluster;
+use walhook_devkit::tls::TestCa;
 use walhook_pipeline::ids::Offset;
 use walhook_pipeline::log::contract::{self, TestRecord};
 use walhook_pipeline::log::{Consumer, Log, Producer, TopicSpec};
@@ -24,6 +25,24 @@ async fn the_log_contract_holds_on_a_real_cluster() {
         .await
         .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
         .expect("the Fluvio log keeps the log contract");
+}
+
+/// The contract again on three SPUs, every partition on all three
+/// (replication 3): what a production cluster looks like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_contract_holds_on_a_replicated_cluster() {
+    let Some(cluster) = FluvioCluster::builder("the_log_contract_holds_on_a_replicated_cluster")
+        .spus(3)
+        .start()
+    else {
+        return;
+    };
+    let mut settings = settings(&cluster);
+    settings.replication = 3;
+    contract::run_all(|topics| FluvioLog::connect(settings.clone(), topics))
+        .await
+        .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
+        .expect("the Fluvio log keeps the log contract with three replicas");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,4 +298,245 @@ async fn consumer_lag_counts_what_each_group_has_not_committed() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The certificates of a TLS cluster and of walhook, written where the
+/// settings can name them.
+struct TlsFiles {
+    dir: tempfile::TempDir,
+    cluster: walhook_devkit::fluvio::ClusterTls,
+}
+
+impl TlsFiles {
+    fn new(client_certs: bool) -> TlsFiles {
+        let ca = TestCa::new("walhook test CA").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        ca.write_pem(dir.path(), "ca.pem").unwrap();
+        let client = ca.client_cert("walhook").unwrap();
+        std::fs::write(dir.path().join("client.pem"), &client.cert_pem).unwrap();
+        std::fs::write(dir.path().join("client.key"), &client.key_pem).unwrap();
+        // Someone else's CA, and a certificate it signed.
+        let other = TestCa::new("another CA").unwrap();
+        other.write_pem(dir.path(), "other-ca.pem").unwrap();
+        let stranger = other.client_cert("stranger").unwrap();
+        std::fs::write(dir.path().join("stranger.pem"), &stranger.cert_pem).unwrap();
+        std::fs::write(dir.path().join("stranger.key"), &stranger.key_pem).unwrap();
+        let server = ca.server_cert(&["fluvio.test", "*.fluvio.test"]).unwrap();
+        TlsFiles {
+            dir,
+            cluster: walhook_devkit::fluvio::ClusterTls {
+                server,
+                ca_pem: ca.pem(),
+                client_certs,
+            },
+        }
+    }
+
+    fn settings(&self, cluster: &FluvioCluster, ca: &str, client: Option<&str>) -> FluvioSettings {
+        let path = |f: &str| self.dir.path().join(f);
+        let mut s = settings(cluster);
+        s.connect_timeout = Duration::from_secs(15);
+        s.tls = Some(FluvioTls {
+            ca_file: Some(path(ca)),
+            client: client.map(|name| ClientIdentity {
+                cert_file: path(&format!("{name}.pem")),
+                key_file: path(&format!("{name}.key")),
+            }),
+            domain: "fluvio.test".into(),
+            verify: TlsVerify::Full,
+        });
+        s
+    }
+}
+
+async fn connect_error(settings: FluvioSettings) -> String {
+    let topics = vec![TopicSpec {
+        name: "walhook-tls".into(),
+        partitions: 1,
+        capacity: 0,
+        durable_groups: vec![],
+    }];
+    match FluvioLog::connect(settings, topics).await {
+        Ok(_) => panic!("the connection was let through"),
+        Err(e) => format!("{:#}", anyhow::Error::from(e)),
+    }
+}
+
+/// A cluster that speaks TLS and demands client certificates: walhook
+/// keeps the log contract over it with the right CA and certificate, and
+/// a wrong CA, a missing or foreign client certificate, or plain TCP are
+/// refused with an error that names the setting to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_with_client_certificates_lets_in_only_the_right_client() {
+    let files = TlsFiles::new(true);
+    let Some(cluster) = FluvioCluster::builder(
+        "a_tls_cluster_with_client_certificates_lets_in_only_the_right_client",
+    )
+    .tls(files.cluster.clone())
+    .start() else {
+        return;
+    };
+    let good = files.settings(&cluster, "ca.pem", Some("client"));
+    contract::run_all(|topics| FluvioLog::connect(good.clone(), topics))
+        .await
+        .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
+        .expect("the Fluvio log keeps the log contract over TLS");
+
+    let wrong_ca = connect_error(files.settings(&cluster, "other-ca.pem", Some("client"))).await;
+    assert!(
+        wrong_ca.contains("did not verify against [log.tls].ca_file")
+            && wrong_ca.contains("other-ca.pem"),
+        "{wrong_ca}"
+    );
+    let no_cert = connect_error(files.settings(&cluster, "ca.pem", None)).await;
+    assert!(
+        no_cert.contains("demands a client certificate") && no_cert.contains("cert_file"),
+        "{no_cert}"
+    );
+    let stranger = connect_error(files.settings(&cluster, "ca.pem", Some("stranger"))).await;
+    assert!(
+        stranger.contains("refused walhook's client certificate")
+            && stranger.contains("stranger.pem"),
+        "{stranger}"
+    );
+    let mut plain = settings(&cluster);
+    plain.connect_timeout = Duration::from_secs(10);
+    let plain = connect_error(plain).await;
+    assert!(plain.contains("[log.tls]"), "{plain}");
+
+    // A name the certificates do not list: refused under verify-full,
+    // let through by verify-ca (the chain is still checked).
+    let mut elsewhere = files.settings(&cluster, "ca.pem", Some("client"));
+    let tls = elsewhere.tls.as_mut().unwrap();
+    tls.domain = "elsewhere.test".into();
+    let wrong_name = connect_error(elsewhere.clone()).await;
+    assert!(
+        wrong_name.contains("not valid for \"elsewhere.test\"")
+            && wrong_name.contains("[log.tls].domain"),
+        "{wrong_name}"
+    );
+    elsewhere.tls.as_mut().unwrap().verify = TlsVerify::Ca;
+    FluvioLog::connect(elsewhere, vec![])
+        .await
+        .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+        .expect("verify-ca checks the chain, not the name");
+}
+
+/// Records a group had not read that the topic's retention removed stop
+/// its next consumer with a definite error naming the offsets: nothing is
+/// skipped. A group without a stored position starts at the first record
+/// the partition still has. Topics are created with the retention and
+/// segment size of the settings, and a topic that keeps its records for
+/// less than the settings ask is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_gone_at_retention_stop_the_consumer_instead_of_being_skipped() {
+    let Some(cluster) = FluvioCluster::start(
+        "records_gone_at_retention_stop_the_consumer_instead_of_being_skipped",
+    ) else {
+        return;
+    };
+    let topic = || TopicSpec {
+        name: "walhook-retention".into(),
+        partitions: 1,
+        capacity: 0,
+        durable_groups: vec![],
+    };
+    let mut short = settings(&cluster);
+    // Fluvio's least retention, and its smallest segments: each closed
+    // segment goes once its last write is 10 s old.
+    short.retention = Duration::from_secs(10);
+    short.segment_size = 1024;
+    let log = FluvioLog::connect(short.clone(), vec![topic()])
+        .await
+        .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+        .expect("connect");
+    let producer = log
+        .producer::<TestRecord>("walhook-retention")
+        .expect("producer");
+    // One record per batch, about 300 bytes each: a new segment every few.
+    for i in 0..40u64 {
+        producer
+            .send_all(vec![(b"k".to_vec(), TestRecord(i, "x".repeat(300)))])
+            .await
+            .unwrap()
+            .await
+            .expect("stored");
+    }
+    let mut slow = log
+        .consumer::<TestRecord>("walhook-retention", 0, "slow")
+        .await
+        .expect("consumer");
+    let read = slow.poll(5).await.expect("poll");
+    let next = read.last().unwrap().offset.0 + 1;
+    slow.commit(Offset(next)).await.expect("commit");
+    drop(slow);
+
+    // Wait until retention removed the first segments: a group with no
+    // stored position then starts past the slow group's next record.
+    let started = std::time::Instant::now();
+    let first = loop {
+        let mut fresh = log
+            .consumer::<TestRecord>(
+                "walhook-retention",
+                0,
+                &format!("fresh-{}", started.elapsed().as_millis()),
+            )
+            .await
+            .expect("consumer");
+        let first = fresh.poll(1).await.expect("a fresh group reads")[0]
+            .offset
+            .0;
+        if first > next {
+            break first;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "retention removed nothing within 180 s (first offset still {first})\n{}",
+            cluster.describe()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+
+    let mut slow = log
+        .consumer::<TestRecord>("walhook-retention", 0, "slow")
+        .await
+        .expect("consumer");
+    let err = tokio::time::timeout(Duration::from_secs(30), slow.poll(10))
+        .await
+        .expect("the consumer answers")
+        .expect_err("the records the group never read are gone: no skipping past them");
+    assert!(!err.is_transient(), "a gap is definite: {err}");
+    match &err {
+        walhook_pipeline::log::LogError::Gap {
+            topic,
+            partition,
+            group,
+            expected,
+            found,
+        } => {
+            assert_eq!(
+                (topic.as_str(), *partition, group.as_str(), *expected),
+                ("walhook-retention", 0, "slow", next)
+            );
+            assert!(*found >= first, "found {found}, first {first}");
+        }
+        other => panic!("not a gap: {other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("records {next} to")) && text.contains("[log] retention"),
+        "{text}"
+    );
+
+    // The topic exists with 10 s: a deployment asking for longer is refused.
+    let mut longer = settings(&cluster);
+    longer.retention = Duration::from_secs(3600);
+    let refused = match FluvioLog::connect(longer, vec![topic()]).await {
+        Ok(_) => panic!("a topic keeping records for less than [log] retention was accepted"),
+        Err(e) => format!("{:#}", anyhow::Error::from(e)),
+    };
+    assert!(
+        refused.contains("keeps its records for 10 s") && refused.contains("[log] retention"),
+        "{refused}"
+    );
 }

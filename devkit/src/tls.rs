@@ -40,7 +40,7 @@ impl std::fmt::Debug for TestCa {
     }
 }
 
-/// A server certificate and its private key, in PEM.
+/// A certificate (a server's, or a client's) and its private key, in PEM.
 #[derive(Clone)]
 pub struct ServerCert {
     /// The certificate.
@@ -97,6 +97,23 @@ impl TestCa {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(ServerCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+impl TestCa {
+    /// A client certificate for `name` (its common name), signed by this
+    /// CA: what a client shows a server that demands one.
+    pub fn client_cert(&self, name: &str) -> Result<ServerCert, CertError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(ServerCert {

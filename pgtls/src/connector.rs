@@ -60,15 +60,7 @@ impl RustlsConnector {
         // An explicit provider: the process-wide default may be unset, or
         // set by another library to another one.
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier: Arc<dyn ServerCertVerifier> = match tls.verification() {
-            Verification::None => Arc::new(AcceptAny {
-                provider: provider.clone(),
-            }),
-            Verification::Chain => Arc::new(ChainOnly {
-                inner: webpki_verifier(&tls.roots, provider.clone())?,
-            }),
-            Verification::Full => webpki_verifier(&tls.roots, provider.clone())?,
-        };
+        let verifier = server_verifier(tls.verification(), &tls.roots, provider.clone())?;
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(ConnectError::Rustls)?
@@ -82,6 +74,23 @@ impl RustlsConnector {
             roots: tls.roots.describe().into(),
         })
     }
+}
+
+/// The check of the server's certificate that `verification` asks for,
+/// against `roots`: for any rustls client of walhook's (the Fluvio log
+/// checks its cluster with it too).
+pub fn server_verifier(
+    verification: Verification,
+    roots: &Roots,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, ConnectError> {
+    Ok(match verification {
+        Verification::None => Arc::new(AcceptAny { provider }),
+        Verification::Chain => Arc::new(ChainOnly {
+            inner: webpki_verifier(roots, provider)?,
+        }),
+        Verification::Full => webpki_verifier(roots, provider)?,
+    })
 }
 
 /// The trust anchors of `roots`.

@@ -34,7 +34,7 @@ pub mod mode;
 pub mod options;
 mod params;
 
-pub use connector::{RustlsConnector, RustlsStream};
+pub use connector::{RustlsConnector, RustlsStream, server_verifier};
 pub use error::{ConnectError, find_connect_error};
 pub use mode::{ACCEPTED_MODES, SslMode};
 pub use options::{ConnectOptions, Roots, SYSTEM_ROOTS, TlsFields, TlsOptions, Verification};

@@ -161,6 +161,7 @@ where
                 polled = self.consumer.poll(self.settings.batch_size) => match polled {
                     Ok(r) => r,
                     Err(LogError::Closed) => return Ok(()),
+                    Err(gap @ LogError::Gap { .. }) => return Err(self.stop_at_gap(gap, &shutdown).await),
                     Err(e) => return Err(e.into()),
                 },
             };
@@ -203,6 +204,32 @@ where
                 self.process(chunk, &counters, &shutdown).await?;
             }
         }
+    }
+
+    /// Records an incident for records gone from the log (reconciliation
+    /// and the console show it), and returns the error that stops this
+    /// worker: reading on would skip them.
+    async fn stop_at_gap(&self, gap: LogError, shutdown: &CancellationToken) -> FanoutError {
+        if let LogError::Gap {
+            topic, partition, ..
+        } = &gap
+        {
+            let incident = StageIncident::new(
+                Stage::Fanout,
+                IncidentKind::LogGap,
+                &format!("{topic}/{partition}"),
+                &gap.to_string(),
+            );
+            incident.log();
+            if let Err(e) = retry_transient(shutdown, "record a log gap", || {
+                self.store.record_incidents(std::slice::from_ref(&incident))
+            })
+            .await
+            {
+                tracing::error!(error = %e, "the log gap could not be recorded as an incident");
+            }
+        }
+        gap.into()
     }
 
     /// Materialises one chunk of events, commits their offset, then sends

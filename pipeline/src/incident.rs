@@ -61,6 +61,10 @@ pub enum IncidentKind {
     /// days and other tables go on; resolved when a run archives it
     /// (subject: `table/YYYY-MM-DD`).
     ArchiveDayFailed,
+    /// Records of the events topic were gone from the log before fan-out
+    /// read them (its retention removed them): the member stopped there
+    /// rather than skip them (subject: `topic/partition`).
+    LogGap,
 }
 
 impl IncidentKind {
@@ -73,6 +77,7 @@ impl IncidentKind {
             IncidentKind::UnreadableDelivery => "unreadable_delivery",
             IncidentKind::EndpointQuarantined => "endpoint_quarantined",
             IncidentKind::ArchiveDayFailed => "archive_day_failed",
+            IncidentKind::LogGap => "log_gap",
         }
     }
 }

@@ -231,6 +231,35 @@ pub async fn run(
             ),
         ));
     }
+    // Events lost between capture and fan-out: records of the events topic
+    // that the log's retention removed before a fan-out member read them
+    // (the member stopped there; see `LogError::Gap`). Shown in every
+    // window the incident was open in.
+    let gaps = client
+        .query(
+            "SELECT id, subject, detail FROM walhook.incidents \
+             WHERE stage = $1 AND kind = $2 AND first_seen < $4 \
+               AND (resolved_at IS NULL OR resolved_at >= $3) ORDER BY id",
+            &[
+                &walhook_pipeline::incident::Stage::Fanout.as_str(),
+                &walhook_pipeline::incident::IncidentKind::LogGap.as_str(),
+                &since,
+                &until,
+            ],
+        )
+        .await
+        .map_err(ReconcileError::query("read log gaps"))?;
+    for r in gaps {
+        let id: i64 = r.get(0);
+        let subject: String = r.get(1);
+        let detail: String = r.get(2);
+        findings.gap(gap(
+            GapClass::CaptureIncident,
+            &format!("log-gap-{id}"),
+            None,
+            format!("log_gap on {subject}: {detail}"),
+        ));
+    }
     Ok(Ledger {
         capture,
         schema_changes,

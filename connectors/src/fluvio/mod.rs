@@ -65,7 +65,10 @@ use fluvio::consumer::{
     ConsumerConfigExt, ConsumerRecord, ConsumerStream, OffsetManagementStrategy, RetryMode,
 };
 use fluvio::metadata::partition::{PartitionResolution, PartitionSpec};
-use fluvio::metadata::topic::{TopicResolution, TopicSpec as FluvioTopicSpec};
+use fluvio::metadata::topic::{
+    CleanupPolicy, SegmentBasedPolicy, TopicResolution, TopicSpec as FluvioTopicSpec,
+    TopicStorageConfig,
+};
 use fluvio::{
     Fluvio, FluvioClusterConfig, Isolation, Offset as FluvioOffset, PartitionId, Partitioner,
     PartitionerConfig, TopicProducerConfigBuilder, TopicProducerPool,
@@ -77,6 +80,10 @@ use walhook_pipeline::ids::Offset;
 use walhook_pipeline::log::{
     Consumer, Log, LogError, Message, Producer, Receipt, Record, TopicSpec, partition_for,
 };
+
+mod tls;
+
+pub use tls::{ClientIdentity, FluvioTls, TlsVerify, check_domain};
 
 /// How to reach the cluster and shape the topics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +103,15 @@ pub struct FluvioSettings {
     /// [`FluvioLog::unreachable_past_limit`] says so and the process
     /// stops rather than waiting for ever.
     pub give_up_after: Duration,
+    /// TLS to the cluster; plain TCP when `None`.
+    pub tls: Option<FluvioTls>,
+    /// How long the cluster keeps a topic's records (set on the topics
+    /// walhook creates, checked on those that exist). A consumer that
+    /// falls further behind stops with [`LogError::Gap`].
+    pub retention: Duration,
+    /// The size of a partition's log segments, in bytes: retention removes
+    /// whole segments whose last write is older than `retention`.
+    pub segment_size: u32,
 }
 
 impl FluvioSettings {
@@ -107,6 +123,9 @@ impl FluvioSettings {
             connect_timeout: Duration::from_secs(30),
             read_ahead: 1024,
             give_up_after: Duration::from_secs(300),
+            tls: None,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            segment_size: 100 << 20,
         }
     }
 }
@@ -256,27 +275,21 @@ impl FluvioLog {
         topics: Vec<TopicSpec>,
     ) -> Result<FluvioLog, LogError> {
         let deadline = Instant::now() + settings.connect_timeout;
-        let config = FluvioClusterConfig::new(settings.endpoint.clone());
-        let client = tokio::time::timeout(
-            settings.connect_timeout,
-            Fluvio::connect_with_config(&config),
-        )
-        .await
-        .map_err(|_| {
-            broken(format!(
-                "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs",
-                settings.endpoint, settings.connect_timeout
-            ))
-        })?
-        .map_err(|e| {
-            LogError::Backend(
-                e.context(format!(
-                    "cannot connect to Fluvio at {}: check [log] endpoint and that the cluster's SC listens there",
-                    settings.endpoint
+        let client = tokio::time::timeout(settings.connect_timeout, open_client(&settings))
+            .await
+            .map_err(|_| {
+                broken(format!(
+                    "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
+                    settings.endpoint,
+                    settings.connect_timeout,
+                    if settings.tls.is_none() {
+                        " (a cluster that speaks TLS needs [log.tls])"
+                    } else {
+                        ""
+                    }
                 ))
-                    .into(),
-            )
-        })?;
+            })?
+            .map_err(broken)?;
         let admin = client.admin().await;
         let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
         let existing = admin
@@ -287,6 +300,7 @@ impl FluvioLog {
         for spec in &topics {
             match existing.iter().find(|m| m.name == spec.name) {
                 Some(found) => {
+                    check_retention(&spec.name, &found.spec, &settings)?;
                     let have = found.spec.partitions();
                     if have != spec.partitions {
                         return Err(broken(format!(
@@ -298,8 +312,15 @@ impl FluvioLog {
                     }
                 }
                 None => {
-                    let create =
+                    let mut create =
                         FluvioTopicSpec::new_computed(spec.partitions, settings.replication, None);
+                    create.set_cleanup_policy(CleanupPolicy::Segment(SegmentBasedPolicy {
+                        time_in_seconds: retention_secs(settings.retention),
+                    }));
+                    create.set_storage(TopicStorageConfig {
+                        segment_size: Some(settings.segment_size),
+                        max_partition_size: None,
+                    });
                     if let Err(e) = admin.create(spec.name.clone(), false, create).await {
                         // Another process may have created it meanwhile.
                         let again = admin
@@ -531,14 +552,9 @@ impl Inner {
                 return Ok(current.clone());
             }
         }
-        let config = FluvioClusterConfig::new(self.settings.endpoint.clone());
-        let fresh = match within(Fluvio::connect_with_config(&config)).await {
+        let fresh = match within(open_client(&self.settings)).await {
             Ok(client) => Arc::new(client),
             Err(error) => {
-                let error = format!(
-                    "cannot connect to Fluvio at {}: {error}",
-                    self.settings.endpoint
-                );
                 self.health.op(Err(&error));
                 return Err(broken(error));
             }
@@ -551,6 +567,87 @@ impl Inner {
             Ok(current.clone())
         }
     }
+}
+
+/// How long the leader may take to store a produced batch on its replicas.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The segment size of a topic created without one (Fluvio's
+/// `SPU_LOG_SEGMENT_MAX_BYTES`, 1 GiB).
+const FLUVIO_DEFAULT_SEGMENT_SIZE: u32 = 1 << 30;
+
+/// `retention` in whole seconds, as Fluvio keeps it.
+fn retention_secs(retention: Duration) -> u32 {
+    u32::try_from(retention.as_secs()).unwrap_or(u32::MAX)
+}
+
+/// Checks an existing topic's retention against the settings: a topic that
+/// keeps its records for less time than `[log] retention` is refused (a
+/// consumer down for longer than the topic keeps records would find them
+/// gone); one that keeps them longer, or other segments, is only noted.
+fn check_retention(
+    name: &str,
+    found: &FluvioTopicSpec,
+    settings: &FluvioSettings,
+) -> Result<(), LogError> {
+    let (have, want) = (found.retention_secs(), retention_secs(settings.retention));
+    if have < want {
+        return Err(broken(format!(
+            "Fluvio topic {name:?} keeps its records for {have} s, less than [log] retention = {:?} ({want} s): \
+             a member down for longer than the topic keeps records would find them gone. Set [log] retention \
+             to at most \"{have}s\", or use new topics ([log] topic_prefix) created with the longer retention",
+            settings.retention
+        )));
+    }
+    if have > want {
+        tracing::info!(
+            topic = name,
+            topic_retention_secs = have,
+            configured_secs = want,
+            "the Fluvio topic keeps its records longer than [log] retention; it was created so"
+        );
+    }
+    let segment = found
+        .get_storage()
+        .and_then(|s| s.segment_size)
+        .unwrap_or(FLUVIO_DEFAULT_SEGMENT_SIZE);
+    if segment != settings.segment_size {
+        tracing::info!(
+            topic = name,
+            topic_segment_size = segment,
+            configured = settings.segment_size,
+            "the Fluvio topic's segment size differs from [log] segment_size; it was created so"
+        );
+    }
+    Ok(())
+}
+
+/// A new client of the cluster, over TLS when the settings ask for it.
+/// The error names the cluster and, for a TLS failure, the setting to
+/// change.
+async fn open_client(settings: &FluvioSettings) -> Result<Fluvio, String> {
+    let connector = tls::connector(settings.tls.as_ref())
+        .map_err(|e| format!("cannot connect to Fluvio at {}: {e:#}", settings.endpoint))?;
+    let config = FluvioClusterConfig::new(settings.endpoint.clone());
+    Fluvio::connect_with_connector(connector, &config)
+        .await
+        .map_err(|e| {
+            let why = settings
+                .tls
+                .as_ref()
+                .and_then(|t| tls::explain(&e, t))
+                .unwrap_or_else(|| {
+                    format!(
+                        "{e:#}; check [log] endpoint and that the cluster's SC listens there{}",
+                        if settings.tls.is_none() {
+                            " (a cluster that speaks TLS needs [log.tls])"
+                        } else {
+                            ""
+                        }
+                    )
+                });
+            format!("cannot connect to Fluvio at {}: {why}", settings.endpoint)
+        })
 }
 
 /// Maps keys with the port's own hash (see [`partition_for`]).
@@ -632,6 +729,10 @@ impl<M> FluvioProducer<M> {
         let config = TopicProducerConfigBuilder::default()
             .partitioner(Arc::new(PortPartitioner))
             .isolation(Isolation::ReadCommitted)
+            // How long the leader may take to have a batch stored by its
+            // replicas (Fluvio's 1.5 s is often too short for followers
+            // that are catching up, e.g. after a failover).
+            .timeout(PRODUCE_TIMEOUT)
             .build()
             .map_err(backend)?;
         let made = within(client.topic_producer_with_config(self.topic.clone(), config)).await;
@@ -906,6 +1007,63 @@ impl Committer {
 type Records =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<ConsumerRecord, String>> + Send>>;
 
+/// One partition as one consumer group reads it.
+struct Place {
+    topic: String,
+    partition: u32,
+    group: String,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} partition {} (group {:?})",
+            self.topic, self.partition, self.group
+        )
+    }
+}
+
+/// The group's stored position on the partition (the last record it is
+/// done with), `None` when it has none; asked again on new connections
+/// until `deadline`.
+async fn stored_position(
+    inner: &Inner,
+    place: &Place,
+    deadline: Instant,
+) -> Result<Option<i64>, LogError> {
+    let mut client = inner.client();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let error = match within(client.consumer_offsets()).await {
+            Ok(offsets) => {
+                return Ok(offsets
+                    .iter()
+                    .find(|o| {
+                        o.consumer_id == place.group
+                            && o.topic == place.topic
+                            && o.partition == place.partition
+                    })
+                    .map(|o| o.offset));
+            }
+            Err(error) => error,
+        };
+        inner.health.op(Err(&error));
+        if Instant::now() + pause > deadline {
+            return Err(broken(format!(
+                "could not read the stored position of {place} on the Fluvio cluster at {} within \
+                 [log] give_up_after = {:?}: {error}",
+                inner.settings.endpoint, inner.settings.give_up_after
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+        if let Ok(fresh) = inner.reconnect(&client).await {
+            client = fresh;
+        }
+    }
+}
+
 /// Opens a stream of `config` on `client`, and again on a new connection
 /// after each failure, pausing longer each time, until it opens or
 /// `deadline` passes (`None`: until it opens; the log's health watch stops
@@ -948,18 +1106,37 @@ async fn open_stream(
 /// broker crash costs a pause, never the consumer. A record that cannot
 /// be decoded is handed on as an error (definite: reading again would not
 /// change it).
+///
+/// Offsets of a partition follow one another; a record past the one
+/// expected (the group's next, then the one after the last read) means
+/// the records between are gone (retention removed them): the reader hands
+/// on [`LogError::Gap`] and stops, never skipping them.
 async fn read<M: Message>(
     inner: Arc<Inner>,
     config: ConsumerConfigExt,
     (mut client, mut stream): (Arc<Fluvio>, Records),
     out: mpsc::Sender<Result<Record<M>, LogError>>,
-    what: String,
+    (place, mut next): (Place, Option<i64>),
 ) {
-    let mut next: Option<i64> = None;
+    let what = place.to_string();
     loop {
         let error = match stream.next().await {
             Some(Ok(r)) => {
                 inner.health.op(Ok(()));
+                if let Some(want) = next
+                    && r.offset > want
+                {
+                    let gap = LogError::Gap {
+                        topic: place.topic,
+                        partition: place.partition,
+                        group: place.group,
+                        expected: u64::try_from(want).unwrap_or(0),
+                        found: u64::try_from(r.offset).unwrap_or(0),
+                    };
+                    tracing::error!(partition = %what, error = %gap, "records of a Fluvio partition are gone before they were read");
+                    let _ = out.send(Err(gap)).await;
+                    return;
+                }
                 next = Some(r.offset + 1);
                 let record = u64::try_from(r.offset).map_err(backend).and_then(|offset| {
                     Ok(Record {
@@ -1060,18 +1237,34 @@ impl Log for FluvioLog {
         // The partition's leader may be restarting (a member starting
         // while a broker crashes): keep trying, on a new connection, as
         // commits do, rather than fail the whole process's start.
-        let name = format!("{topic} partition {partition} (group {group:?})");
+        let place = Place {
+            topic: topic.to_owned(),
+            partition,
+            group: group.to_owned(),
+        };
+        let name = place.to_string();
+        let deadline = Instant::now() + self.inner.settings.give_up_after;
+        // Where the group is to read next: the record after its stored
+        // position. A group with none starts at the first record the
+        // partition still has.
+        let stored = stored_position(&self.inner, &place, deadline).await?;
         let opened = open_stream(
             &self.inner,
             &config,
             self.inner.client(),
             &name,
-            Some(Instant::now() + self.inner.settings.give_up_after),
+            Some(deadline),
         )
         .await?;
         let client = opened.0.clone();
         let (tx, rx) = mpsc::channel(self.inner.settings.read_ahead.max(1));
-        let reader = tokio::spawn(read::<M>(self.inner.clone(), config, opened, tx, name));
+        let reader = tokio::spawn(read::<M>(
+            self.inner.clone(),
+            config,
+            opened,
+            tx,
+            (place, stored.map(|o| o + 1)),
+        ));
         let commits = Arc::new(CommitState {
             want: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),

@@ -94,6 +94,32 @@ pub enum LogError {
     /// A record's bytes could not be read.
     #[error("undecodable record: {0}")]
     Decode(String),
+    /// Records a consumer had not read are gone from the log (its
+    /// retention removed them): reading on would skip them, so the
+    /// consumer stops here. Definite: reading again cannot bring them back.
+    #[error(
+        "records {expected} to {last} of topic {topic:?} partition {partition} are gone from the log before \
+         group {group:?} read them ({count} records: the log's retention removed them; the next record there is \
+         {found}). Nothing was skipped: this consumer stops here. Their events never reached fan-out; \
+         `walhook reconcile` over the window shows them as lost. To go on past them, delete the group's stored \
+         position (`fluvio consumer delete {group} --topic {topic} --partition {partition}`): the next start \
+         reads from {found}. To keep this from happening, raise [log] retention above the longest time a \
+         member may be down",
+        last = found - 1,
+        count = found - expected
+    )]
+    Gap {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The consumer group.
+        group: String,
+        /// The offset the group was to read next.
+        expected: u64,
+        /// The first offset the log still has.
+        found: u64,
+    },
     /// The backing system failed; retrying may help.
     #[error("log backend error")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
