@@ -104,7 +104,7 @@ fn bad_config_values_are_named() {
             "[log].endpoint = \"fluvio.example.net:9003\" is not on this machine",
         ),
         (
-            "[log]\nkind = \"fluvio\"\n[log.tls]\nca_file = \"no-such-ca.pem\"\n",
+            "[log]\nkind = \"fluvio\"\n[log.tls]\nca_file = \"no-such-ca.pem\"\nmode = \"verify-ca\"\n",
             "no-such-ca.pem\": cannot be read",
         ),
         (

@@ -228,6 +228,9 @@ pub struct PipelineMetrics {
     /// Records stored after each consumer group's committed position, per
     /// partition of the log (Fluvio only).
     pub log_consumer_lag: Family<LogLagLabels, Gauge>,
+    /// Seconds the oldest unread record of each consumer group has waited,
+    /// per partition of the log (Fluvio only).
+    pub log_oldest_unread_age: Family<LogLagLabels, Gauge<f64, AtomicU64>>,
     /// Why `/healthz` of a stage process fails, while it does (the log's
     /// cluster has not answered for some seconds).
     pub log_problem: parking_lot::Mutex<Option<String>>,
@@ -261,6 +264,7 @@ impl Default for PipelineMetrics {
             tenants_labelled: Bounded::default(),
             log_unreachable_seconds: Gauge::default(),
             log_consumer_lag: Family::default(),
+            log_oldest_unread_age: Family::default(),
             log_problem: parking_lot::Mutex::new(None),
         }
     }
@@ -399,6 +403,12 @@ impl Metrics {
             LOG_CONSUMER_LAG,
             "Records stored after a consumer group's committed position, by topic and partition (Fluvio only)",
             pipeline.log_consumer_lag.clone(),
+        );
+        registry.register(
+            LOG_OLDEST_UNREAD_AGE,
+            "Seconds the oldest record a consumer group has not read has waited since it was produced, \
+             0 when caught up, by topic and partition (Fluvio only)",
+            pipeline.log_oldest_unread_age.clone(),
         );
         registry.register(
             LOG_UNREACHABLE,

@@ -343,13 +343,17 @@ async fn watch_cluster(
             && let Ok(lags) = log.consumer_lag(marks).await
         {
             for l in lags {
+                let labels = LogLagLabels {
+                    topic: l.topic,
+                    partition: l.partition.to_string(),
+                    group: l.group,
+                };
                 m.log_consumer_lag
-                    .get_or_create(&LogLagLabels {
-                        topic: l.topic,
-                        partition: l.partition.to_string(),
-                        group: l.group,
-                    })
+                    .get_or_create(&labels)
                     .set(i64::try_from(l.lag).unwrap_or(i64::MAX));
+                m.log_oldest_unread_age
+                    .get_or_create(&labels)
+                    .set(l.oldest_unread_age.as_secs_f64());
             }
         }
         if let Some(error) = log.unreachable_past_limit() {

@@ -258,6 +258,7 @@ async fn consumer_lag_counts_what_each_group_has_not_committed() {
         .map(|i| (key_on(0), TestRecord(i, String::new())))
         .chain((0..3u64).map(|i| (key_on(1), TestRecord(i, String::new()))))
         .collect();
+    let sent = std::time::SystemTime::now();
     producer.send_all(batch).await.unwrap().await.unwrap();
     let mut consumer = log
         .consumer::<TestRecord>("walhook-lagging", 0, "g")
@@ -269,32 +270,36 @@ async fn consumer_lag_counts_what_each_group_has_not_committed() {
     }
     consumer.commit(Offset(3)).await.expect("commit");
 
-    let want = vec![
-        ConsumerLag {
-            topic: "walhook-lagging".into(),
-            partition: 0,
-            group: "g".into(),
-            lag: 2,
-        },
-        ConsumerLag {
-            topic: "walhook-lagging".into(),
-            partition: 1,
-            group: "g".into(),
-            lag: 3,
-        },
+    let want = [
+        ("walhook-lagging", 0, "g", 2),
+        ("walhook-lagging", 1, "g", 3),
     ];
     // The commit is made in the background, and the SC learns the high
     // watermarks from the SPU: wait for both.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let marks = log.probe().await.expect("the cluster answers");
-        let lags = log.consumer_lag(&marks).await.expect("lags");
-        if lags == want {
+        let lags: Vec<ConsumerLag> = log.consumer_lag(&marks).await.expect("lags");
+        let counts: Vec<_> = lags
+            .iter()
+            .map(|l| (l.topic.as_str(), l.partition, l.group.as_str(), l.lag))
+            .collect();
+        if counts == want {
+            // The oldest unread record of each partition was sent before
+            // `sent` plus a moment, and has waited since.
+            let waited = sent.elapsed().unwrap();
+            for l in &lags {
+                assert!(
+                    l.oldest_unread_age > Duration::ZERO
+                        && l.oldest_unread_age <= waited + Duration::from_secs(2),
+                    "{l:?}, sent {waited:?} ago"
+                );
+            }
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "lags {lags:?}, want {want:?}"
+            "lags {counts:?}, want {want:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -22,6 +22,10 @@ pub const LOG_UNREACHABLE: &str = "walhook_log_unreachable_seconds";
 /// Records after a consumer group's committed position, by topic,
 /// partition and group (gauge; Fluvio only, from every stage process).
 pub const LOG_CONSUMER_LAG: &str = "walhook_log_consumer_lag";
+/// Seconds the oldest record a consumer group has not read has waited
+/// since it was produced, 0 when the group is caught up, by topic,
+/// partition and group (gauge; Fluvio only, from every stage process).
+pub const LOG_OLDEST_UNREAD_AGE: &str = "walhook_log_oldest_unread_age_seconds";
 /// WAL the replication slot retains, bytes (gauge).
 pub const CAPTURE_SLOT_LAG: &str = "walhook_capture_slot_lag_bytes";
 /// Seconds since a source's checkpoint moved, by source (gauge, SQL).

@@ -59,7 +59,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use fluvio::consumer::{
     ConsumerConfigExt, ConsumerRecord, ConsumerStream, OffsetManagementStrategy, RetryMode,
@@ -147,6 +147,9 @@ struct Inner {
     /// The commit state of the latest consumer per (topic, partition,
     /// group).
     commits: parking_lot::Mutex<HashMap<(String, u32, String), Arc<CommitState>>>,
+    /// When records that some group has not read yet were produced, by
+    /// (topic, partition, offset), for [`FluvioLog::consumer_lag`].
+    record_times: parking_lot::Mutex<HashMap<(String, u32, i64), SystemTime>>,
 }
 
 fn backend(e: impl Into<anyhow::Error>) -> LogError {
@@ -387,6 +390,7 @@ impl FluvioLog {
                 health: Health::default(),
                 partitions,
                 commits: parking_lot::Mutex::new(HashMap::new()),
+                record_times: parking_lot::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -490,6 +494,10 @@ pub struct ConsumerLag {
     pub group: String,
     /// Records stored after the group's committed position.
     pub lag: u64,
+    /// How long the oldest of those records has waited since its producer
+    /// sent it; zero when the group is caught up (or the record carries no
+    /// time).
+    pub oldest_unread_age: Duration,
 }
 
 impl FluvioLog {
@@ -515,6 +523,7 @@ impl FluvioLog {
             .collect();
         groups.extend(self.inner.commits.lock().keys().map(|k| k.2.clone()));
         let mut lags = Vec::new();
+        let mut waiting = std::collections::HashSet::new();
         for (topic, partition, high) in &marks.0 {
             for group in &groups {
                 // A stored offset is the last record done: the group's next
@@ -525,15 +534,61 @@ impl FluvioLog {
                         o.consumer_id == *group && o.topic == *topic && o.partition == *partition
                     })
                     .map_or(0, |o| o.offset + 1);
+                let lag = u64::try_from(high - next).unwrap_or(0);
+                let oldest_unread_age = if lag == 0 {
+                    Duration::ZERO
+                } else {
+                    waiting.insert((topic.clone(), *partition, next));
+                    self.record_time(topic, *partition, next)
+                        .await
+                        .and_then(|at| SystemTime::now().duration_since(at).ok())
+                        .unwrap_or_default()
+                };
                 lags.push(ConsumerLag {
                     topic: topic.clone(),
                     partition: *partition,
                     group: group.clone(),
-                    lag: u64::try_from(high - next).unwrap_or(0),
+                    lag,
+                    oldest_unread_age,
                 });
             }
         }
+        // Forget the times of records that no group waits on any more.
+        self.inner
+            .record_times
+            .lock()
+            .retain(|key, _| waiting.contains(key));
         Ok(lags)
+    }
+
+    /// When the record at `offset` was produced: asked of the cluster once
+    /// (a short read of that one record), then remembered.
+    async fn record_time(&self, topic: &str, partition: u32, offset: i64) -> Option<SystemTime> {
+        let key = (topic.to_owned(), partition, offset);
+        if let Some(at) = self.inner.record_times.lock().get(&key) {
+            return Some(*at);
+        }
+        let config = ConsumerConfigExt::builder()
+            .topic(topic.to_owned())
+            .partition(partition)
+            .offset_start(FluvioOffset::absolute(offset).ok()?)
+            .isolation(Isolation::ReadCommitted)
+            .build()
+            .ok()?;
+        let client = self.inner.client();
+        let mut stream = within(client.consumer_with_config(config)).await.ok()?;
+        let record = tokio::time::timeout(Committer::TRY_TIMEOUT, stream.next())
+            .await
+            .ok()??
+            .ok()?;
+        let millis = u64::try_from(record.timestamp())
+            .ok()
+            .filter(|ms| *ms > 0)?;
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(millis);
+        if record.offset == offset {
+            self.inner.record_times.lock().insert(key, at);
+        }
+        Some(at)
     }
 }
 
