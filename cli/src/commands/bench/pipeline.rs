@@ -168,8 +168,8 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
     if args.log == "fluvio" {
         let cluster = FluvioCluster::start("walhook bench pipeline --log fluvio").ok_or_else(|| {
             anyhow::anyhow!(
-                "--log fluvio needs a Fluvio cluster: set WALHOOK_FLUVIO_TOOLS to the directory with local-cluster.sh \
-                 (the Fluvio tools), or WALHOOK_FLUVIO_ENDPOINT to a running cluster"
+                "--log fluvio needs a Fluvio cluster: set WALHOOK_FLUVIO_TOOLS to the directory with bin/fluvio-run and \
+                 bin/fluvio (the Fluvio tools), or WALHOOK_FLUVIO_ENDPOINT to a running cluster"
             )
         })?;
         let extra = format!(
