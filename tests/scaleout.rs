@@ -13,8 +13,8 @@ use walhook_devkit::tls::TestCa;
 use crate::support::api::free_port;
 use crate::support::{Child, World, assert_recent_window_reconciles};
 
-/// The value of counter `name` at http://`listen`/metrics.
-async fn scrape(listen: &str, name: &str) -> f64 {
+/// The value of series `name` at http://`listen`/metrics, and the page.
+async fn try_scrape(listen: &str, name: &str) -> (Option<f64>, String) {
     let text = reqwest::get(format!("http://{listen}/metrics"))
         .await
         .and_then(|r| r.error_for_status())
@@ -22,9 +22,18 @@ async fn scrape(listen: &str, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok());
+    (value, text)
+}
+
+/// The value of series `name` at http://`listen`/metrics; it must be there.
+async fn scrape(listen: &str, name: &str) -> f64 {
+    match try_scrape(listen, name).await {
+        (Some(value), _) => value,
+        (None, text) => panic!("{name} missing from\n{text}"),
+    }
 }
 
 /// The `[log]` section of a deployment on `cluster`, with topics of its own.
@@ -371,15 +380,7 @@ async fn every_stage_heals_from_broker_crashes_with_no_process_restarted() {
             "walhook_log_consumer_lag{{topic=\"{events}\",partition=\"{partition}\",group=\"fanout\"}}"
         );
         loop {
-            let text = reqwest::get(format!("http://{listen}/metrics"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            let lag = text
-                .lines()
-                .find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok());
+            let (lag, _) = try_scrape(&listen, &series).await;
             if lag == Some(0.0) {
                 break;
             }
@@ -594,8 +595,7 @@ async fn walhook_run_runs_every_stage_on_a_tls_fluvio_cluster() {
     ));
     let dir = cfg.parent().unwrap();
     ca.write_pem(dir, "fluvio-ca.pem").unwrap();
-    std::fs::write(dir.join("fluvio-client.pem"), &client.cert_pem).unwrap();
-    std::fs::write(dir.join("fluvio-client.key"), &client.key_pem).unwrap();
+    client.write(dir, "fluvio-client").unwrap();
     let first = Child::run(&cfg);
     w.wait_streaming().await;
     insert_orders(&w, 1..=15).await;
@@ -749,12 +749,7 @@ async fn a_member_down_past_retention_stops_at_the_gap_and_reconcile_shows_it() 
     let mut settings = walhook_connectors::fluvio::FluvioSettings::new(cluster.endpoint());
     settings.retention = Duration::from_secs(10);
     settings.segment_size = 1024;
-    let spec = walhook_pipeline::log::TopicSpec {
-        name: topic.clone(),
-        partitions: 4,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let spec = walhook_pipeline::runtime::events_topic(&topic, 4, 0);
     let fluvio = walhook_connectors::fluvio::FluvioLog::connect(settings, vec![spec])
         .await
         .expect("the test's own look at the topic");

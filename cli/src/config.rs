@@ -307,7 +307,9 @@ impl LogConfig {
             && !walhook_pgtls::exposure::is_local_host(self.endpoint_host()))
         .then(|| {
             format!(
-                "[log] insecure = true: the events go to the Fluvio cluster at {} in clear, without TLS;                  anyone on the network path can read them, or forge events that walhook then signs and                  delivers. Set [log.tls] (docs/scale-out.md)",
+                "[log] insecure = true: the events go to the Fluvio cluster at {} in clear, without TLS; \
+                 anyone on the network path can read them, or forge events that walhook then signs and \
+                 delivers. Set [log.tls] (docs/scale-out.md)",
                 self.endpoint
             )
         })
@@ -363,17 +365,19 @@ impl LogConfig {
                          private key); give both, or neither when the cluster does not ask for a client certificate"
                     );
                 }
-                if let Some(tls) = self.fluvio_tls() {
-                    walhook_connectors::fluvio::check_domain(&tls.domain, tls.verify)
-                        .map_err(|e| anyhow::anyhow!("{e}{}", if self.tls.as_ref().is_some_and(|t| t.domain.is_none()) {
-                            format!(" (none was given, so the host of [log].endpoint = {:?} was taken)", self.endpoint)
-                        } else {
-                            String::new()
-                        }))?;
+                let taken = if tls.domain.is_none() {
+                    format!(
+                        " (none was given, so the host of [log].endpoint = {:?} was taken)",
+                        self.endpoint
+                    )
+                } else {
+                    String::new()
+                };
+                if let Some(client) = self.fluvio_tls() {
+                    walhook_connectors::fluvio::check_domain(&client.domain, client.verify)
+                        .map_err(|e| anyhow::anyhow!("{e}{taken}"))?;
                 }
-            } else if !self.insecure
-                && !walhook_pgtls::exposure::is_local_host(self.endpoint_host())
-            {
+            } else if !self.insecure && self.exposure().is_some() {
                 bail!(
                     "[log].endpoint = {:?} is not on this machine, and without [log.tls] the events would travel \
                      in clear: anyone on the path could read them or forge events that walhook signs and delivers. \

@@ -11,6 +11,17 @@ use walhook_pipeline::ids::Offset;
 use walhook_pipeline::log::contract::{self, TestRecord};
 use walhook_pipeline::log::{Consumer, Log, Producer, TopicSpec};
 
+/// A topic of `partitions` partitions (the embedded log's settings left
+/// out: a Fluvio topic has no use for them).
+fn topic(name: &str, partitions: u32) -> TopicSpec {
+    TopicSpec {
+        name: name.into(),
+        partitions,
+        capacity: 0,
+        durable_groups: vec![],
+    }
+}
+
 fn settings(cluster: &FluvioCluster) -> FluvioSettings {
     FluvioSettings::new(cluster.endpoint())
 }
@@ -51,12 +62,7 @@ async fn a_topic_with_another_partition_count_is_refused() {
     else {
         return;
     };
-    let spec = |partitions| TopicSpec {
-        name: "walhook-mismatch".into(),
-        partitions,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let spec = |partitions| topic("walhook-mismatch", partitions);
     FluvioLog::connect(settings(&cluster), vec![spec(2)])
         .await
         .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
@@ -87,12 +93,7 @@ async fn a_consumer_and_a_producer_ride_out_a_broker_crash() {
         );
         return;
     }
-    let topic = TopicSpec {
-        name: "walhook-crash".into(),
-        partitions: 1,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let topic = topic("walhook-crash", 1);
     let log = FluvioLog::connect(settings(&cluster), vec![topic])
         .await
         .expect("connect");
@@ -170,12 +171,7 @@ async fn the_probe_tells_when_the_cluster_cannot_serve() {
     else {
         return;
     };
-    let topic = TopicSpec {
-        name: "walhook-probed".into(),
-        partitions: 2,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let topic = topic("walhook-probed", 2);
     let mut settings = settings(&cluster);
     settings.give_up_after = Duration::from_secs(1);
     let log = FluvioLog::connect(settings, vec![topic])
@@ -234,12 +230,7 @@ async fn consumer_lag_counts_what_each_group_has_not_committed() {
     else {
         return;
     };
-    let topic = TopicSpec {
-        name: "walhook-lagging".into(),
-        partitions: 2,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let topic = topic("walhook-lagging", 2);
     let log = FluvioLog::connect(settings(&cluster), vec![topic])
         .await
         .map_err(|e| format!("{:?}", anyhow::Error::from(e)))
@@ -318,14 +309,12 @@ impl TlsFiles {
         let dir = tempfile::tempdir().unwrap();
         ca.write_pem(dir.path(), "ca.pem").unwrap();
         let client = ca.client_cert("walhook").unwrap();
-        std::fs::write(dir.path().join("client.pem"), &client.cert_pem).unwrap();
-        std::fs::write(dir.path().join("client.key"), &client.key_pem).unwrap();
+        client.write(dir.path(), "client").unwrap();
         // Someone else's CA, and a certificate it signed.
         let other = TestCa::new("another CA").unwrap();
         other.write_pem(dir.path(), "other-ca.pem").unwrap();
         let stranger = other.client_cert("stranger").unwrap();
-        std::fs::write(dir.path().join("stranger.pem"), &stranger.cert_pem).unwrap();
-        std::fs::write(dir.path().join("stranger.key"), &stranger.key_pem).unwrap();
+        stranger.write(dir.path(), "stranger").unwrap();
         let server = ca.server_cert(&["fluvio.test", "*.fluvio.test"]).unwrap();
         TlsFiles {
             dir,
@@ -355,12 +344,7 @@ impl TlsFiles {
 }
 
 async fn connect_error(settings: FluvioSettings) -> String {
-    let topics = vec![TopicSpec {
-        name: "walhook-tls".into(),
-        partitions: 1,
-        capacity: 0,
-        durable_groups: vec![],
-    }];
+    let topics = vec![topic("walhook-tls", 1)];
     match FluvioLog::connect(settings, topics).await {
         Ok(_) => panic!("the connection was let through"),
         Err(e) => format!("{:#}", anyhow::Error::from(e)),
@@ -440,18 +424,13 @@ async fn records_gone_at_retention_stop_the_consumer_instead_of_being_skipped() 
     ) else {
         return;
     };
-    let topic = || TopicSpec {
-        name: "walhook-retention".into(),
-        partitions: 1,
-        capacity: 0,
-        durable_groups: vec![],
-    };
+    let spec = || topic("walhook-retention", 1);
     let mut short = settings(&cluster);
     // Fluvio's least retention, and its smallest segments: each closed
     // segment goes once its last write is 10 s old.
     short.retention = Duration::from_secs(10);
     short.segment_size = 1024;
-    let log = FluvioLog::connect(short.clone(), vec![topic()])
+    let log = FluvioLog::connect(short.clone(), vec![spec()])
         .await
         .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
         .expect("connect");
@@ -536,7 +515,7 @@ async fn records_gone_at_retention_stop_the_consumer_instead_of_being_skipped() 
     // The topic exists with 10 s: a deployment asking for longer is refused.
     let mut longer = settings(&cluster);
     longer.retention = Duration::from_secs(3600);
-    let refused = match FluvioLog::connect(longer, vec![topic()]).await {
+    let refused = match FluvioLog::connect(longer, vec![spec()]).await {
         Ok(_) => panic!("a topic keeping records for less than [log] retention was accepted"),
         Err(e) => format!("{:#}", anyhow::Error::from(e)),
     };

@@ -412,16 +412,25 @@ impl FluvioCluster {
         self.own().spus.iter().map(|s| s.id).collect()
     }
 
-    /// The SPU that leads `topic`'s `partition`, as the SC reports it.
-    pub fn leader_of(&self, topic: &str, partition: u32) -> Option<u32> {
-        let tools = find_tools()?;
-        let out = cli(&tools, &std::env::temp_dir(), &self.admin)
+    /// `fluvio partition list` as JSON: each partition's spec and status
+    /// (leader, replicas and their offsets), as the SC reports them; empty
+    /// when the CLI is not at hand or does not answer.
+    fn partitions(&self) -> Vec<serde_json::Value> {
+        let Some(tools) = find_tools() else {
+            return Vec::new();
+        };
+        cli(&tools, &std::env::temp_dir(), &self.admin)
             .args(["partition", "list", "-O", "json"])
             .output()
-            .ok()?;
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            .ok()
+            .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+            .unwrap_or_default()
+    }
+
+    /// The SPU that leads `topic`'s `partition`, as the SC reports it.
+    pub fn leader_of(&self, topic: &str, partition: u32) -> Option<u32> {
         let name = format!("{topic}-{partition}");
-        list.as_array()?
+        self.partitions()
             .iter()
             .find(|p| p["name"] == name.as_str())
             .and_then(|p| p["status"]["leader"]["spu"].as_u64())
@@ -432,19 +441,8 @@ impl FluvioCluster {
     /// `(partition name, spu)`: a follower whose log ends before the
     /// leader's. Empty when every replica has caught up.
     pub fn lagging_replicas(&self) -> Vec<(String, u32)> {
-        let Some(tools) = find_tools() else {
-            return Vec::new();
-        };
-        let Some(list) = cli(&tools, &std::env::temp_dir(), &self.admin)
-            .args(["partition", "list", "-O", "json"])
-            .output()
-            .ok()
-            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        else {
-            return Vec::new();
-        };
         let mut lagging = Vec::new();
-        for p in list.as_array().into_iter().flatten() {
+        for p in &self.partitions() {
             let leo = p["status"]["leader"]["leo"].as_i64().unwrap_or(0);
             for r in p["status"]["replicas"].as_array().into_iter().flatten() {
                 if r["leo"].as_i64().unwrap_or(0) < leo

@@ -49,6 +49,20 @@ pub struct ServerCert {
     pub key_pem: String,
 }
 
+impl ServerCert {
+    /// Writes the certificate to `dir/<stem>.pem` and the key to
+    /// `dir/<stem>.key`.
+    pub fn write(&self, dir: &Path, stem: &str) -> Result<(), CertError> {
+        for (path, text) in [
+            (dir.join(format!("{stem}.pem")), &self.cert_pem),
+            (dir.join(format!("{stem}.key")), &self.key_pem),
+        ] {
+            std::fs::write(&path, text).map_err(|e| CertError::Write(path.clone(), e))?;
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for ServerCert {
     // The key is a throwaway, but keys do not print, by habit.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -114,6 +114,15 @@ impl World {
         (event, deliveries)
     }
 
+    /// The plans node `a` held, as a run starting now takes them back (the
+    /// first page of ten, attempts not marked unknown).
+    async fn reclaim_as_a_restart(&self) -> (Vec<DeliveryJob>, Option<EventId>) {
+        self.platform
+            .reclaim_plans("a", None, 10, false, Timestamp::now())
+            .await
+            .unwrap()
+    }
+
     async fn count(&self, what: &str) -> i64 {
         self.sql
             .query_one(&format!("SELECT count(*) FROM {what}"), &[])
@@ -199,17 +208,7 @@ async fn a_planned_delivery_gets_its_row_with_its_first_attempt() {
     assert!(w.plan(1_000, Some("a"), Duration::ZERO).await.is_empty());
     assert_eq!(w.count("walhook.fanouts").await, 1);
 
-    let (mut jobs, next) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (mut jobs, next) = w.reclaim_as_a_restart().await;
     assert_eq!(next, None, "one page");
     jobs.sort_by_key(|j| j.delivery_id);
     let mut expected = made.clone();
@@ -287,17 +286,7 @@ async fn a_retry_after_a_lost_answer_hands_over_what_the_first_try_stored() {
     );
 
     // Claimed since (a later lease): whoever claimed it has the rest.
-    let (jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (jobs, _) = w.reclaim_as_a_restart().await;
     assert_eq!(jobs.len(), 2);
     assert!(
         w.store(&event, &deliveries).await.is_empty(),
@@ -336,17 +325,7 @@ async fn a_lapsed_nodes_plans_move_to_another_node_and_its_late_results_are_stal
             .unwrap()
     );
     let made = w.plan(2_000, Some("a"), Duration::ZERO).await;
-    let (a_jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (a_jobs, _) = w.reclaim_as_a_restart().await;
     assert_eq!(a_jobs.len(), 3);
 
     // Node b finds a's lease lapsed (a never stopped cleanly) and takes its
@@ -469,17 +448,7 @@ async fn plans_nobody_holds_are_claimed_and_leftovers_are_tidied() {
 async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_latest_state() {
     let w = world().await;
     let made = w.plan(6_000, Some("a"), Duration::ZERO).await;
-    let (jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (jobs, _) = w.reclaim_as_a_restart().await;
     let job = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
 
     // The first attempt fails and is retried at once; the dispatcher marks
@@ -521,17 +490,7 @@ async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_lates
 async fn attempts_are_tallied_once_even_when_a_batch_is_recorded_again() {
     let w = world().await;
     w.plan(2_000, Some("a"), Duration::ZERO).await;
-    let (mut jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (mut jobs, _) = w.reclaim_as_a_restart().await;
     jobs.sort_by_key(|j| j.endpoint_id);
     let failed = AttemptRecord {
         outcome: "rejected",
@@ -620,17 +579,7 @@ async fn a_batch_removes_exactly_the_plans_it_completes() {
     let w = world().await;
     w.plan(2_000, Some("a"), Duration::ZERO).await;
     w.plan(3_000, Some("a"), Duration::ZERO).await;
-    let (mut jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (mut jobs, _) = w.reclaim_as_a_restart().await;
     assert_eq!(jobs.len(), 6, "two events, three endpoints each");
     jobs.sort_by_key(|j| (j.event_id, j.delivery_id));
     let (first, second) = jobs.split_at(3);
@@ -829,16 +778,6 @@ async fn a_restart_leaves_the_plans_of_its_own_run_alone() {
         "took this run's plans: {jobs:?}"
     );
     // The same plans, as a later run sees them: its predecessor's.
-    let (jobs, _) = w
-        .platform
-        .reclaim_plans(
-            "a",
-            None,
-            10,
-            false,
-            walhook_pipeline::time::Timestamp::now(),
-        )
-        .await
-        .unwrap();
+    let (jobs, _) = w.reclaim_as_a_restart().await;
     assert_eq!(jobs.len(), 3);
 }

@@ -62,7 +62,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use fluvio::consumer::{
-    ConsumerConfigExt, ConsumerRecord, ConsumerStream, OffsetManagementStrategy, RetryMode,
+    ConsumerConfigExt, ConsumerOffset, ConsumerRecord, ConsumerStream, OffsetManagementStrategy,
+    RetryMode,
 };
 use fluvio::metadata::topic::{
     CleanupPolicy, SegmentBasedPolicy, TopicResolution, TopicSpec as FluvioTopicSpec,
@@ -195,11 +196,7 @@ impl FluvioLog {
                     "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
                     settings.endpoint,
                     settings.connect_timeout,
-                    if settings.tls.is_none() {
-                        " (a cluster that speaks TLS needs [log.tls])"
-                    } else {
-                        ""
-                    }
+                    tls_hint(&settings)
                 ))
             })?
             .map_err(broken)?;
@@ -391,6 +388,15 @@ fn check_retention(
     Ok(())
 }
 
+/// What a failure to connect without TLS may mean.
+fn tls_hint(settings: &FluvioSettings) -> &'static str {
+    if settings.tls.is_none() {
+        " (a cluster that speaks TLS needs [log.tls])"
+    } else {
+        ""
+    }
+}
+
 /// A new client of the cluster, over TLS when the settings ask for it.
 /// The error names the cluster and, for a TLS failure, the setting to
 /// change.
@@ -408,11 +414,7 @@ async fn open_client(settings: &FluvioSettings) -> Result<Fluvio, String> {
                 .unwrap_or_else(|| {
                     format!(
                         "{e:#}; check [log] endpoint and that the cluster's SC listens there{}",
-                        if settings.tls.is_none() {
-                            " (a cluster that speaks TLS needs [log.tls])"
-                        } else {
-                            ""
-                        }
+                        tls_hint(settings)
                     )
                 });
             format!("cannot connect to Fluvio at {}: {why}", settings.endpoint)
@@ -794,37 +796,48 @@ impl std::fmt::Display for Place {
 }
 
 /// The group's stored position on the partition (the last record it is
-/// done with), `None` when it has none; asked again on new connections
-/// until `deadline`.
-async fn stored_position(
+/// done with) among `offsets`, `None` when it has none.
+fn stored_offset(
+    offsets: &[ConsumerOffset],
+    topic: &str,
+    partition: u32,
+    group: &str,
+) -> Option<i64> {
+    offsets
+        .iter()
+        .find(|o| o.consumer_id == group && o.topic == topic && o.partition == partition)
+        .map(|o| o.offset)
+}
+
+/// Runs `op` on `client`, and again on a new connection after each
+/// failure, pausing longer each time, until it succeeds or `deadline`
+/// passes (`None`: until it succeeds; the log's health watch stops the
+/// process if the cluster stays away). `what` says what it does, for the
+/// log and the error.
+async fn on_new_connections<T, Fut>(
     inner: &Inner,
-    place: &Place,
-    deadline: Instant,
-) -> Result<Option<i64>, LogError> {
-    let mut client = inner.client();
+    mut client: Arc<Fluvio>,
+    what: &str,
+    deadline: Option<Instant>,
+    mut op: impl FnMut(Arc<Fluvio>) -> Fut,
+) -> Result<(Arc<Fluvio>, T), LogError>
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let mut pause = Duration::from_millis(100);
     loop {
-        let error = match within(client.consumer_offsets()).await {
-            Ok(offsets) => {
-                return Ok(offsets
-                    .iter()
-                    .find(|o| {
-                        o.consumer_id == place.group
-                            && o.topic == place.topic
-                            && o.partition == place.partition
-                    })
-                    .map(|o| o.offset));
-            }
+        let error = match op(client.clone()).await {
+            Ok(done) => return Ok((client, done)),
             Err(error) => error,
         };
         inner.health.op(Err(&error));
-        if Instant::now() + pause > deadline {
+        if deadline.is_some_and(|d| Instant::now() + pause > d) {
             return Err(broken(format!(
-                "could not read the stored position of {place} on the Fluvio cluster at {} within \
-                 [log] give_up_after = {:?}: {error}",
+                "could not {what} on the Fluvio cluster at {} within [log] give_up_after = {:?}: {error}",
                 inner.settings.endpoint, inner.settings.give_up_after
             )));
         }
+        tracing::warn!(%error, retry_in = ?pause, "could not {what} on the Fluvio cluster; retrying on a new connection");
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(5));
         if let Ok(fresh) = inner.reconnect(&client).await {
@@ -833,40 +846,51 @@ async fn stored_position(
     }
 }
 
+/// The group's stored position on the partition (see [`stored_offset`]),
+/// asked again on new connections until `deadline`.
+async fn stored_position(
+    inner: &Inner,
+    place: &Place,
+    deadline: Instant,
+) -> Result<Option<i64>, LogError> {
+    let what = format!("read the stored position of {place}");
+    let (_, offsets) = on_new_connections(
+        inner,
+        inner.client(),
+        &what,
+        Some(deadline),
+        |c| async move { within(c.consumer_offsets()).await },
+    )
+    .await?;
+    Ok(stored_offset(
+        &offsets,
+        &place.topic,
+        place.partition,
+        &place.group,
+    ))
+}
+
 /// Opens a stream of `config` on `client`, and again on a new connection
-/// after each failure, pausing longer each time, until it opens or
-/// `deadline` passes (`None`: until it opens; the log's health watch stops
-/// the process if the cluster stays away).
+/// after each failure (see [`on_new_connections`]).
 async fn open_stream(
     inner: &Inner,
     config: &ConsumerConfigExt,
-    mut client: Arc<Fluvio>,
+    client: Arc<Fluvio>,
     what: &str,
     deadline: Option<Instant>,
 ) -> Result<(Arc<Fluvio>, Records), LogError> {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let error = match within(client.consumer_with_config(config.clone())).await {
-            Ok(stream) => {
-                let records: Records = Box::pin(stream.map(|r| r.map_err(|e| e.to_string())));
-                return Ok((client, records));
-            }
-            Err(error) => error,
-        };
-        inner.health.op(Err(&error));
-        if deadline.is_some_and(|d| Instant::now() + pause > d) {
-            return Err(broken(format!(
-                "could not open {what} on the Fluvio cluster at {} within [log] give_up_after = {:?}: {error}",
-                inner.settings.endpoint, inner.settings.give_up_after
-            )));
-        }
-        tracing::warn!(partition = what, %error, retry_in = ?pause, "cannot read a Fluvio partition; retrying on a new connection");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(5));
-        if let Ok(fresh) = inner.reconnect(&client).await {
-            client = fresh;
-        }
-    }
+    on_new_connections(
+        inner,
+        client,
+        &format!("open {what}"),
+        deadline,
+        |c| async move {
+            let stream = within(c.consumer_with_config(config.clone())).await?;
+            let records: Records = Box::pin(stream.map(|r| r.map_err(|e| e.to_string())));
+            Ok(records)
+        },
+    )
+    .await
 }
 
 /// Reads the partition into `out` until the consumer is dropped. The

@@ -10,7 +10,7 @@ use fluvio::{Fluvio, Isolation, Offset as FluvioOffset};
 use futures::StreamExt;
 use walhook_pipeline::log::LogError;
 
-use super::{Committer, FluvioLog, broken, within};
+use super::{Committer, FluvioLog, broken, stored_offset, within};
 
 /// Since when the cluster has failed to answer, if it has.
 ///
@@ -236,12 +236,7 @@ impl FluvioLog {
             for group in &groups {
                 // A stored offset is the last record done: the group's next
                 // record follows it.
-                let next = offsets
-                    .iter()
-                    .find(|o| {
-                        o.consumer_id == *group && o.topic == *topic && o.partition == *partition
-                    })
-                    .map_or(0, |o| o.offset + 1);
+                let next = stored_offset(&offsets, topic, *partition, group).map_or(0, |o| o + 1);
                 let lag = u64::try_from(high - next).unwrap_or(0);
                 let oldest_unread_age = if lag == 0 {
                     Duration::ZERO
