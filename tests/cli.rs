@@ -96,6 +96,10 @@ fn bad_config_values_are_named() {
             "[log].give_up_after = 2s: give at least \"10s\"",
         ),
         (
+            "[log]\nkind = \"fluvio\"\nmember_lease = \"500ms\"\n",
+            "[log].member_lease = 500ms: give \"2s\" to \"10m\"",
+        ),
+        (
             "[log]\nkind = \"fluvio\"\nretention = \"5s\"\n",
             "[log].retention = 5s: give at least \"10s\"",
         ),
@@ -137,15 +141,15 @@ fn scale_out_commands_explain_what_they_need() {
         "[platform]\nurl = \"postgres://postgres@127.0.0.1:9/walhook\"\n\n[source]\nurl = \"postgres://postgres@127.0.0.1:9/shop\"\n\n\
          [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
     );
-    let out = run(walhook()
-        .args(["fanout", "--member", "0/2", "--config"])
-        .arg(&cfg));
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("set [log] kind = \"fluvio\""),
-        "{}",
-        stderr(&out)
-    );
+    for member in [&["--member", "0/2"][..], &[]] {
+        let out = run(walhook().arg("fanout").args(member).arg("--config").arg(&cfg));
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("set [log] kind = \"fluvio\""),
+            "{member:?}: {}",
+            stderr(&out)
+        );
+    }
     for bad in ["2/2", "x", "1/0"] {
         let out = run(walhook()
             .args(["fanout", "--member", bad, "--config"])
@@ -188,7 +192,9 @@ fn help_teaches_the_commands() {
     }
     let fanout = stdout(&run(walhook().args(["fanout", "--help"])));
     assert!(
-        fanout.contains("--member") && fanout.contains("kind = \"fluvio\""),
+        fanout.contains("--member")
+            && fanout.contains("kind = \"fluvio\"")
+            && fanout.contains("member_lease"),
         "{fanout}"
     );
     let capture = stdout(&run(walhook().args(["capture", "--help"])));

@@ -956,3 +956,219 @@ async fn a_partition_leader_dies_under_load_and_a_replica_takes_over_with_nothin
     );
     assert_recent_window_reconciles(&cfg);
 }
+
+/// The partitions held by live members, as (partition, slot).
+async fn live_holdings(w: &World) -> Vec<(i32, i32)> {
+    w.platform_sql
+        .query(
+            "SELECT p.partition, p.slot FROM walhook.stage_partitions p \
+             JOIN walhook.stage_members m ON m.grp = p.grp AND m.slot = p.slot AND m.epoch = p.epoch \
+             WHERE m.lease_until > now() ORDER BY p.partition",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Waits until the live holdings satisfy `done`; panics after `limit`
+/// naming `what`. Returns how long it took.
+async fn wait_holdings(
+    w: &World,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&[(i32, i32)]) -> bool,
+) -> Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let now = live_holdings(w).await;
+        if done(&now) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{what}: not within {limit:?}; live holdings (partition, slot): {now:?}\n{}",
+            w.state().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every one of `partitions` held once, and each of `slots` holding
+/// exactly `each`.
+fn shared_evenly(h: &[(i32, i32)], partitions: i32, slots: &[i32], each: usize) -> bool {
+    let all: Vec<i32> = h.iter().map(|&(p, _)| p).collect();
+    all == (0..partitions).collect::<Vec<_>>()
+        && slots
+            .iter()
+            .all(|s| h.iter().filter(|&&(_, held)| held == *s).count() == each)
+}
+
+/// The value of the series `name` whose labels contain `label`.
+async fn scrape_labelled(listen: &str, name: &str, label: &str) -> f64 {
+    let (_, text) = try_scrape(listen, "#none").await;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{name}{{{label}}} missing from\n{text}"))
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig}");
+}
+
+/// Four `walhook fanout` members started without `--member` join the group
+/// and share the partitions, one each. A member frozen (SIGSTOP) past its
+/// lease loses its partitions to the others, and once resumed its commit
+/// for the batch it held is refused (the fence), after which it takes a
+/// share again. A member killed (SIGKILL) loses its partitions within the
+/// lease; started again, it takes its share back. Nothing is lost, nothing
+/// is delivered twice beyond at-least-once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_without_a_share_split_the_partitions_and_move_them_when_one_dies_or_freezes() {
+    let Some(cluster) = FluvioCluster::start(
+        "members_without_a_share_split_the_partitions_and_move_them_when_one_dies_or_freezes",
+    ) else {
+        return;
+    };
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let lease = Duration::from_secs(4);
+    let cfg = w.config(&format!("{}member_lease = \"4s\"\n", fluvio_log(&cluster)));
+    let capture = Child::stage("capture", &cfg, &[], &[]);
+    // The first member holds its first batch for 6 s between storing it
+    // and committing its offset: frozen there, it has work it may no
+    // longer commit when it wakes.
+    let a_listen = format!("127.0.0.1:{}", free_port());
+    let a = Child::stage(
+        "fanout",
+        &cfg,
+        &["--metrics-listen", &a_listen],
+        &[(
+            "WALHOOK_FAILPOINTS",
+            "fanout.after_materialize=sleep(6000)@1",
+        )],
+    );
+    wait_holdings(
+        &w,
+        "the first member holds every partition",
+        Duration::from_secs(60),
+        |h| shared_evenly(h, 4, &[0], 4),
+    )
+    .await;
+    w.wait_streaming().await;
+    insert_orders(&w, 1..=1).await;
+    w.wait_count(
+        "the first order stored",
+        "SELECT count(*) FROM walhook.events",
+        1,
+    )
+    .await;
+    signal(&a, "STOP");
+    let others: Vec<Child> = (0..3)
+        .map(|_| Child::stage("fanout", &cfg, &[], &[]))
+        .collect();
+    wait_holdings(
+        &w,
+        "the frozen member's partitions taken over",
+        lease * 6,
+        |h| h.len() == 4 && h.iter().all(|&(_, s)| s != 0),
+    )
+    .await;
+    insert_orders(&w, 2..=10).await;
+    signal(&a, "CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while scrape_labelled(
+        &a_listen,
+        "walhook_member_fenced_commits_total",
+        "member=\"0\"",
+    )
+    .await
+        < 1.0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resumed member's commit was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_holdings(
+        &w,
+        "four members, one partition each",
+        Duration::from_secs(60),
+        |h| shared_evenly(h, 4, &[0, 1, 2, 3], 1),
+    )
+    .await;
+    assert_eq!(
+        scrape_labelled(&a_listen, "walhook_member_partitions", "member=\"0\"").await,
+        1.0
+    );
+    assert!(
+        scrape_labelled(
+            &a_listen,
+            "walhook_member_assignment_changes_total",
+            "member=\"0\""
+        )
+        .await
+            >= 3.0
+    );
+
+    // SIGKILL the member in slot 1: within its lease (and a renewal), the
+    // others hold its partition.
+    let mut others = others;
+    let pid_of_slot = |slot: i32| {
+        let w = &w;
+        async move {
+            w.platform_sql
+                .query_one(
+                    "SELECT holder FROM walhook.stage_members WHERE slot = $1",
+                    &[&slot],
+                )
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    let holder = pid_of_slot(1).await;
+    let victim = others
+        .iter()
+        .position(|c| holder.ends_with(&format!("pid {}", c.0.id())))
+        .unwrap_or_else(|| panic!("no child is {holder:?}"));
+    others.remove(victim).kill();
+    let moved = wait_holdings(&w, "the killed member's partition moved", lease * 4, |h| {
+        shared_evenly(h, 4, &[], 0) && h.iter().all(|&(_, s)| s != 1)
+    })
+    .await;
+    assert!(
+        moved <= lease + lease / 2 + Duration::from_secs(2),
+        "the killed member's partition moved after {moved:?}, not within its lease"
+    );
+    insert_orders(&w, 11..=20).await;
+    // Started again, it takes the free slot and a share.
+    others.push(Child::stage("fanout", &cfg, &[], &[]));
+    wait_holdings(
+        &w,
+        "rebalanced after the restart",
+        Duration::from_secs(60),
+        |h| shared_evenly(h, 4, &[0, 1, 2, 3], 1),
+    )
+    .await;
+    insert_orders(&w, 21..=30).await;
+    assert_delivered_once(&w, &cluster, "members without a share", 30).await;
+    for child in others.into_iter().chain([a, capture]) {
+        assert!(
+            child.terminate().success(),
+            "a process did not stop cleanly"
+        );
+    }
+    // Stopped in order, every member gave its partitions back.
+    assert_eq!(live_holdings(&w).await, Vec::<(i32, i32)>::new());
+}

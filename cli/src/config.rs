@@ -169,6 +169,12 @@ pub struct LogConfig {
     /// Fluvio: the size of the topic's log segments in bytes (retention
     /// removes whole segments).
     pub segment_size: u32,
+    /// Fluvio: the lease of a `walhook fanout` member that joined without
+    /// `--member`. It renews four times per lease; when it stops renewing
+    /// (killed, frozen, cut off from the platform database), its
+    /// partitions go to the other members once the lease lapsed.
+    #[serde(with = "walhook_pipeline::duration")]
+    pub member_lease: std::time::Duration,
     /// Fluvio: plain TCP to a cluster on another machine. Refused unless
     /// set, and warned about at start: anyone on the path could read the
     /// events or forge some.
@@ -235,6 +241,7 @@ impl Default for LogConfig {
             tls: None,
             retention: std::time::Duration::from_secs(7 * 24 * 3600),
             segment_size: 100 << 20,
+            member_lease: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -397,6 +404,16 @@ impl LogConfig {
                 bail!(
                     "[log].segment_size = {}: give at least 1024 bytes (Fluvio's least; the default is 104857600)",
                     self.segment_size
+                );
+            }
+            if self.member_lease < std::time::Duration::from_secs(2)
+                || self.member_lease > std::time::Duration::from_secs(600)
+            {
+                bail!(
+                    "[log].member_lease = {:?}: give \"2s\" to \"10m\" (the default is \"10s\"): shorter \
+                     leases lapse on a busy database's pauses, longer ones leave a dead member's partitions \
+                     unread for that long",
+                    self.member_lease
                 );
             }
             if self.give_up_after < std::time::Duration::from_secs(10) {

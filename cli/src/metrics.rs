@@ -269,6 +269,34 @@ impl Collector for PipelineCollector {
             quarantined.metric_type(),
         )?;
         quarantined.encode(metric)?;
+        if let Some(m) = &c.membership {
+            let labels = [("group", m.group.clone()), ("member", m.slot.to_string())];
+            let held = ConstGauge::new(m.held.load(Relaxed) as i64);
+            let mut metric = encoder.encode_descriptor(
+                names::MEMBER_PARTITIONS,
+                "Partitions this fan-out member holds now, by group and member slot",
+                None,
+                held.metric_type(),
+            )?;
+            held.encode(metric.encode_family(&labels)?)?;
+            for (name, help, value) in [
+                (
+                    names::MEMBER_ASSIGNMENT_CHANGES,
+                    "Partitions this fan-out member took, gave back or lost, by group and member slot",
+                    m.changes.load(Relaxed),
+                ),
+                (
+                    names::MEMBER_FENCED_COMMITS,
+                    "Commits refused because the partition was no longer this member's, by group and member slot",
+                    m.fenced.load(Relaxed),
+                ),
+            ] {
+                let counter = ConstCounter::new(value);
+                let mut metric =
+                    encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+                counter.encode(metric.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -47,7 +47,8 @@ use walhook_pipeline::fanout::{FanoutCounters, FanoutSettings};
 use walhook_pipeline::ids::Lsn;
 use walhook_pipeline::log::embedded::EmbeddedLog;
 use walhook_pipeline::log::{Log, Producer};
-use walhook_pipeline::runtime::{self, WorkerCounters, WorkerSettings, Workers};
+use walhook_pipeline::membership::MembershipCounters;
+use walhook_pipeline::runtime::{self, Share, WorkerCounters, WorkerSettings, Workers};
 use walhook_pipeline::supervise::{Stopped, Supervisor};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
@@ -77,6 +78,8 @@ pub struct Counters {
     pub fanout: Arc<FanoutCounters>,
     /// Dispatch's.
     pub dispatch: Arc<DispatchCounters>,
+    /// The fan-out member's, when it joined its group (no `--member`).
+    pub membership: Option<Arc<MembershipCounters>>,
 }
 
 /// A running pipeline.
@@ -198,7 +201,7 @@ pub async fn start_observed(
     let roles = Roles {
         capture: true,
         workers: Some(WorkerRole {
-            partitions: (0..cfg.log.events_partitions).collect(),
+            share: Share::Fixed((0..cfg.log.events_partitions).collect()),
             node_id: cfg.dispatch.node_id.clone(),
         }),
     };
@@ -206,7 +209,7 @@ pub async fn start_observed(
 }
 
 /// Which stages a process runs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Roles {
     /// Capture (the business database's slot → the events topic).
     pub capture: bool,
@@ -215,10 +218,10 @@ pub struct Roles {
 }
 
 /// A worker group's share of the events topic.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct WorkerRole {
     /// The events partitions read.
-    pub partitions: Vec<u32>,
+    pub share: Share,
     /// The dispatcher node id of the group.
     pub node_id: String,
 }
@@ -443,13 +446,22 @@ async fn start_on<L: Log + Closable>(
     } else {
         (Arc::new(SubscriptionCache::default()), None)
     };
-    let counters = Arc::new(Counters::default());
+    let counters = Arc::new(Counters {
+        membership: match &roles.workers {
+            Some(WorkerRole {
+                share: Share::Leased(leased),
+                ..
+            }) => Some(leased.counters.clone()),
+            _ => None,
+        },
+        ..Counters::default()
+    });
     let watch_stop = CancellationToken::new();
     if let Some(watch) = log.watch(metrics.clone(), watch_stop.clone()) {
         supervisor.spawn("the Fluvio cluster watch", watch);
     }
 
-    let workers = match &roles.workers {
+    let workers = match roles.workers {
         Some(role) => {
             let mut dispatch = dispatch_settings(cfg);
             dispatch.node_id = role.node_id.clone();
@@ -458,7 +470,7 @@ async fn start_on<L: Log + Closable>(
                 .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
             let settings = WorkerSettings {
                 events_topic: cfg.log.events_topic(),
-                partitions: role.partitions.clone(),
+                share: role.share,
                 deliveries_partitions: cfg.log.deliveries_partitions,
                 capacity: cfg.log.capacity,
                 fanout: FanoutSettings {

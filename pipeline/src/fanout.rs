@@ -277,19 +277,30 @@ where
             .await?;
         }
         failpoint::hit("fanout.after_materialize");
-        self.consumer.commit(Offset(last.0 + 1)).await?;
-        // The offset moved on; the jobs are not yet with dispatch.
-        failpoint::hit("fanout.after_commit");
-        let now = Timestamp::now();
-        for e in &events {
-            self.observer.fanned_out(e.occurred_at, now);
+        // A member that lost this partition may not move its offset (the
+        // holder reads these events again); the deliveries it made are
+        // leased to its own dispatcher all the same, and only it knows of
+        // them until that lease lapses: they go to dispatch, then this
+        // reader stops.
+        let fenced = match self.consumer.commit(Offset(last.0 + 1)).await {
+            Ok(()) => None,
+            Err(e @ LogError::Fenced { .. }) => Some(e),
+            Err(e) => return Err(e.into()),
+        };
+        if fenced.is_none() {
+            // The offset moved on; the jobs are not yet with dispatch.
+            failpoint::hit("fanout.after_commit");
+            let now = Timestamp::now();
+            for e in &events {
+                self.observer.fanned_out(e.occurred_at, now);
+            }
+            counters
+                .events
+                .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            counters
+                .deliveries
+                .fetch_add(made.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
-        counters
-            .events
-            .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        counters
-            .deliveries
-            .fetch_add(made.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let made: std::collections::HashSet<DeliveryId> = made.into_iter().collect();
         let fresh: Vec<(Vec<u8>, DeliveryJob)> = jobs
             .into_iter()
@@ -301,7 +312,10 @@ where
             // is not awaited.
             drop(self.jobs.send_all(fresh).await?);
         }
-        Ok(())
+        match fenced {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// One incident per tenant that is not registered, counting its events

@@ -34,6 +34,7 @@ pub mod fanout;
 pub mod ids;
 pub mod incident;
 pub mod log;
+pub mod membership;
 pub mod objstore;
 pub mod redact;
 pub mod runtime;

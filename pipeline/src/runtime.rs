@@ -13,7 +13,8 @@
 //! by any other dispatcher node (`walhook dispatch`).
 //!
 //! So the unit of scale-out is a worker process owning some events
-//! partitions (`walhook fanout --member I/N` on Fluvio), with capture
+//! partitions ([`Share`]: fixed, or its share among the live members of the
+//! group as it changes, see [`crate::membership`]), with capture
 //! (`walhook capture`) writing the events topic on its own. Why deliveries
 //! do not cross processes through a deliveries topic: a fan-out plan row
 //! holds one lease per event, and an event's deliveries go to several
@@ -44,6 +45,10 @@ use crate::fanout::{FanoutCounters, FanoutOperator, FanoutSettings};
 use crate::ids::Offset;
 use crate::log::embedded::EmbeddedLog;
 use crate::log::{Consumer, Log, LogError, TopicSpec};
+use crate::membership::{
+    BoxError, FencedConsumer, Member, MembershipCounters, MembershipSettings, MembershipStore,
+    StartReader, hold_partitions,
+};
 use crate::store::{DispatchStore, FanoutStore};
 use crate::supervise::Supervisor;
 
@@ -66,20 +71,43 @@ pub fn events_topic(name: &str, partitions: u32, capacity: usize) -> TopicSpec {
     }
 }
 
-/// Which events partitions a member of a group of `members` reads: those
-/// whose number is `member` modulo `members`.
-pub fn member_partitions(partitions: u32, member: u32, members: u32) -> Vec<u32> {
-    (0..partitions)
-        .filter(|p| p % members.max(1) == member)
-        .collect()
+/// Which events partitions a worker group reads.
+pub enum Share {
+    /// These, for as long as it runs (`walhook run`, `walhook fanout
+    /// --member I/N`).
+    Fixed(Vec<u32>),
+    /// Its share among the live members of its group, as it changes
+    /// (`walhook fanout` without `--member`).
+    Leased(Leased),
+}
+
+impl std::fmt::Debug for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Share::Fixed(p) => f.debug_tuple("Fixed").field(p).finish(),
+            Share::Leased(l) => f.debug_tuple("Leased").field(&l.member).finish(),
+        }
+    }
+}
+
+/// A member of the fan-out group, joined in the membership store.
+pub struct Leased {
+    /// Where the group's members and holdings are kept.
+    pub store: Arc<dyn MembershipStore>,
+    /// This member.
+    pub member: Member,
+    /// Its lease.
+    pub lease: std::time::Duration,
+    /// Its counters (metrics).
+    pub counters: Arc<MembershipCounters>,
 }
 
 /// What a worker group needs besides the events log.
 pub struct WorkerSettings {
     /// The events topic's name.
     pub events_topic: String,
-    /// The events partitions this group reads.
-    pub partitions: Vec<u32>,
+    /// Which events partitions this group reads.
+    pub share: Share,
     /// Partitions of the in-process deliveries topic.
     pub deliveries_partitions: u32,
     /// Records held per deliveries partition before fan-out waits.
@@ -172,26 +200,83 @@ impl Workers {
             lease_owner: Some(node),
             ..settings.fanout
         };
-        for &p in &settings.partitions {
-            let consumer = events
-                .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
-                .await?;
-            let mut op = FanoutOperator::new(
-                consumer,
-                deliveries.producer::<DeliveryJob>(DELIVERIES)?,
-                store.clone(),
-                directory.clone(),
-                fanout_settings.clone(),
-            );
-            if let Some(observer) = settings.observer.clone() {
-                op = op.with_observer(observer);
+        let jobs = deliveries.producer::<DeliveryJob>(DELIVERIES)?;
+        match settings.share {
+            Share::Fixed(partitions) => {
+                for p in partitions {
+                    let consumer = events
+                        .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
+                        .await?;
+                    let mut op = FanoutOperator::new(
+                        consumer,
+                        jobs.clone(),
+                        store.clone(),
+                        directory.clone(),
+                        fanout_settings.clone(),
+                    );
+                    if let Some(observer) = settings.observer.clone() {
+                        op = op.with_observer(observer);
+                    }
+                    let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
+                    fanout_tasks.push(
+                        supervisor.spawn(format!("fan-out of events partition {p}"), async move {
+                            op.run(counters, stop).await
+                        }),
+                    );
+                }
             }
-            let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
-            fanout_tasks.push(
-                supervisor.spawn(format!("fan-out of events partition {p}"), async move {
-                    op.run(counters, stop).await
-                }),
-            );
+            Share::Leased(leased) => {
+                let (events, topic, observer, fanout_counters) = (
+                    events.clone(),
+                    settings.events_topic.clone(),
+                    settings.observer.clone(),
+                    counters.fanout.clone(),
+                );
+                let partitions = events.partitions(&topic)?;
+                let start: StartReader = Box::new(move |p, fence, stop| {
+                    let (events, topic, jobs, store, directory, settings, observer, counters) = (
+                        events.clone(),
+                        topic.clone(),
+                        jobs.clone(),
+                        store.clone(),
+                        directory.clone(),
+                        fanout_settings.clone(),
+                        observer.clone(),
+                        fanout_counters.clone(),
+                    );
+                    Box::pin(async move {
+                        let consumer = events.consumer::<Event>(&topic, p, FANOUT_GROUP).await?;
+                        let mut op = FanoutOperator::new(
+                            FencedConsumer::new(consumer, Some(fence)),
+                            jobs,
+                            store,
+                            directory,
+                            settings,
+                        );
+                        if let Some(observer) = observer {
+                            op = op.with_observer(observer);
+                        }
+                        op.run(counters, stop).await.map_err(BoxError::from)
+                    })
+                });
+                let membership = MembershipSettings {
+                    topic: settings.events_topic.clone(),
+                    group: FANOUT_GROUP.into(),
+                    partitions,
+                    lease: leased.lease,
+                };
+                fanout_tasks.push(supervisor.spawn(
+                    "the fan-out membership",
+                    hold_partitions(
+                        leased.store,
+                        leased.member,
+                        membership,
+                        leased.counters,
+                        start,
+                        fanout_stop.clone(),
+                    ),
+                ));
+            }
         }
         Ok(Workers {
             fanout_stop,
@@ -262,22 +347,5 @@ async fn forward<C: Consumer<DeliveryJob>>(
         }
         // The deliveries table holds the truth; the log only carries jobs.
         consumer.commit(Offset(last.0 + 1)).await?;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_share_the_partitions_without_overlap() {
-        let all: Vec<u32> = (0..3)
-            .flat_map(|m| member_partitions(8, m, 3))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        assert_eq!(all, (0..8).collect::<Vec<_>>());
-        assert_eq!(member_partitions(8, 1, 3), vec![1, 4, 7]);
-        assert_eq!(member_partitions(4, 0, 1), vec![0, 1, 2, 3]);
     }
 }

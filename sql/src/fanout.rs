@@ -343,6 +343,27 @@ impl FanoutStore for Platform {
                     .map_err(StoreError::query("insert plans"))?,
             );
         }
+        if !made.is_empty() {
+            // Another reader of these events (a member that lost their
+            // partition while frozen, and the one that took it over) may
+            // have had its plan written out and removed while this insert
+            // waited on that very row: the insert then went ahead, on a
+            // snapshot older than those delivery rows. This statement's
+            // snapshot is newer than that commit: deliveries that have a
+            // row are not made here (their plan, complete, is tidied away).
+            let ids: Vec<Uuid> = made.iter().map(|d| Uuid::from_bytes(d.0)).collect();
+            made = made_of(
+                tx.query(
+                    "SELECT i FROM unnest($1::uuid[]) AS i \
+                     WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = i) IS NULL",
+                    &[&ids],
+                )
+                .await
+                .map_err(StoreError::query(
+                    "check the plans against deliveries written meanwhile",
+                ))?,
+            );
+        }
         crate::commit!(tx, client).map_err(StoreError::query("commit fan-out"))?;
         Ok(made)
     }

@@ -29,6 +29,7 @@ pub mod fanout;
 pub mod gauges;
 pub mod idempotency;
 pub mod incidents;
+pub mod membership;
 pub mod migrate;
 pub mod reconcile;
 pub mod replay;

@@ -144,6 +144,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "deliveries_by_day",
         sql: include_str!("../migrations/0024_deliveries_by_day.sql"),
     },
+    Migration {
+        version: 25,
+        name: "stage_members",
+        sql: include_str!("../migrations/0025_stage_members.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -2,5 +2,6 @@
 //! clusters (devkit), never a fake.
 
 mod ledger;
+mod membership;
 mod plans;
 mod tls;

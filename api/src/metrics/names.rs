@@ -26,6 +26,15 @@ pub const LOG_CONSUMER_LAG: &str = "walhook_log_consumer_lag";
 /// since it was produced, 0 when the group is caught up, by topic,
 /// partition and group (gauge; Fluvio only, from every stage process).
 pub const LOG_OLDEST_UNREAD_AGE: &str = "walhook_log_oldest_unread_age_seconds";
+/// Partitions a fan-out member holds, by group and member slot (gauge;
+/// members that joined without `--member`).
+pub const MEMBER_PARTITIONS: &str = "walhook_member_partitions";
+/// Partitions a fan-out member took, gave back or lost, by group and
+/// member slot (counter).
+pub const MEMBER_ASSIGNMENT_CHANGES: &str = "walhook_member_assignment_changes";
+/// Commits a fan-out member's fence refused (the partition was no longer
+/// its own), by group and member slot (counter).
+pub const MEMBER_FENCED_COMMITS: &str = "walhook_member_fenced_commits";
 /// WAL the replication slot retains, bytes (gauge).
 pub const CAPTURE_SLOT_LAG: &str = "walhook_capture_slot_lag_bytes";
 /// Seconds since a source's checkpoint moved, by source (gauge, SQL).

@@ -5,38 +5,48 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use anyhow::{Context, bail};
+use walhook_pipeline::membership::{MembershipCounters, MembershipSettings, MembershipStore};
+use walhook_pipeline::runtime::{FANOUT_GROUP, Leased, Share};
 
 use crate::config::{Config, LogKind};
 use crate::pipeline::{Roles, WorkerRole};
 
 /// Arguments of `walhook fanout`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example (capture, two workers and a standby dispatcher):
+#[command(after_help = "Example (capture, two members and a standby dispatcher):
   walhook capture  --config walhook.toml
-  walhook fanout   --config walhook.toml --member 0/2
-  walhook fanout   --config walhook.toml --member 1/2
+  walhook fanout   --config walhook.toml
+  walhook fanout   --config walhook.toml
   walhook dispatch --config walhook.toml --node-id standby
 
-Needs [log] kind = \"fluvio\". Member I of N reads the events partitions
-whose number is I modulo N (with consumer group \"fanout\"), makes their
-deliveries in Postgres leased to its own dispatcher node (id
-<[dispatch] node_id>-fanout-I unless --node-id), and sends them. A member
-that restarts resumes at its group's committed offsets and takes back what
-its node held; one that stays down is replaced by any dispatcher node once
-its lease lapses. Run each member once: two processes with one member
-number duplicate work (never deliveries: ids are derived and stored once).
-See docs/scale-out.md.")]
+Needs [log] kind = \"fluvio\". Each member joins the fan-out group in the
+platform database (a slot, renewed four times per [log] member_lease) and
+reads its share of the events partitions (consumer group \"fanout\"): the
+partitions are split among the live members, and move when one joins,
+leaves, or stops renewing (killed, frozen): within a lease, nothing read
+twice beyond at-least-once, and a member that lost a partition cannot
+commit its offset. Each member makes the deliveries of what it fans out
+leased to its own dispatcher node (<[dispatch] node_id>-fanout-<slot>
+unless --node-id) and sends them; a process that takes a slot over takes
+back what the slot's node held, and any dispatcher node takes over what a
+dead member's node held once its lease lapsed.
+
+--member I/N fixes the share instead (member I of N reads the partitions
+whose number is I modulo N; nothing checks that each I/N runs once): do
+not mix the two in one deployment. See docs/scale-out.md.")]
 pub struct Args {
     /// The config file.
     #[arg(long, short, env = "WALHOOK_CONFIG")]
     pub config: PathBuf,
-    /// This process's share, I/N: member I (from 0) of N.
+    /// A fixed share instead of joining the group: member I (from 0) of N.
     #[arg(long, value_name = "I/N", value_parser = parse_member)]
-    pub member: (u32, u32),
+    pub member: Option<(u32, u32)>,
     /// The dispatcher node id of this member (default
-    /// <[dispatch] node_id>-fanout-I): stable across its restarts, unique
-    /// among running processes.
+    /// <[dispatch] node_id>-fanout-<slot>, or -fanout-I with --member):
+    /// unique among running processes.
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
     /// Serve Prometheus metrics of this process at http://ADDR/metrics
@@ -85,33 +95,48 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.config.display()
         );
     }
-    let (member, members) = args.member;
-    if members > cfg.log.events_partitions {
-        bail!(
-            "--member {member}/{members}: there are only {} events partitions ([log] events_partitions), so \
-             members beyond that would read nothing; run at most {} members or raise the partition count \
-             (for new topics)",
-            cfg.log.events_partitions,
-            cfg.log.events_partitions
-        );
-    }
-    let node_id = match args.node_id {
-        Some(id) => check_node_id(&id)?,
-        None => format!("{}-fanout-{member}", cfg.dispatch.node_id),
-    };
     let keyring = cfg.secrets.keyring().context(
         "walhook fanout sends deliveries: it needs the master key that seals endpoint secrets",
     )?;
     let platform = cfg.platform()?.platform()?.with_keyring(keyring);
-    let partitions =
-        walhook_pipeline::runtime::member_partitions(cfg.log.events_partitions, member, members);
-    tracing::info!(member, members, ?partitions, node = %node_id, "fan-out member starting");
+    let (share, slot) = match args.member {
+        Some((member, members)) => {
+            if members > cfg.log.events_partitions {
+                bail!(
+                    "--member {member}/{members}: there are only {} events partitions ([log] events_partitions), \
+                     so members beyond that would read nothing; run at most {} members or raise the partition \
+                     count (for new topics)",
+                    cfg.log.events_partitions,
+                    cfg.log.events_partitions
+                );
+            }
+            let partitions = walhook_pipeline::membership::share(
+                cfg.log.events_partitions,
+                member as usize,
+                members as usize,
+            );
+            tracing::info!(
+                member,
+                members,
+                ?partitions,
+                "fan-out member starting with a fixed share"
+            );
+            (Share::Fixed(partitions.into_iter().collect()), member)
+        }
+        None => {
+            let leased = join(&cfg, &platform).await?;
+            let slot = leased.member.slot;
+            (Share::Leased(leased), slot)
+        }
+    };
+    let node_id = match args.node_id {
+        Some(id) => check_node_id(&id)?,
+        None => format!("{}-fanout-{slot}", cfg.dispatch.node_id),
+    };
+    tracing::info!(node = %node_id, "fan-out member's dispatcher node");
     let roles = Roles {
         capture: false,
-        workers: Some(WorkerRole {
-            partitions,
-            node_id,
-        }),
+        workers: Some(WorkerRole { share, node_id }),
     };
     super::run_stages(
         &cfg,
@@ -121,6 +146,40 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         "fanout",
     )
     .await
+}
+
+/// Joins the fan-out group of the events topic in the platform database.
+async fn join(cfg: &Config, platform: &walhook_sql::Platform) -> anyhow::Result<Leased> {
+    let settings = MembershipSettings {
+        topic: cfg.log.events_topic(),
+        group: FANOUT_GROUP.into(),
+        partitions: cfg.log.events_partitions,
+        lease: cfg.log.member_lease,
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "an unnamed host".into());
+    let holder = format!("{host} pid {}", std::process::id());
+    let member = platform
+        .join(&settings.key(), &holder, settings.partitions, settings.lease)
+        .await
+        .map_err(anyhow::Error::new)
+        .context(
+            "could not join the fan-out group in the platform database (was `walhook migrate` run?)",
+        )?;
+    tracing::info!(
+        slot = member.slot,
+        epoch = member.epoch,
+        group = %settings.key(),
+        lease = ?settings.lease,
+        "joined the fan-out group"
+    );
+    Ok(Leased {
+        store: Arc::new(platform.clone()),
+        member,
+        lease: settings.lease,
+        counters: Arc::new(MembershipCounters::new(&settings.key(), member)),
+    })
 }
 
 #[cfg(test)]

@@ -120,6 +120,25 @@ pub enum LogError {
         /// The first offset the log still has.
         found: u64,
     },
+    /// This consumer's member no longer holds the partition (its lease
+    /// lapsed and another member took it, or the member gave it up): its
+    /// position was not committed. Definite for this consumer; the holder
+    /// reads on from the last committed position.
+    #[error(
+        "this member no longer holds partition {partition} of topic {topic:?} for group {group:?} (it gave \
+         the partition up, or its lease lapsed and another member took it): the group's position was not \
+         moved to {next}; the partition's holder reads on from the last committed position"
+    )]
+    Fenced {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The consumer group.
+        group: String,
+        /// The position that was not committed.
+        next: u64,
+    },
     /// The backing system failed; retrying may help.
     #[error("log backend error")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

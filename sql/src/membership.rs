@@ -1,0 +1,264 @@
+//! The membership store: members of a stage and the partitions they hold
+//! (`walhook.stage_members`, `walhook.stage_partitions`, migration 0025).
+//!
+//! Joins, renewals and claims of one group run one at a time under a
+//! transaction-scoped advisory lock, so a member never sees a partition as
+//! free while another is taking it, and a renewal's list of holdings is
+//! never older than a claim that took one of them.
+
+use std::time::Duration;
+
+use walhook_pipeline::ids::Offset;
+use walhook_pipeline::membership::{BoxFuture, Held, Member, MembershipStore};
+use walhook_pipeline::store::StoreError as PipelineStoreError;
+
+use crate::{Platform, StoreError};
+
+/// The first key of the groups' advisory locks ("whkm").
+const LOCK_SPACE: i32 = 0x7768_6b6d;
+
+const LOCK: &str = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
+
+/// Takes the lowest slot held by no live member (among 0..=rows, one of
+/// which is free), bumping its epoch.
+const JOIN: &str = "\
+WITH free AS ( \
+    SELECT s FROM generate_series(0, (SELECT count(*) FROM walhook.stage_members WHERE grp = $1)::int) AS s \
+    WHERE NOT EXISTS (SELECT 1 FROM walhook.stage_members m \
+                      WHERE m.grp = $1 AND m.slot = s AND m.lease_until > now()) \
+    ORDER BY s LIMIT 1) \
+INSERT INTO walhook.stage_members (grp, slot, epoch, holder, lease_until) \
+SELECT $1, s, 1, $2, now() + $3 * interval '1 millisecond' FROM free \
+ON CONFLICT (grp, slot) DO UPDATE SET epoch = walhook.stage_members.epoch + 1, \
+    holder = EXCLUDED.holder, joined_at = now(), lease_until = EXCLUDED.lease_until \
+RETURNING slot, epoch";
+
+const RENEW: &str = "\
+WITH me AS ( \
+    UPDATE walhook.stage_members SET lease_until = now() + $4 * interval '1 millisecond' \
+    WHERE grp = $1 AND slot = $2 AND epoch = $3 RETURNING 1) \
+SELECT EXISTS (SELECT 1 FROM me), \
+    coalesce(array_agg(partition ORDER BY partition), '{}'), \
+    coalesce(array_agg(changes ORDER BY partition), '{}') \
+FROM walhook.stage_partitions WHERE grp = $1 AND slot = $2 AND epoch = $3";
+
+/// A member is live while its lease runs.
+const LIVE_MEMBER: &str = "\
+EXISTS (SELECT 1 FROM walhook.stage_members m \
+        WHERE m.grp = p.grp AND m.slot = $2 AND m.epoch = $3 AND m.lease_until > now())";
+
+impl Platform {
+    /// Runs `statement` after taking `group`'s lock, in one transaction.
+    async fn locked<T>(
+        &self,
+        group: &str,
+        what: &'static str,
+        run: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::query("begin"))?;
+        tx.execute(LOCK, &[&LOCK_SPACE, &group])
+            .await
+            .map_err(StoreError::query("lock the group's membership"))?;
+        let out = run(&tx).await.map_err(StoreError::query(what))?;
+        crate::commit!(tx, client).map_err(StoreError::query("commit"))?;
+        Ok(out)
+    }
+}
+
+fn millis(lease: Duration) -> f64 {
+    lease.as_millis() as f64
+}
+
+fn slot(member: Member) -> i32 {
+    i32::try_from(member.slot).unwrap_or(i32::MAX)
+}
+
+impl MembershipStore for Platform {
+    fn join<'a>(
+        &'a self,
+        group: &'a str,
+        holder: &'a str,
+        partitions: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Member, PipelineStoreError>> {
+        Box::pin(async move {
+            let count = i32::try_from(partitions).unwrap_or(i32::MAX);
+            let row = self
+                .locked(group, "join the group", async |tx| {
+                    tx.execute(
+                        "INSERT INTO walhook.stage_partitions (grp, partition) \
+                         SELECT $1, generate_series(0, $2 - 1) ON CONFLICT DO NOTHING",
+                        &[&group, &count],
+                    )
+                    .await?;
+                    tx.query_one(JOIN, &[&group, &holder, &millis(lease)]).await
+                })
+                .await?;
+            Ok(Member {
+                slot: u32::try_from(row.get::<_, i32>(0)).unwrap_or_default(),
+                epoch: row.get(1),
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        group: &'a str,
+        member: Member,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<Held>, PipelineStoreError>> {
+        Box::pin(async move {
+            let row = self
+                .locked(group, "renew the member's lease", async |tx| {
+                    tx.query_one(
+                        RENEW,
+                        &[&group, &slot(member), &member.epoch, &millis(lease)],
+                    )
+                    .await
+                })
+                .await?;
+            if !row.get::<_, bool>(0) {
+                return Ok(None);
+            }
+            let partitions: Vec<i32> = row.get(1);
+            let tokens: Vec<i64> = row.get(2);
+            Ok(Some(
+                partitions
+                    .into_iter()
+                    .zip(tokens)
+                    .map(|(p, t)| (u32::try_from(p).unwrap_or_default(), t))
+                    .collect(),
+            ))
+        })
+    }
+
+    fn live<'a>(&'a self, group: &'a str) -> BoxFuture<'a, Result<Vec<u32>, PipelineStoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT slot FROM walhook.stage_members \
+                     WHERE grp = $1 AND lease_until > now() ORDER BY slot",
+                    &[&group],
+                )
+                .await
+                .map_err(StoreError::query("list the live members"))?;
+            Ok(rows
+                .iter()
+                .map(|r| u32::try_from(r.get::<_, i32>(0)).unwrap_or_default())
+                .collect())
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        group: &'a str,
+        member: Member,
+        partition: u32,
+    ) -> BoxFuture<'a, Result<Option<i64>, PipelineStoreError>> {
+        Box::pin(async move {
+            let p = i32::try_from(partition).unwrap_or(i32::MAX);
+            let statement = format!(
+                "UPDATE walhook.stage_partitions p \
+                 SET slot = $2, epoch = $3, changes = p.changes + 1, held_since = now() \
+                 WHERE p.grp = $1 AND p.partition = $4 AND {LIVE_MEMBER} \
+                   AND (p.slot IS NULL OR NOT EXISTS ( \
+                        SELECT 1 FROM walhook.stage_members h \
+                        WHERE h.grp = p.grp AND h.slot = p.slot AND h.epoch = p.epoch AND h.lease_until > now())) \
+                 RETURNING p.changes"
+            );
+            let row = self
+                .locked(group, "claim a partition", async |tx| {
+                    tx.query_opt(&statement, &[&group, &slot(member), &member.epoch, &p])
+                        .await
+                })
+                .await?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        group: &'a str,
+        member: Member,
+        partition: u32,
+        token: i64,
+    ) -> BoxFuture<'a, Result<(), PipelineStoreError>> {
+        Box::pin(async move {
+            let p = i32::try_from(partition).unwrap_or(i32::MAX);
+            self.client()
+                .await?
+                .execute(
+                    "UPDATE walhook.stage_partitions \
+                     SET slot = NULL, epoch = NULL, changes = changes + 1, held_since = NULL \
+                     WHERE grp = $1 AND slot = $2 AND epoch = $3 AND partition = $4 AND changes = $5",
+                    &[&group, &slot(member), &member.epoch, &p, &token],
+                )
+                .await
+                .map_err(StoreError::query("give a partition back"))?;
+            Ok(())
+        })
+    }
+
+    fn fence_commit<'a>(
+        &'a self,
+        group: &'a str,
+        member: Member,
+        partition: u32,
+        token: i64,
+        next: Offset,
+    ) -> BoxFuture<'a, Result<bool, PipelineStoreError>> {
+        Box::pin(async move {
+            let p = i32::try_from(partition).unwrap_or(i32::MAX);
+            let next = i64::try_from(next.0).unwrap_or(i64::MAX);
+            let statement = format!(
+                "UPDATE walhook.stage_partitions p \
+                 SET committed = greatest(coalesce(p.committed, 0), $6), committed_at = now() \
+                 WHERE p.grp = $1 AND p.partition = $4 AND p.slot = $2 AND p.epoch = $3 \
+                   AND p.changes = $5 AND {LIVE_MEMBER}"
+            );
+            let n = self
+                .client()
+                .await?
+                .execute(
+                    &statement,
+                    &[&group, &slot(member), &member.epoch, &p, &token, &next],
+                )
+                .await
+                .map_err(StoreError::query(
+                    "check the partition's holder before a commit",
+                ))?;
+            Ok(n == 1)
+        })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        group: &'a str,
+        member: Member,
+    ) -> BoxFuture<'a, Result<(), PipelineStoreError>> {
+        Box::pin(async move {
+            self.locked(group, "leave the group", async |tx| {
+                tx.execute(
+                    "UPDATE walhook.stage_partitions \
+                     SET slot = NULL, epoch = NULL, changes = changes + 1, held_since = NULL \
+                     WHERE grp = $1 AND slot = $2 AND epoch = $3",
+                    &[&group, &slot(member), &member.epoch],
+                )
+                .await?;
+                tx.execute(
+                    "UPDATE walhook.stage_members SET lease_until = now() \
+                     WHERE grp = $1 AND slot = $2 AND epoch = $3",
+                    &[&group, &slot(member), &member.epoch],
+                )
+                .await
+            })
+            .await?;
+            Ok(())
+        })
+    }
+}
