@@ -142,7 +142,11 @@ fn scale_out_commands_explain_what_they_need() {
          [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n",
     );
     for member in [&["--member", "0/2"][..], &[]] {
-        let out = run(walhook().arg("fanout").args(member).arg("--config").arg(&cfg));
+        let out = run(walhook()
+            .arg("fanout")
+            .args(member)
+            .arg("--config")
+            .arg(&cfg));
         assert!(!out.status.success());
         assert!(
             stderr(&out).contains("set [log] kind = \"fluvio\""),
@@ -201,5 +205,39 @@ fn help_teaches_the_commands() {
     assert!(
         capture.contains("--stdout") && capture.contains("--confirm"),
         "{capture}"
+    );
+}
+
+/// `walhook chaos` refuses a fault its log cannot have, saying which to use.
+#[test]
+fn chaos_faults_fit_the_log() {
+    let out = run(walhook().args(["chaos", "--faults", "spu-kill", "--rounds", "1"]));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("add --log fluvio"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(walhook().args([
+        "chaos",
+        "--log",
+        "fluvio",
+        "--faults",
+        "lease-expiry",
+        "--rounds",
+        "1",
+    ]));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("give member-freeze"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(walhook().args(["chaos", "--log", "fluvio", "--soak", "10s"]));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--soak runs on the embedded log"),
+        "{}",
+        stderr(&out)
     );
 }

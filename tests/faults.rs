@@ -467,22 +467,8 @@ async fn network_faults_toward_receivers_lose_nothing() {
 /// database; the full run is in docs/reliability.md.
 #[tokio::test]
 async fn walhook_chaos_rounds_are_clean() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let out = crate::support::run(
-        crate::support::walhook()
-            .args([
-                "chaos", "--rounds", "20", "--seed", "1", "--writes", "60", "--json",
-            ])
-            .arg(&json),
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        crate::support::stderr(&out)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (report, text) =
+        crate::support::run_chaos(&["--rounds", "20", "--seed", "1", "--writes", "60"]);
     let rounds = report["rounds"].as_array().unwrap();
     assert_eq!(rounds.len(), 20);
     let faults: BTreeSet<&str> = rounds

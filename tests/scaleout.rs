@@ -1172,3 +1172,75 @@ async fn members_without_a_share_split_the_partitions_and_move_them_when_one_die
     // Stopped in order, every member gave its partitions back.
     assert_eq!(live_holdings(&w).await, Vec::<(i32, i32)>::new());
 }
+
+/// `walhook chaos --log fluvio`: fault rounds on capture and two fan-out
+/// members as separate processes over a throwaway Fluvio cluster (process
+/// kills, failpoints, an SPU crash, a member frozen past its lease, a
+/// kill -9 of Postgres), judged against the business database.
+#[tokio::test]
+async fn walhook_chaos_on_fluvio_rounds_are_clean() {
+    let test = "walhook_chaos_on_fluvio_rounds_are_clean";
+    if walhook_devkit::fluvio::find_tools().is_none() {
+        assert!(
+            std::env::var(walhook_devkit::fluvio::REQUIRED_ENV).as_deref() != Ok("1"),
+            "{test}: no Fluvio tools"
+        );
+        eprintln!("{test}: skipped: no Fluvio tools (set WALHOOK_FLUVIO_TOOLS)");
+        return;
+    }
+    let faults = [
+        "sigkill",
+        "spu-kill",
+        "member-freeze",
+        "capture.after_handoff",
+        "fanout.after_materialize",
+        "fanout.after_commit",
+        "dispatch.after_send",
+        "postgres-kill",
+    ];
+    let faults_arg = faults.join(",");
+    let (report, text) = crate::support::run_chaos(&[
+        "--log",
+        "fluvio",
+        "--rounds",
+        "8",
+        "--seed",
+        "3",
+        "--writes",
+        "60",
+        "--faults",
+        &faults_arg,
+    ]);
+    let rounds = report["rounds"].as_array().unwrap();
+    let seen: HashSet<&str> = rounds
+        .iter()
+        .map(|r| r["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen, faults.into_iter().collect::<HashSet<_>>());
+    for r in rounds {
+        assert!(r["expected"].as_u64().unwrap() > 0, "{r}");
+        for field in ["lost", "unexpected", "unstable_ids", "bad_signatures"] {
+            assert_eq!(r[field], 0, "{field}: {r}");
+        }
+        let fault = r["fault"].as_str().unwrap();
+        let injected = r["injected"].as_str().unwrap();
+        if fault.contains('.') || fault == "sigkill" {
+            assert_eq!(r["walhook_restarted"], true, "{r}");
+        }
+        // Each fault hit the process its stage names.
+        if fault.starts_with("capture.") {
+            assert!(injected.contains("walhook capture"), "{r}");
+        }
+        if fault.starts_with("fanout.")
+            || fault.starts_with("dispatch.")
+            || fault == "member-freeze"
+        {
+            assert!(injected.contains("a fan-out member"), "{r}");
+        }
+    }
+    assert_eq!(report["clean"], true);
+    assert!(
+        text.contains("walhook capture and 2 fan-out members"),
+        "{text}"
+    );
+}

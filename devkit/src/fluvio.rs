@@ -86,6 +86,7 @@ pub struct ClusterBuilder {
     test: String,
     spus: u32,
     tls: Option<ClusterTls>,
+    own: bool,
 }
 
 /// The tools directory, if one is found.
@@ -139,6 +140,7 @@ impl FluvioCluster {
             test: test.to_owned(),
             spus: 1,
             tls: None,
+            own: false,
         }
     }
 }
@@ -148,6 +150,13 @@ impl ClusterBuilder {
     pub fn spus(mut self, n: u32) -> Self {
         assert!(n >= 1, "a cluster needs at least one SPU");
         self.spus = n;
+        self
+    }
+
+    /// Starts a cluster of its own even when a running one is named by
+    /// `WALHOOK_FLUVIO_ENDPOINT` (its SPUs are to be killed).
+    pub fn own(mut self) -> Self {
+        self.own = true;
         self
     }
 
@@ -164,6 +173,7 @@ impl ClusterBuilder {
         let test = &self.test;
         if self.spus == 1
             && self.tls.is_none()
+            && !self.own
             && let Ok(endpoint) = std::env::var(ENDPOINT_ENV)
             && !endpoint.trim().is_empty()
         {
@@ -177,7 +187,7 @@ impl ClusterBuilder {
             let why = format!(
                 "{test}: skipped: no Fluvio cluster: set {TOOLS_ENV} to a directory with bin/fluvio-run and \
                  bin/fluvio{}",
-                if self.spus == 1 && self.tls.is_none() {
+                if self.spus == 1 && self.tls.is_none() && !self.own {
                     format!(", or {ENDPOINT_ENV} to a running cluster's SC address")
                 } else {
                     " (this test starts its own cluster)".to_owned()

@@ -375,3 +375,38 @@ async fn members_share_the_partitions_as_they_join_leave_and_die() {
     };
     assert!(refused.to_string().contains("partition 3"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_slot_was_taken_over_stops_its_readers_and_ends() {
+    let (pg, store) = platform().await;
+    let settings = MembershipSettings {
+        topic: "events".into(),
+        group: "fanout".into(),
+        partitions: 2,
+        lease: Duration::from_secs(2),
+    };
+    let board = Arc::new(Mutex::new(Board::default()));
+    let m = start(&store, &board, &settings).await;
+    settled(&board, &BTreeMap::from([(0, 2)]), Duration::from_secs(10)).await;
+    // Another process took the slot (as a join does once a lease lapsed).
+    pg.connect("postgres")
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE walhook.stage_members SET epoch = epoch + 1, holder = 'newcomer' WHERE slot = $1",
+            &[&i32::try_from(m.member.slot).unwrap()],
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), m.task)
+        .await
+        .expect("the member did not notice")
+        .unwrap();
+    let e = ended.expect_err("a member that is out must end with an error");
+    assert!(
+        matches!(e, walhook_pipeline::membership::MembershipError::Out { slot: 0, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("restart joins the group again"), "{e}");
+    assert!(board.lock().reading.values().all(Vec::is_empty), "readers left running");
+}

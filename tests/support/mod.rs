@@ -28,6 +28,18 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("cannot run walhook")
 }
 
+/// Runs `walhook chaos ARGS --json F`, which must succeed; its report and
+/// its standard output.
+pub fn run_chaos(args: &[&str]) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let out = run(walhook().arg("chaos").args(args).arg("--json").arg(&json));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (report, text)
+}
+
 /// Stdout as text.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

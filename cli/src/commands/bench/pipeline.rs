@@ -84,8 +84,8 @@ pub struct Args {
     #[arg(long, default_value = "embedded", value_parser = ["embedded", "fluvio"])]
     pub log: String,
     /// With `--log fluvio`: run fan-out and dispatch as this many
-    /// `walhook fanout --member I/N` processes (capture stays in this
-    /// process). 0 runs every stage in this process.
+    /// `walhook fanout` processes, joined to their group (capture stays in
+    /// this process). 0 runs every stage in this process.
     #[arg(long, default_value_t = 0)]
     pub members: u32,
 }
@@ -205,12 +205,11 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
         std::fs::write(&path, world.config_text("", &extra))?;
         let exe = std::env::current_exe()?;
         let mut members = Vec::new();
-        for i in 0..args.members {
+        for _ in 0..args.members {
             members.push(
                 std::process::Command::new(&exe)
                     .args(["fanout", "--config"])
                     .arg(&path)
-                    .args(["--member", &format!("{i}/{}", args.members)])
                     .env("WALHOOK_MASTER_KEY", &world.master_key)
                     .env("WALHOOK_LOG", "warn")
                     .spawn()

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use walhook_devkit::faultproxy::{Fault, FaultProxy};
+use walhook_devkit::fluvio::FluvioCluster;
 use walhook_devkit::postgres::{LocalPostgres, Reconnecting, connect_retrying, wait_slot_active};
 use walhook_devkit::receiver::Receiver;
 use walhook_pipeline::event::EventType;
@@ -56,13 +57,23 @@ pub const FAULTS: &[&str] = &[
     "pg-connection-limit",
     "pg-cancel-storm",
     "lease-expiry",
+    "spu-kill",
+    "member-freeze",
 ];
+
+/// The faults of a Fluvio cluster and its separate processes only.
+const FLUVIO_ONLY: &[&str] = &["spu-kill", "member-freeze"];
+
+/// `[log] member_lease` of a chaos run on Fluvio; a frozen member stays
+/// frozen this long and three seconds more.
+const MEMBER_LEASE: Duration = Duration::from_secs(4);
 
 /// Orders in the large transaction of a `capture.mid_transaction` round:
 /// more than two of capture's 4,096-event parts.
 const LARGE_TX: i64 = 10_000;
 
 mod soak;
+mod stages;
 mod storm;
 mod svg;
 
@@ -116,6 +127,20 @@ pub struct Args {
     /// the default is the faults that leave the walhook process running.
     #[arg(long, value_delimiter = ',')]
     pub faults: Vec<String>,
+    /// The log between the stages: `embedded` (one `walhook run`) or
+    /// `fluvio` (a throwaway Fluvio cluster from the Fluvio tools,
+    /// WALHOOK_FLUVIO_TOOLS or ../shared/tools/fluvio; `walhook capture` and
+    /// --members fan-out members as separate processes, joined to their
+    /// group). On Fluvio the faults add spu-kill (SIGKILL of the SPU,
+    /// restarted 2 s later) and member-freeze (a member frozen with SIGSTOP
+    /// past its 4 s lease, then resumed), lease-expiry is left out, and a
+    /// kill or failpoint hits the process whose stage it names (any of them
+    /// for sigkill).
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "fluvio"])]
+    pub log: String,
+    /// With --log fluvio: how many fan-out members run.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub members: u32,
     /// Business writes per round.
     #[arg(long, default_value_t = 200)]
     pub writes: u32,
@@ -240,8 +265,9 @@ pub struct RoundResult {
     /// Seconds from the round's last write until its last webhook arrived.
     pub settle_seconds: f64,
     /// The longest attempt started in the round (ms): at most the request
-    /// timeout and a second (not judged in `lease-expiry` rounds: an
-    /// attempt out when walhook is frozen lasts as long as the freeze).
+    /// timeout and a second (not judged in `lease-expiry` and
+    /// `member-freeze` rounds: an attempt out when its process is frozen
+    /// lasts as long as the freeze).
     pub slowest_attempt_ms: i64,
 }
 
@@ -252,6 +278,7 @@ impl RoundResult {
             && self.unstable_ids == 0
             && self.bad_signatures == 0
             && (self.fault == "lease-expiry"
+                || self.fault == "member-freeze"
                 || self.slowest_attempt_ms <= (REQUEST_TIMEOUT.as_millis() + 1_000) as i64)
     }
 }
@@ -370,12 +397,22 @@ struct World {
     endpoints: Vec<Ep>,
     /// The platform database as walhook's own role.
     platform_url: String,
+    /// The Fluvio cluster of a run with --log fluvio.
+    cluster: Option<std::sync::Arc<FluvioCluster>>,
 }
 
 impl World {
     /// Sets the world up; each tenant gets `all_per_tenant` endpoints for
     /// every type and one for `order.paid` only.
     async fn start(all_per_tenant: usize) -> anyhow::Result<World> {
+        World::start_on(all_per_tenant, None).await
+    }
+
+    /// [`World::start`], with the stages on `cluster` when given.
+    async fn start_on(
+        all_per_tenant: usize,
+        cluster: Option<FluvioCluster>,
+    ) -> anyhow::Result<World> {
         let dir = tempfile::tempdir()?;
         let pg = LocalPostgres::start()
             .await
@@ -481,11 +518,22 @@ request_timeout = "{timeout}s"
 sweep_interval = "200ms"
 lease = "10s"
 
+{log}
 [secrets]
 master_key_file = {key:?}
 {RULES}"#,
                 key = key_file.display().to_string(),
-                timeout = REQUEST_TIMEOUT.as_secs()
+                timeout = REQUEST_TIMEOUT.as_secs(),
+                log = match &cluster {
+                    None => String::new(),
+                    Some(c) => format!(
+                        // The cluster is the run's own: one set of topics.
+                        "[log]\nkind = \"fluvio\"\nendpoint = \"{}\"\nevents_partitions = 4\n\
+                         topic_prefix = \"chaos-\"\nmember_lease = \"{}s\"\n",
+                        c.endpoint(),
+                        MEMBER_LEASE.as_secs()
+                    ),
+                }
             ),
         )?;
         let log = dir.path().join("walhook.log");
@@ -497,12 +545,19 @@ master_key_file = {key:?}
             receiver,
             endpoints,
             platform_url,
+            cluster: cluster.map(std::sync::Arc::new),
         })
     }
 
     /// Starts `walhook run` and waits until it reads the slot.
     async fn start_walhook(&self) -> anyhow::Result<Walhook> {
         let walhook = Walhook::start(&self.cfg, &self.log, None)?;
+        self.wait_streaming().await?;
+        Ok(walhook)
+    }
+
+    /// Waits until capture reads the slot.
+    async fn wait_streaming(&self) -> anyhow::Result<()> {
         let shop = self.pg.connect("shop").await?;
         if !wait_slot_active(&shop, "walhook", Duration::from_secs(60)).await? {
             anyhow::bail!(
@@ -510,7 +565,7 @@ master_key_file = {key:?}
                 self.log.display()
             );
         }
-        Ok(walhook)
+        Ok(())
     }
 
     /// Keeps the temporary directory (walhook's log) and says where.
@@ -522,21 +577,50 @@ master_key_file = {key:?}
     }
 }
 
-/// The faults asked for, checked against `known`; `default` when none.
-fn chosen_faults(asked: &[String], default: &[&str]) -> anyhow::Result<Vec<String>> {
+/// The faults of a run on the embedded log (`fluvio` false) or on Fluvio.
+fn faults_of(fluvio: bool) -> Vec<&'static str> {
+    FAULTS
+        .iter()
+        .copied()
+        .filter(|f| {
+            if fluvio {
+                *f != "lease-expiry"
+            } else {
+                !FLUVIO_ONLY.contains(f)
+            }
+        })
+        .collect()
+}
+
+/// The faults asked for, checked against those of the log; `default` when
+/// none, every one of the log's for `all`.
+fn chosen_faults(asked: &[String], default: &[&str], fluvio: bool) -> anyhow::Result<Vec<String>> {
+    let known = faults_of(fluvio);
     if asked.is_empty() {
         return Ok(default.iter().map(|s| (*s).to_owned()).collect());
     }
     if asked == ["all"] {
-        return Ok(FAULTS.iter().map(|s| (*s).to_owned()).collect());
+        return Ok(known.iter().map(|s| (*s).to_owned()).collect());
     }
     for f in asked {
-        if !FAULTS.contains(&f.as_str()) {
+        if known.contains(&f.as_str()) {
+            continue;
+        }
+        if FLUVIO_ONLY.contains(&f.as_str()) {
             anyhow::bail!(
-                "--faults: {f:?} is not a fault walhook chaos knows; give some of {}",
-                FAULTS.join(", ")
+                "--faults: {f:?} needs separate processes on a Fluvio cluster: add --log fluvio"
             );
         }
+        if f == "lease-expiry" {
+            anyhow::bail!(
+                "--faults: \"lease-expiry\" freezes the one `walhook run` of the embedded log; with --log fluvio \
+                 give member-freeze (a fan-out member frozen past its lease)"
+            );
+        }
+        anyhow::bail!(
+            "--faults: {f:?} is not a fault walhook chaos knows; give some of {}",
+            known.join(", ")
+        );
     }
     Ok(asked.to_vec())
 }
@@ -564,7 +648,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(length) = args.soak {
         return soak::run(&args, length).await;
     }
-    let faults = chosen_faults(&args.faults, FAULTS)?;
+    let fluvio = args.log == "fluvio";
+    let faults = chosen_faults(&args.faults, &faults_of(fluvio), fluvio)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -577,9 +662,32 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         faults.join(", ")
     );
 
-    let mut world = World::start(1).await?;
-    let mut walhook = world.start_walhook().await?;
-    let (cfg, log) = (world.cfg.clone(), world.log.clone());
+    let cluster = if fluvio {
+        let Some(cluster) = FluvioCluster::builder("walhook chaos --log fluvio")
+            .own()
+            .start()
+        else {
+            anyhow::bail!(
+                "--log fluvio starts a throwaway Fluvio cluster: set WALHOOK_FLUVIO_TOOLS to the directory with \
+                 bin/fluvio-run and bin/fluvio (the Fluvio tools)"
+            );
+        };
+        println!(
+            "  on a Fluvio cluster at {}: walhook capture and {} fan-out members",
+            cluster.endpoint(),
+            args.members
+        );
+        Some(cluster)
+    } else {
+        None
+    };
+    let mut world = World::start_on(1, cluster).await?;
+    let mut stages = stages::Stages::start(
+        world.cfg.clone(),
+        world.log.clone(),
+        fluvio.then_some(args.members),
+    )?;
+    world.wait_streaming().await?;
 
     let mut next_id = 0i64;
     let mut results = Vec::new();
@@ -587,6 +695,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     for round in 1..=args.rounds {
         let fault = faults[(round as usize - 1) % faults.len()].clone();
         let mut injected = String::new();
+        // The process the round's failpoint, kill or freeze aims at.
+        let target = stages.target(&fault, &mut rng);
         // A failpoint needs walhook started with it.
         if fault.contains('.') {
             // Points hit once per batch (a part of the large transaction, a
@@ -605,8 +715,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             let hit = 1 + rng.below(hits);
             injected = format!("{fault}=abort@{hit}");
-            walhook.stop();
-            walhook = Walhook::start(&cfg, &log, Some(&injected))?;
+            stages.restart(target, Some(&injected))?;
+            if fluvio {
+                injected = format!("{injected} in {}", stages.name(target));
+            }
         }
         let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
         let victim = rng.below(world.endpoints.len() as u64) as usize;
@@ -621,7 +733,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let mut storm = None;
         let mut thaw = None;
         let mut standby = if fault == "lease-expiry" {
-            Some(Walhook::start_standby(&cfg, &log)?)
+            Some(Walhook::start_standby(&world.cfg, &world.log)?)
         } else {
             None
         };
@@ -629,8 +741,37 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             if i == kill_at {
                 match fault.as_str() {
                     "sigkill" => {
-                        injected = format!("SIGKILL after {i} writes");
-                        walhook.kill();
+                        injected = format!("SIGKILL of {} after {i} writes", stages.name(target));
+                        stages.kill(target);
+                    }
+                    "spu-kill" => {
+                        injected =
+                            format!("SIGKILL of the SPU after {i} writes, restarted 2 s later");
+                        let cluster = world
+                            .cluster
+                            .clone()
+                            .context("spu-kill needs --log fluvio")?;
+                        cluster.kill_spu();
+                        thaw = Some(tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            let _ =
+                                tokio::task::spawn_blocking(move || cluster.restart_spu()).await;
+                        }));
+                    }
+                    "member-freeze" => {
+                        let hold = MEMBER_LEASE + Duration::from_secs(3);
+                        injected = format!(
+                            "SIGSTOP of {} for {} s (its lease: {} s) after {i} writes",
+                            stages.name(target),
+                            hold.as_secs(),
+                            MEMBER_LEASE.as_secs()
+                        );
+                        let pid = stages.pid(target);
+                        signal_pid(pid, "STOP");
+                        thaw = Some(tokio::spawn(async move {
+                            tokio::time::sleep(hold).await;
+                            signal_pid(pid, "CONT");
+                        }));
                     }
                     "postgres-kill" => {
                         injected = format!("kill -9 of Postgres after {i} writes");
@@ -651,8 +792,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     }
                     "lease-expiry" => {
                         injected = format!("SIGSTOP of walhook run for 13 s after {i} writes");
-                        walhook.signal("STOP");
-                        let pid = walhook.pid();
+                        let pid = stages.pid(target);
+                        signal_pid(pid, "STOP");
                         thaw = Some(tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_secs(13)).await;
                             signal_pid(pid, "CONT");
@@ -681,12 +822,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .await;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
-            if !walhook.running() {
+            if stages.restart_dead()? {
                 restarted = true;
                 if injected.is_empty() {
                     injected = fault.clone();
                 }
-                walhook = Walhook::start(&cfg, &log, None)?;
             }
         }
         if fault.starts_with("receiver-") {
@@ -731,9 +871,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let deadline = Instant::now() + args.settle;
         loop {
-            if !walhook.running() {
+            if stages.restart_dead()? {
                 restarted = true;
-                walhook = Walhook::start(&cfg, &log, None)?;
             }
             let got = arrived(&world.receiver, &in_round);
             if expected.iter().all(|k| got.contains_key(k)) || Instant::now() >= deadline {
@@ -747,8 +886,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         // A failpoint that did not fire must not leak into later rounds.
         if fault.contains('.') && !restarted {
-            walhook.stop();
-            walhook = Walhook::start(&cfg, &log, None)?;
+            stages.restart(target, None)?;
         }
         // Late duplicates show within a moment.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -776,7 +914,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         results.push(result);
     }
     bar.finish_and_clear();
-    walhook.stop();
+    stages.stop();
     let platform_sql = connect_retrying(&world.platform_url, Duration::from_secs(30)).await?;
     let unknown: i64 = platform_sql
         .query_one(

@@ -386,7 +386,12 @@ fn window<T: Into<f64> + Copy>(
 
 /// Runs the soak for `length`.
 pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
-    let faults = chosen_faults(&args.faults, SOAK_FAULTS)?;
+    if args.log == "fluvio" {
+        anyhow::bail!(
+            "--soak runs on the embedded log; on Fluvio, run rounds: walhook chaos --log fluvio --rounds N"
+        );
+    }
+    let faults = chosen_faults(&args.faults, SOAK_FAULTS, false)?;
     if args.rate == 0 {
         anyhow::bail!(
             "--rate 0: a soak needs orders to write; give orders a second, for example --rate 1000"
