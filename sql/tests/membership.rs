@@ -404,9 +404,18 @@ async fn a_member_whose_slot_was_taken_over_stops_its_readers_and_ends() {
         .unwrap();
     let e = ended.expect_err("a member that is out must end with an error");
     assert!(
-        matches!(e, walhook_pipeline::membership::MembershipError::Out { slot: 0, .. }),
+        matches!(
+            e,
+            walhook_pipeline::membership::MembershipError::Out { slot: 0, .. }
+        ),
         "{e}"
     );
-    assert!(e.to_string().contains("restart joins the group again"), "{e}");
-    assert!(board.lock().reading.values().all(Vec::is_empty), "readers left running");
+    assert!(
+        e.to_string().contains("restart joins the group again"),
+        "{e}"
+    );
+    assert!(
+        board.lock().reading.values().all(Vec::is_empty),
+        "readers left running"
+    );
 }
