@@ -565,23 +565,25 @@ async fn each_process_crashes_at_its_dangerous_points_and_loses_nothing() {
     }
 }
 
-/// `walhook run` with `[log] kind = "fluvio"`: every stage in one process
-/// against a cluster that speaks TLS and demands client certificates
-/// (`[log.tls]`, files relative to the config), stopped and started again
-/// midway.
+/// A cluster of three SPUs that speaks TLS and demands client certificates
+/// (`[log.tls]`, files relative to the config; topics replicated three
+/// times): `walhook run` with every stage in one process, stopped midway,
+/// then capture and two members that join their group as processes of
+/// their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn walhook_run_runs_every_stage_on_a_tls_fluvio_cluster() {
+async fn walhook_runs_on_a_tls_fluvio_cluster_of_three_spus_in_one_process_or_several() {
     let ca = TestCa::new("walhook test CA").unwrap();
     let tls = ClusterTls {
         server: ca.server_cert(&["fluvio.test", "*.fluvio.test"]).unwrap(),
         ca_pem: ca.pem(),
         client_certs: true,
     };
-    let Some(cluster) =
-        FluvioCluster::builder("walhook_run_runs_every_stage_on_a_tls_fluvio_cluster")
-            .tls(tls)
-            .start()
-    else {
+    let Some(cluster) = FluvioCluster::builder(
+        "walhook_runs_on_a_tls_fluvio_cluster_of_three_spus_in_one_process_or_several",
+    )
+    .spus(3)
+    .tls(tls)
+    .start() else {
         return;
     };
     let w = World::new().await;
@@ -589,8 +591,10 @@ async fn walhook_run_runs_every_stage_on_a_tls_fluvio_cluster() {
     w.endpoint("acme", "acme-b", &["order.created"]).await;
     let (log, topic) = fluvio_log_named(&cluster);
     let client = ca.client_cert("walhook").unwrap();
+    // Three SPUs, each checked as <id>.fluvio.test, every partition on all
+    // of them.
     let cfg = w.config(&format!(
-        "{log}\n[log.tls]\nca_file = \"fluvio-ca.pem\"\ncert_file = \"fluvio-client.pem\"\n\
+        "{log}replication = 3\n[log.tls]\nca_file = \"fluvio-ca.pem\"\ncert_file = \"fluvio-client.pem\"\n\
          key_file = \"fluvio-client.key\"\ndomain = \"fluvio.test\"\n"
     ));
     let dir = cfg.parent().unwrap();
@@ -607,15 +611,27 @@ async fn walhook_run_runs_every_stage_on_a_tls_fluvio_cluster() {
     .await;
     assert!(first.terminate().success(), "a clean stop");
     insert_orders(&w, 16..=30).await;
-    let second = Child::run(&cfg);
-    assert_delivered_once(&w, &cluster, "walhook run on fluvio", 30).await;
+    // Then the stages as processes of their own, on the same TLS cluster:
+    // capture and two members that join their group.
+    let split: Vec<Child> = ["capture", "fanout", "fanout"]
+        .iter()
+        .map(|stage| Child::stage(stage, &cfg, &[], &[]))
+        .collect();
+    assert_delivered_once(&w, &cluster, "walhook on a TLS cluster of three SPUs", 30).await;
+    assert_eq!(
+        live_holdings(&w).await.len(),
+        4,
+        "the members hold every partition"
+    );
     // The events went through the cluster, not an in-process log.
     let described = cluster.describe();
     assert!(
         described.lines().any(|l| l.contains(&topic)),
         "no topic {topic} on the cluster:\n{described}"
     );
-    assert!(second.terminate().success());
+    for child in split {
+        assert!(child.terminate().success());
+    }
 }
 
 /// A member change (two members, then three) moves partitions between
