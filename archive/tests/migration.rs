@@ -91,7 +91,8 @@ async fn deliveries_become_partitioned_by_day_online_and_the_legacy_partition_em
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let report = walhook_sql::migrate::run(&mut sql).await.unwrap();
-    assert_eq!(report.applied, vec![22, 23, 24]);
+    // 22 to 24 move deliveries to daily partitions; later ones follow.
+    assert_eq!(report.applied[..3], [22, 23, 24], "{:?}", report.applied);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let (made, errors) = traffic.await.unwrap();
