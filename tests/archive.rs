@@ -91,9 +91,15 @@ fn archive_tables(
 fn objects(root: &Path) -> BTreeMap<String, Vec<u8>> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
         for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
+            let e = e.unwrap();
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
             if p.is_dir() {
                 walk(&p, root, out);
+            } else if name.starts_with('.') && name.contains(".tmp-") {
+                // A put cut off by a SIGKILL leaves its temporary file
+                // (`.<name>.tmp-<random>`); the store never lists it, and
+                // the next put of the key writes a new one.
             } else {
                 let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
                 out.insert(rel, std::fs::read(&p).unwrap());

@@ -94,6 +94,18 @@ pub struct EventRecord {
     pub payload_sha256: Vec<u8>,
 }
 
+/// A delivery of the hot store with its event and attempts, as one
+/// snapshot showed them.
+#[derive(Debug, Clone)]
+pub struct HotHistory {
+    /// The delivery.
+    pub delivery: DeliveryRecord,
+    /// Its event, while the hot store has it.
+    pub event: Option<EventRecord>,
+    /// Its attempts, in the order they started.
+    pub attempts: Vec<AttemptRow>,
+}
+
 /// One attempt.
 #[derive(Debug, Clone)]
 pub struct AttemptRow {
@@ -290,7 +302,16 @@ impl Platform {
         tenant: &TenantId,
         id: DeliveryId,
     ) -> Result<Option<DeliveryRecord>, StoreError> {
-        let client = self.client().await?;
+        self.delivery_on(&self.client().await?, tenant, id).await
+    }
+
+    /// [`Self::delivery_of_tenant`] on `client`: its row, or its plan.
+    async fn delivery_on(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        tenant: &TenantId,
+        id: DeliveryId,
+    ) -> Result<Option<DeliveryRecord>, StoreError> {
         let row = client
             .query_opt(
                 &format!(
@@ -303,7 +324,7 @@ impl Platform {
         if let Some(row) = row {
             return Ok(Some(delivery_row(&row)));
         }
-        self.planned_delivery(&client, tenant, id).await
+        self.planned_delivery(client, tenant, id).await
     }
 
     /// Delivery `id` of `tenant` while it has no row (fan-out planned it;
@@ -348,61 +369,42 @@ impl Platform {
         &self,
         delivery: &DeliveryRecord,
     ) -> Result<Option<EventRecord>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT id, event_type, schema_version, object_id, object_version, occurred_at, source, \
-                        payload, payload_sha256 \
-                 FROM walhook.events WHERE id = $1 AND occurred_at = $2",
-                &[&Uuid::from_bytes(delivery.event_id.0), &delivery.event_occurred_at],
-            )
-            .await
-            .map_err(StoreError::query("read an event"))?;
-        Ok(row.map(|r| EventRecord {
-            id: EventId(*r.get::<_, Uuid>(0).as_bytes()),
-            event_type: r.get(1),
-            schema_version: r.get(2),
-            object_id: r.get(3),
-            object_version: r.get(4),
-            occurred_at: r.get(5),
-            source: r.get(6),
-            payload: r.get(7),
-            payload_sha256: r.get(8),
-        }))
+        event_on(&self.client().await?, delivery).await
     }
 
     /// The attempts of delivery `id`, in the order they started.
     pub async fn attempts_of(&self, id: DeliveryId) -> Result<Vec<AttemptRow>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT id, number, trigger::text, endpoint_config_version, started_at, finished_at, \
-                        http_status, latency_ms, outcome, error_class, response_sha256, response_excerpt, \
-                        secret_versions, note \
-                 FROM walhook.attempts WHERE delivery_id = $1 ORDER BY started_at, number",
-                &[&Uuid::from_bytes(id.0)],
-            )
+        attempts_on(&self.client().await?, id).await
+    }
+
+    /// Delivery `id` of `tenant` (a row, or a plan), its event and its
+    /// attempts, read in one snapshot: the attempts listed are those its
+    /// counts and status describe, even while an attempt is being recorded.
+    /// `None` when the hot store has no such delivery.
+    pub async fn hot_history(
+        &self,
+        tenant: &TenantId,
+        id: DeliveryId,
+    ) -> Result<Option<HotHistory>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
             .await
-            .map_err(StoreError::query("read attempts"))?;
-        Ok(rows
-            .iter()
-            .map(|r| AttemptRow {
-                id: AttemptId(*r.get::<_, Uuid>(0).as_bytes()),
-                number: r.get(1),
-                trigger: r.get(2),
-                endpoint_config_version: r.get(3),
-                started_at: r.get(4),
-                finished_at: r.get(5),
-                http_status: r.get(6),
-                latency_ms: r.get(7),
-                outcome: r.get(8),
-                error_class: r.get(9),
-                response_sha256: r.get(10),
-                response_excerpt: r.get(11),
-                secret_versions: r.get(12),
-                note: r.get(13),
-            })
-            .collect())
+            .map_err(StoreError::query("begin reading a delivery's history"))?;
+        let history = match self.delivery_on(&tx, tenant, id).await? {
+            Some(delivery) => Some(HotHistory {
+                event: event_on(&tx, &delivery).await?,
+                attempts: attempts_on(&tx, id).await?,
+                delivery,
+            }),
+            None => None,
+        };
+        crate::commit!(tx, client)
+            .map_err(StoreError::query("end reading a delivery's history"))?;
+        Ok(history)
     }
 
     /// Stores a test event and its one delivery in one transaction, with an
@@ -489,4 +491,68 @@ impl Platform {
         crate::commit!(tx, client).map_err(StoreError::query("commit a test event"))?;
         Ok(())
     }
+}
+
+/// The event of `delivery`, read on `client`.
+async fn event_on(
+    client: &impl deadpool_postgres::GenericClient,
+    delivery: &DeliveryRecord,
+) -> Result<Option<EventRecord>, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT id, event_type, schema_version, object_id, object_version, occurred_at, source, \
+                    payload, payload_sha256 \
+             FROM walhook.events WHERE id = $1 AND occurred_at = $2",
+            &[&Uuid::from_bytes(delivery.event_id.0), &delivery.event_occurred_at],
+        )
+        .await
+        .map_err(StoreError::query("read an event"))?;
+    Ok(row.map(|r| EventRecord {
+        id: EventId(*r.get::<_, Uuid>(0).as_bytes()),
+        event_type: r.get(1),
+        schema_version: r.get(2),
+        object_id: r.get(3),
+        object_version: r.get(4),
+        occurred_at: r.get(5),
+        source: r.get(6),
+        payload: r.get(7),
+        payload_sha256: r.get(8),
+    }))
+}
+
+/// The attempts of delivery `id` in the order they started, read on
+/// `client`.
+async fn attempts_on(
+    client: &impl deadpool_postgres::GenericClient,
+    id: DeliveryId,
+) -> Result<Vec<AttemptRow>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT id, number, trigger::text, endpoint_config_version, started_at, finished_at, \
+                    http_status, latency_ms, outcome, error_class, response_sha256, response_excerpt, \
+                    secret_versions, note \
+             FROM walhook.attempts WHERE delivery_id = $1 ORDER BY started_at, number",
+            &[&Uuid::from_bytes(id.0)],
+        )
+        .await
+        .map_err(StoreError::query("read attempts"))?;
+    Ok(rows
+        .iter()
+        .map(|r| AttemptRow {
+            id: AttemptId(*r.get::<_, Uuid>(0).as_bytes()),
+            number: r.get(1),
+            trigger: r.get(2),
+            endpoint_config_version: r.get(3),
+            started_at: r.get(4),
+            finished_at: r.get(5),
+            http_status: r.get(6),
+            latency_ms: r.get(7),
+            outcome: r.get(8),
+            error_class: r.get(9),
+            response_sha256: r.get(10),
+            response_excerpt: r.get(11),
+            secret_versions: r.get(12),
+            note: r.get(13),
+        })
+        .collect())
 }

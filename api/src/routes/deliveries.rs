@@ -246,24 +246,29 @@ pub(crate) async fn history(
 ) -> Result<History, ApiError> {
     let did = delivery_id(id)?;
     let tenant = caller.tenant.clone();
-    let delivery = match state
-        .platform
-        .delivery_of_tenant(&caller.tenant, did)
-        .await?
-    {
-        Some(d) => d,
-        None => {
-            let tenant = tenant.clone();
-            state
-                .cold_read(&caller.tenant, None, move |cold, slot| async move {
-                    cold.delivery(&tenant, did, Some(&slot)).await
-                })
-                .await?
-                .flatten()
-                .ok_or_else(|| not_found(id))?
-        }
-    };
-    let event = match state.platform.event_of(&delivery).await? {
+    // A hot delivery, its event and attempts come from one snapshot: the
+    // attempts listed are the ones its counts and status describe.
+    let (delivery, event, mut attempts) =
+        match state.platform.hot_history(&caller.tenant, did).await? {
+            Some(h) => (h.delivery, h.event, h.attempts),
+            None => {
+                let tenant = tenant.clone();
+                let delivery = state
+                    .cold_read(&caller.tenant, None, move |cold, slot| async move {
+                        cold.delivery(&tenant, did, Some(&slot)).await
+                    })
+                    .await?
+                    .flatten()
+                    .ok_or_else(|| not_found(id))?;
+                // A replay of an archived delivery adds hot attempts.
+                let (event, attempts) = (
+                    state.platform.event_of(&delivery).await?,
+                    state.platform.attempts_of(did).await?,
+                );
+                (delivery, event, attempts)
+            }
+        };
+    let event = match event {
         Some(e) => e,
         None => {
             let (tenant, d) = (tenant.clone(), delivery.clone());
@@ -281,7 +286,6 @@ pub(crate) async fn history(
                 })?
         }
     };
-    let mut attempts = state.platform.attempts_of(did).await?;
     // Attempts of archived days, then the hot ones (a replay of an archived
     // delivery adds hot attempts to cold ones).
     let known = attempts.len();
