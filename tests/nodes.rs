@@ -10,15 +10,6 @@ use walhook_devkit::receiver::Behaviour;
 
 use crate::support::{Child, World, assert_recent_window_reconciles, walhook};
 
-fn signal(child: &Child, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{sig}");
-}
-
 async fn wait_arrivals(w: &World, path: &str, want: u64) {
     for _ in 0..600 {
         if w.receiver.arrivals(path) >= want {
@@ -130,7 +121,7 @@ async fn a_second_dispatcher_node_takes_over_and_fences_a_stale_one() {
             .unwrap();
     }
     wait_arrivals(&w, "acme", before + 4).await;
-    signal(&node_a, "STOP");
+    node_a.signal("STOP");
     w.receiver.set_behaviour("acme", Behaviour::Status(200));
     w.wait_count(
         "deliveries node-b finished while node `local` was frozen",
@@ -138,7 +129,7 @@ async fn a_second_dispatcher_node_takes_over_and_fences_a_stale_one() {
         10,
     )
     .await;
-    signal(&node_a, "CONT");
+    node_a.signal("CONT");
     // The frozen node's results arrive (a 500 or a timeout each) …
     w.wait_count(
         "the frozen node's late results",

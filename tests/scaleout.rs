@@ -62,6 +62,15 @@ async fn insert_orders(w: &World, ids: std::ops::RangeInclusive<i64>) {
     }
 }
 
+/// A world with the two endpoints [`assert_delivered_once`] checks:
+/// `acme-a` (every type) and `acme-b` (`order.created`).
+async fn delivery_world() -> World {
+    let w = World::new().await;
+    w.endpoint("acme", "acme-a", &[]).await;
+    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    w
+}
+
 /// Every order reached both endpoints with a 2xx, each delivery is one row
 /// and one `webhook-id`, resends repeat the first bytes, every signature
 /// verifies. Returns how many requests were resends.
@@ -199,9 +208,7 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
     ) else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let cfg = w.config(&fluvio_log(&cluster));
     let mut capture = Child::stage("capture", &cfg, &[], &[]);
     let member0 = Child::stage("fanout", &cfg, &["--member", "0/2"], &[]);
@@ -304,9 +311,7 @@ async fn every_stage_heals_from_broker_crashes_with_no_process_restarted() {
     else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let (log, events) = fluvio_log_named(&cluster);
     let cfg = w.config(&log);
     let mut capture = Child::stage("capture", &cfg, &[], &[]);
@@ -523,9 +528,7 @@ async fn each_process_crashes_at_its_dangerous_points_and_loses_nothing() {
         ("fanout", "fanout.after_materialize=abort@1", false),
         ("fanout", "dispatch.after_send=abort@5", true),
     ] {
-        let w = World::new().await;
-        w.endpoint("acme", "acme-a", &[]).await;
-        w.endpoint("acme", "acme-b", &["order.created"]).await;
+        let w = delivery_world().await;
         let cfg = w.config(&fluvio_log(&cluster));
         let member = ["--member", "0/1"];
         let env = [("WALHOOK_FAILPOINTS", failpoint)];
@@ -586,9 +589,7 @@ async fn walhook_runs_on_a_tls_fluvio_cluster_of_three_spus_in_one_process_or_se
     .start() else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let (log, topic) = fluvio_log_named(&cluster);
     let client = ca.client_cert("walhook").unwrap();
     // Three SPUs, each checked as <id>.fluvio.test, every partition on all
@@ -642,9 +643,7 @@ async fn a_member_change_rebalances_without_loss() {
     let Some(cluster) = FluvioCluster::start("a_member_change_rebalances_without_loss") else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let cfg = w.config(&fluvio_log(&cluster));
     let capture_port = free_port().to_string();
     let capture_listen = format!("127.0.0.1:{capture_port}");
@@ -902,9 +901,7 @@ async fn a_partition_leader_dies_under_load_and_a_replica_takes_over_with_nothin
     .start() else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let (log, topic) = fluvio_log_named(&cluster);
     let cfg = w.config(&format!("{log}replication = 3\n"));
     let mut capture = Child::stage("capture", &cfg, &[], &[]);
@@ -1031,15 +1028,6 @@ async fn scrape_labelled(listen: &str, name: &str, label: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name}{{{label}}} missing from\n{text}"))
 }
 
-fn signal(child: &Child, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{sig}");
-}
-
 /// Four `walhook fanout` members started without `--member` join the group
 /// and share the partitions, one each. A member frozen (SIGSTOP) past its
 /// lease loses its partitions to the others, and once resumed its commit
@@ -1054,9 +1042,7 @@ async fn members_without_a_share_split_the_partitions_and_move_them_when_one_die
     ) else {
         return;
     };
-    let w = World::new().await;
-    w.endpoint("acme", "acme-a", &[]).await;
-    w.endpoint("acme", "acme-b", &["order.created"]).await;
+    let w = delivery_world().await;
     let lease = Duration::from_secs(4);
     let cfg = w.config(&format!("{}member_lease = \"4s\"\n", fluvio_log(&cluster)));
     let capture = Child::stage("capture", &cfg, &[], &[]);
@@ -1088,7 +1074,7 @@ async fn members_without_a_share_split_the_partitions_and_move_them_when_one_die
         1,
     )
     .await;
-    signal(&a, "STOP");
+    a.signal("STOP");
     let others: Vec<Child> = (0..3)
         .map(|_| Child::stage("fanout", &cfg, &[], &[]))
         .collect();
@@ -1100,7 +1086,7 @@ async fn members_without_a_share_split_the_partitions_and_move_them_when_one_die
     )
     .await;
     insert_orders(&w, 2..=10).await;
-    signal(&a, "CONT");
+    a.signal("CONT");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while scrape_labelled(
         &a_listen,

@@ -244,16 +244,15 @@ impl Fence {
     }
 }
 
-/// A consumer whose commits pass a [`Fence`] first (none: commits go
-/// straight to the log).
+/// A consumer whose commits pass a [`Fence`] first.
 pub struct FencedConsumer<C> {
     inner: C,
-    fence: Option<Fence>,
+    fence: Fence,
 }
 
 impl<C> FencedConsumer<C> {
-    /// `inner`, committing through `fence` when given.
-    pub fn new(inner: C, fence: Option<Fence>) -> Self {
+    /// `inner`, committing through `fence`.
+    pub fn new(inner: C, fence: Fence) -> Self {
         FencedConsumer { inner, fence }
     }
 }
@@ -268,9 +267,7 @@ impl<M: Message, C: Consumer<M>> Consumer<M> for FencedConsumer<C> {
     }
 
     async fn commit(&mut self, next: Offset) -> Result<(), LogError> {
-        if let Some(fence) = &self.fence {
-            fence.admit(next).await?;
-        }
+        self.fence.admit(next).await?;
         self.inner.commit(next).await
     }
 }
@@ -328,12 +325,14 @@ pub type StartReader = Box<
 struct Reader {
     token: i64,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    /// Ends with the reader, with how it ended.
+    task: JoinHandle<Result<(), BoxError>>,
     abort: tokio::task::AbortHandle,
 }
 
-/// The end of a reader: its partition, its token, how it ended.
-type Ended = (u32, i64, Result<(), BoxError>);
+/// That a reader ended: its partition and its token (how it ended is in
+/// its task's handle).
+type Ended = (u32, i64);
 
 /// Holds the partitions that are this member's share until `stop`,
 /// starting a reader on each (with `start`) and stopping the readers of
@@ -357,7 +356,7 @@ pub async fn hold_partitions(
         group: key.clone(),
         source,
     };
-    let result = loop {
+    let mut result = loop {
         let asked = tokio::time::Instant::now();
         let held = match tokio::time::timeout(tick, store.renew(&key, member, settings.lease)).await
         {
@@ -418,7 +417,7 @@ pub async fn hold_partitions(
                     settings.lease
                 );
                 for (p, r) in readers.drain() {
-                    stop_reader(p, r, settings.lease).await;
+                    note_end(p, stop_reader(p, r, settings.lease).await);
                     counters.changes.fetch_add(1, Relaxed);
                 }
             }
@@ -431,14 +430,14 @@ pub async fn hold_partitions(
             tokio::select! {
                 _ = stop.cancelled() => break None,
                 _ = &mut wait => break Some(None),
-                Some((p, token, how)) = ended_rx.recv() => {
+                Some((p, token)) = ended_rx.recv() => {
                     // An end already dealt with (its reader was stopped).
                     if readers.get(&p).is_none_or(|r| r.token != token) {
                         continue;
                     }
-                    readers.remove(&p);
+                    let Some(r) = readers.remove(&p) else { continue };
                     counters.held.store(readers.len() as u64, Relaxed);
-                    break Some(Some((p, how)));
+                    break Some(Some((p, joined(r.task).await)));
                 }
             }
         };
@@ -462,7 +461,15 @@ pub async fn hold_partitions(
     let mut gave_back = Vec::new();
     for (p, r) in readers.drain() {
         let token = r.token;
-        stop_reader(p, r, settings.lease).await;
+        match stop_reader(p, r, settings.lease).await {
+            Err(source) if !fenced(&*source) && result.is_ok() => {
+                result = Err(MembershipError::Reader {
+                    partition: p,
+                    source,
+                });
+            }
+            how => note_end(p, how),
+        }
         gave_back.push((p, token));
     }
     if !matches!(result, Err(MembershipError::Out { .. })) {
@@ -507,7 +514,7 @@ async fn rebalance(
                 slot = member.slot,
                 "partition taken over by another member while this one could not renew its lease; stopped reading it"
             );
-            stop_reader(p, r, settings.lease).await;
+            note_end(p, stop_reader(p, r, settings.lease).await);
             counters.changes.fetch_add(1, Relaxed);
         }
     }
@@ -524,7 +531,7 @@ async fn rebalance(
         .collect();
     for (p, token) in surplus {
         if let Some(r) = readers.remove(&p) {
-            stop_reader(p, r, settings.lease).await;
+            note_end(p, stop_reader(p, r, settings.lease).await);
         }
         store.release(key, member, p, token).await?;
         held.remove(&p);
@@ -573,12 +580,11 @@ async fn rebalance(
         let abort = inner.abort_handle();
         let ended = ended.clone();
         let task = tokio::spawn(async move {
-            let how = match inner.await {
-                Ok(how) => how,
-                Err(e) if e.is_cancelled() => Ok(()),
-                Err(e) => Err(format!("panicked: {e}").into()),
-            };
-            let _ = ended.send((p, token, how));
+            let how = joined(inner).await;
+            // Only a wake-up: once the member stopped listening, the
+            // outcome is still read from this task's handle.
+            let _ = ended.send((p, token));
+            how
         });
         readers.insert(
             p,
@@ -593,17 +599,45 @@ async fn rebalance(
     Ok(())
 }
 
-/// Stops a reader: it finishes its batch, or is abandoned after `within`
-/// (its commit, if it comes, is refused by the fence).
-async fn stop_reader(partition: u32, mut r: Reader, within: Duration) {
+/// Stops a reader and says how it ended: it finishes its batch, or is
+/// abandoned after `within` (its commit, if it comes, is refused by the
+/// fence).
+async fn stop_reader(partition: u32, mut r: Reader, within: Duration) -> Result<(), BoxError> {
     r.stop.cancel();
-    if tokio::time::timeout(within, &mut r.task).await.is_err() {
-        tracing::warn!(
+    match tokio::time::timeout(within, &mut r.task).await {
+        Ok(joined) => joined.unwrap_or_else(|e| Err(format!("panicked: {e}").into())),
+        Err(_) => {
+            r.abort.abort();
+            let _ = r.task.await;
+            Err(format!(
+                "the reader of partition {partition} did not stop within {within:?} and was abandoned"
+            )
+            .into())
+        }
+    }
+}
+
+/// How a reader's task ended (an abort is a stop).
+async fn joined(task: JoinHandle<Result<(), BoxError>>) -> Result<(), BoxError> {
+    match task.await {
+        Ok(how) => how,
+        Err(e) if e.is_cancelled() => Ok(()),
+        Err(e) => Err(format!("panicked: {e}").into()),
+    }
+}
+
+/// Logs how a reader stopped on purpose (given back, lost, or at a lapse)
+/// ended, unless it ended well or by the fence: its offset was not
+/// committed, and the next holder reads its records again.
+fn note_end(partition: u32, how: Result<(), BoxError>) {
+    if let Err(e) = how
+        && !fenced(&*e)
+    {
+        tracing::error!(
             partition,
-            "a partition's reader did not stop within {within:?}; abandoned"
+            error = %crate::supervise::error_chain(&*e),
+            "a partition's reader failed while it was being stopped; the next holder reads its records again"
         );
-        r.abort.abort();
-        let _ = r.task.await;
     }
 }
 

@@ -247,7 +247,7 @@ impl Workers {
                     Box::pin(async move {
                         let consumer = events.consumer::<Event>(&topic, p, FANOUT_GROUP).await?;
                         let mut op = FanoutOperator::new(
-                            FencedConsumer::new(consumer, Some(fence)),
+                            FencedConsumer::new(consumer, fence),
                             jobs,
                             store,
                             directory,

@@ -6,6 +6,7 @@
 //! free while another is taking it, and a renewal's list of holdings is
 //! never older than a claim that took one of them.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use walhook_pipeline::ids::Offset;
@@ -47,6 +48,38 @@ const LIVE_MEMBER: &str = "\
 EXISTS (SELECT 1 FROM walhook.stage_members m \
         WHERE m.grp = p.grp AND m.slot = $2 AND m.epoch = $3 AND m.lease_until > now())";
 
+/// Gives back the partitions of member ($2, $3) of group $1 that the rest
+/// of the `WHERE` names.
+const FREE: &str = "\
+UPDATE walhook.stage_partitions SET slot = NULL, epoch = NULL, changes = changes + 1, held_since = NULL \
+WHERE grp = $1 AND slot = $2 AND epoch = $3";
+
+/// Takes partition $4 for member ($2, $3) if that member is live and no
+/// live member holds it; returns the new token.
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE walhook.stage_partitions p \
+         SET slot = $2, epoch = $3, changes = p.changes + 1, held_since = now() \
+         WHERE p.grp = $1 AND p.partition = $4 AND {LIVE_MEMBER} \
+           AND (p.slot IS NULL OR NOT EXISTS ( \
+                SELECT 1 FROM walhook.stage_members h \
+                WHERE h.grp = p.grp AND h.slot = p.slot AND h.epoch = p.epoch AND h.lease_until > now())) \
+         RETURNING p.changes"
+    )
+});
+
+/// Records commit $6 of partition $4 if holding $5 is still the member's
+/// and its lease live (one row) or not (none). Run before every commit of
+/// a fan-out batch: prepared once per connection.
+static FENCE_COMMIT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE walhook.stage_partitions p \
+         SET committed = greatest(coalesce(p.committed, 0), $6), committed_at = now() \
+         WHERE p.grp = $1 AND p.partition = $4 AND p.slot = $2 AND p.epoch = $3 \
+           AND p.changes = $5 AND {LIVE_MEMBER}"
+    )
+});
+
 impl Platform {
     /// Runs `statement` after taking `group`'s lock, in one transaction.
     async fn locked<T>(
@@ -73,8 +106,18 @@ fn millis(lease: Duration) -> f64 {
     lease.as_millis() as f64
 }
 
+/// A slot or partition number as Postgres's `integer`.
+fn int(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// An `integer` column holding a slot or partition number.
+fn number(n: i32) -> u32 {
+    u32::try_from(n).unwrap_or_default()
+}
+
 fn slot(member: Member) -> i32 {
-    i32::try_from(member.slot).unwrap_or(i32::MAX)
+    int(member.slot)
 }
 
 impl MembershipStore for Platform {
@@ -86,7 +129,7 @@ impl MembershipStore for Platform {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Member, PipelineStoreError>> {
         Box::pin(async move {
-            let count = i32::try_from(partitions).unwrap_or(i32::MAX);
+            let count = int(partitions);
             let row = self
                 .locked(group, "join the group", async |tx| {
                     tx.execute(
@@ -99,7 +142,7 @@ impl MembershipStore for Platform {
                 })
                 .await?;
             Ok(Member {
-                slot: u32::try_from(row.get::<_, i32>(0)).unwrap_or_default(),
+                slot: number(row.get(0)),
                 epoch: row.get(1),
             })
         })
@@ -130,7 +173,7 @@ impl MembershipStore for Platform {
                 partitions
                     .into_iter()
                     .zip(tokens)
-                    .map(|(p, t)| (u32::try_from(p).unwrap_or_default(), t))
+                    .map(|(p, t)| (number(p), t))
                     .collect(),
             ))
         })
@@ -147,10 +190,7 @@ impl MembershipStore for Platform {
                 )
                 .await
                 .map_err(StoreError::query("list the live members"))?;
-            Ok(rows
-                .iter()
-                .map(|r| u32::try_from(r.get::<_, i32>(0)).unwrap_or_default())
-                .collect())
+            Ok(rows.iter().map(|r| number(r.get(0))).collect())
         })
     }
 
@@ -161,19 +201,10 @@ impl MembershipStore for Platform {
         partition: u32,
     ) -> BoxFuture<'a, Result<Option<i64>, PipelineStoreError>> {
         Box::pin(async move {
-            let p = i32::try_from(partition).unwrap_or(i32::MAX);
-            let statement = format!(
-                "UPDATE walhook.stage_partitions p \
-                 SET slot = $2, epoch = $3, changes = p.changes + 1, held_since = now() \
-                 WHERE p.grp = $1 AND p.partition = $4 AND {LIVE_MEMBER} \
-                   AND (p.slot IS NULL OR NOT EXISTS ( \
-                        SELECT 1 FROM walhook.stage_members h \
-                        WHERE h.grp = p.grp AND h.slot = p.slot AND h.epoch = p.epoch AND h.lease_until > now())) \
-                 RETURNING p.changes"
-            );
+            let p = int(partition);
             let row = self
                 .locked(group, "claim a partition", async |tx| {
-                    tx.query_opt(&statement, &[&group, &slot(member), &member.epoch, &p])
+                    tx.query_opt(&*CLAIM, &[&group, &slot(member), &member.epoch, &p])
                         .await
                 })
                 .await?;
@@ -189,13 +220,11 @@ impl MembershipStore for Platform {
         token: i64,
     ) -> BoxFuture<'a, Result<(), PipelineStoreError>> {
         Box::pin(async move {
-            let p = i32::try_from(partition).unwrap_or(i32::MAX);
+            let p = int(partition);
             self.client()
                 .await?
                 .execute(
-                    "UPDATE walhook.stage_partitions \
-                     SET slot = NULL, epoch = NULL, changes = changes + 1, held_since = NULL \
-                     WHERE grp = $1 AND slot = $2 AND epoch = $3 AND partition = $4 AND changes = $5",
+                    &format!("{FREE} AND partition = $4 AND changes = $5"),
                     &[&group, &slot(member), &member.epoch, &p, &token],
                 )
                 .await
@@ -213,25 +242,21 @@ impl MembershipStore for Platform {
         next: Offset,
     ) -> BoxFuture<'a, Result<bool, PipelineStoreError>> {
         Box::pin(async move {
-            let p = i32::try_from(partition).unwrap_or(i32::MAX);
+            let p = int(partition);
             let next = i64::try_from(next.0).unwrap_or(i64::MAX);
-            let statement = format!(
-                "UPDATE walhook.stage_partitions p \
-                 SET committed = greatest(coalesce(p.committed, 0), $6), committed_at = now() \
-                 WHERE p.grp = $1 AND p.partition = $4 AND p.slot = $2 AND p.epoch = $3 \
-                   AND p.changes = $5 AND {LIVE_MEMBER}"
-            );
-            let n = self
-                .client()
-                .await?
+            let what = "check the partition's holder before a commit";
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(&FENCE_COMMIT)
+                .await
+                .map_err(StoreError::query(what))?;
+            let n = client
                 .execute(
                     &statement,
                     &[&group, &slot(member), &member.epoch, &p, &token, &next],
                 )
                 .await
-                .map_err(StoreError::query(
-                    "check the partition's holder before a commit",
-                ))?;
+                .map_err(StoreError::query(what))?;
             Ok(n == 1)
         })
     }
@@ -243,13 +268,8 @@ impl MembershipStore for Platform {
     ) -> BoxFuture<'a, Result<(), PipelineStoreError>> {
         Box::pin(async move {
             self.locked(group, "leave the group", async |tx| {
-                tx.execute(
-                    "UPDATE walhook.stage_partitions \
-                     SET slot = NULL, epoch = NULL, changes = changes + 1, held_since = NULL \
-                     WHERE grp = $1 AND slot = $2 AND epoch = $3",
-                    &[&group, &slot(member), &member.epoch],
-                )
-                .await?;
+                tx.execute(FREE, &[&group, &slot(member), &member.epoch])
+                    .await?;
                 tx.execute(
                     "UPDATE walhook.stage_members SET lease_until = now() \
                      WHERE grp = $1 AND slot = $2 AND epoch = $3",

@@ -528,6 +528,16 @@ impl Child {
         self.0.try_wait().unwrap().is_none()
     }
 
+    /// Sends `sig` (a name `kill` knows: STOP, CONT, …).
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.0.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig}");
+    }
+
     /// SIGKILL, no clean-up.
     pub fn kill(mut self) {
         let _ = self.0.kill();
