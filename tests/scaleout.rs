@@ -1246,3 +1246,296 @@ async fn walhook_chaos_on_fluvio_rounds_are_clean() {
         "{text}"
     );
 }
+
+/// The live holdings (partition, slot) of the dispatch group.
+async fn dispatch_holdings(w: &World) -> Vec<(i32, i32)> {
+    w.platform_sql
+        .query(
+            "SELECT p.partition, p.slot FROM walhook.stage_partitions p \
+             JOIN walhook.stage_members m ON m.grp = p.grp AND m.slot = p.slot AND m.epoch = p.epoch \
+             WHERE m.lease_until > now() AND p.grp LIKE '%/dispatch' ORDER BY p.partition",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_members_by_endpoint_hold_each_endpoints_in_flight_cap_across_members() {
+    let Some(cluster) = FluvioCluster::start(
+        "dispatch_members_by_endpoint_hold_each_endpoints_in_flight_cap_across_members",
+    ) else {
+        return;
+    };
+    let w = World::new().await;
+    // Slow receivers with a cap of 2 each: with a dispatcher per member
+    // each would see up to 2 per member.
+    let paths: Vec<String> = (0..4).map(|i| format!("slow-{i}")).collect();
+    // And one that fails at first: its retries are held by the dispatcher
+    // of its partition (rows leased to that node), and taken over with it.
+    // Retries up to 20 s later (full jitter): held long enough to be
+    // seen before the kill.
+    let flaky = w
+        .endpoint_with("acme", "flaky", &[], |e| {
+            e.retry.base_delay_seconds = Some(20);
+        })
+        .await;
+    w.receiver.set_behaviour(
+        "flaky",
+        walhook_devkit::receiver::Behaviour::FailFirst { n: 3, status: 503 },
+    );
+    for path in &paths {
+        w.endpoint_with("acme", path, &[], |e| e.max_in_flight = Some(2))
+            .await;
+        w.receiver.set_behaviour(
+            path,
+            walhook_devkit::receiver::Behaviour::Delay {
+                wait: Duration::from_millis(150),
+                status: 200,
+            },
+        );
+    }
+    let lease = Duration::from_secs(4);
+    let cfg = w.config(&format!(
+        "{}dispatch = \"by-endpoint\"\ndeliveries_partitions = 2\nmember_lease = \"4s\"\n",
+        fluvio_log(&cluster)
+    ));
+    let mut capture = Child::stage("capture", &cfg, &[], &[]);
+    let mut fanout = Child::stage("fanout", &cfg, &[], &[]);
+    let a = Child::stage("dispatch", &cfg, &[], &[]);
+    let b = Child::stage("dispatch", &cfg, &[], &[]);
+    let started = std::time::Instant::now();
+    loop {
+        let h = dispatch_holdings(&w).await;
+        if h.len() == 2 && h[0].1 != h[1].1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "two dispatch members should hold one deliveries partition each: {h:?}\n{}",
+            w.state().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w.wait_streaming().await;
+    let orders = 40i64;
+    insert_orders(&w, 1..=20).await;
+    // The member that dispatches the flaky endpoint is killed once its
+    // first failures are recorded (their retries held by its dispatcher):
+    // the partition moves to the other member within the lease, with the
+    // retries and the jobs it had read.
+    assert!(
+        w.receiver
+            .wait_until(Duration::from_secs(60), |got| {
+                got.iter().any(|r| r.path == "flaky" && r.status == 503)
+            })
+            .await,
+        "nothing was sent: {}",
+        w.state().await
+    );
+    let flaky_partition = walhook_pipeline::routing::partition_of(
+        flaky,
+        walhook_pipeline::ids::DeliveryId([0; 16]),
+        2,
+        1,
+    ) as i32;
+    let holder: String = w
+        .platform_sql
+        .query_one(
+            "SELECT m.holder FROM walhook.stage_partitions p \
+             JOIN walhook.stage_members m ON m.grp = p.grp AND m.slot = p.slot AND m.epoch = p.epoch \
+             WHERE p.grp LIKE '%/dispatch' AND p.partition = $1",
+            &[&flaky_partition],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (victim, mut b) = if holder.ends_with(&format!(" pid {}", a.0.id())) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    // Its failures recorded: rows held by the victim's dispatcher.
+    let started = std::time::Instant::now();
+    let held_retries = loop {
+        let held: i64 = w
+            .platform_sql
+            .query_one(
+                "SELECT count(*) FROM walhook.pending WHERE endpoint_id = $1 AND lease_owner IS NOT NULL",
+                &[&uuid::Uuid::from_bytes(flaky.0)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if held > 0 || started.elapsed() > Duration::from_secs(5) {
+            break held;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    victim.kill();
+    insert_orders(&w, 21..=orders).await;
+    let all_paths: Vec<String> = paths.iter().cloned().chain(["flaky".into()]).collect();
+    let expected: HashSet<(String, String)> = (1..=orders)
+        .flat_map(|id| all_paths.iter().map(move |p| (p.clone(), id.to_string())))
+        .collect();
+    let order_of = |r: &Received| -> String {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        body["object_id"].as_str().unwrap_or_default().to_owned()
+    };
+    let all_there = |got: &[Received]| {
+        let seen: HashSet<(String, String)> = got
+            .iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .map(|r| (r.path.clone(), order_of(r)))
+            .collect();
+        expected.is_subset(&seen)
+    };
+    assert!(
+        w.receiver
+            .wait_until(lease * 2 + Duration::from_secs(90), all_there)
+            .await,
+        "deliveries lost after a dispatch member's SIGKILL: {}\nthe cluster:\n{}",
+        w.state().await,
+        cluster.describe()
+    );
+    let survivor = dispatch_holdings(&w).await;
+    assert!(
+        survivor.len() == 2 && survivor[0].1 == survivor[1].1,
+        "the survivor should hold both deliveries partitions: {survivor:?}"
+    );
+    for path in &paths {
+        let peak = w.receiver.peak_in_flight(path);
+        assert!(
+            peak <= 2,
+            "{path} (max_in_flight = 2) saw {peak} requests at once with two dispatch members"
+        );
+        assert!(peak >= 1);
+    }
+    // The load pressed against the cap (it would have been 2 per member).
+    assert!(
+        paths.iter().any(|p| w.receiver.peak_in_flight(p) == 2),
+        "no endpoint reached its cap: the test shows nothing"
+    );
+    let want = orders * all_paths.len() as i64;
+    w.wait_count(
+        "every delivery succeeded",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        want,
+    )
+    .await;
+    let (events, made, twice, nodes): (i64, i64, i64, i64) = {
+        let r = w
+            .platform_sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM walhook.events), (SELECT count(*) FROM walhook.deliveries), \
+                        (SELECT count(*) FROM (SELECT 1 FROM walhook.attempts GROUP BY delivery_id, id \
+                                               HAVING count(*) > 1) t), \
+                        (SELECT count(*) FROM walhook.dispatch_nodes WHERE node_id LIKE '%-dispatch-%-p%')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2), r.get(3))
+    };
+    assert_eq!(
+        (events, made, twice),
+        (orders, want, 0),
+        "events, deliveries, attempt ids twice"
+    );
+    assert!(
+        nodes >= 3,
+        "a dispatcher node per partition and holding (two, then the survivor's take-over): {nodes}"
+    );
+    // Every webhook-id once or resent with the same bytes; signatures hold.
+    let mut first: HashMap<String, Received> = HashMap::new();
+    for r in w.receiver.received() {
+        assert_eq!(r.verified, Some(true), "{r:?}");
+        match first.get(&r.webhook_id) {
+            Some(earlier) => assert_eq!(earlier.body, r.body, "a resend changed the bytes"),
+            None => {
+                first.insert(r.webhook_id.clone(), r);
+            }
+        }
+    }
+    assert_eq!(first.len() as i64, want);
+    w.assert_pending_consistent().await;
+    w.assert_plans_written().await;
+    assert!(
+        held_retries >= 1,
+        "the killed member held no retry of the flaky endpoint: the test shows less than it says"
+    );
+    assert_all_running(&mut [&mut capture, &mut fanout, &mut b], "after the kill");
+    // The killed member comes back: the partitions split again.
+    let a = Child::stage("dispatch", &cfg, &[], &[]);
+    let started = std::time::Instant::now();
+    loop {
+        let h = dispatch_holdings(&w).await;
+        if h.len() == 2 && h[0].1 != h[1].1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < lease * 6,
+            "the restarted member should take a partition back: {h:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    insert_orders(&w, orders + 1..=orders + 4).await;
+    w.wait_count(
+        "the orders after the rebalance delivered",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        want + 4 * all_paths.len() as i64,
+    )
+    .await;
+    for path in &paths {
+        assert!(w.receiver.peak_in_flight(path) <= 2, "{path}");
+    }
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walhook_run_on_fluvio_dispatches_by_endpoint_in_one_process_and_stops_cleanly() {
+    let Some(cluster) = FluvioCluster::start(
+        "walhook_run_on_fluvio_dispatches_by_endpoint_in_one_process_and_stops_cleanly",
+    ) else {
+        return;
+    };
+    let w = delivery_world().await;
+    let cfg = w.config(&format!(
+        "{}dispatch = \"by-endpoint\"\ndeliveries_partitions = 3\n",
+        fluvio_log(&cluster)
+    ));
+    let first = Child::run(&cfg);
+    w.wait_streaming().await;
+    insert_orders(&w, 1..=10).await;
+    w.wait_count(
+        "the first orders delivered",
+        "SELECT count(*) FROM walhook.deliveries WHERE status = 'succeeded'",
+        20,
+    )
+    .await;
+    assert!(first.terminate().success(), "a clean stop");
+    insert_orders(&w, 11..=20).await;
+    let second = Child::run(&cfg);
+    assert_delivered_once(&w, &cluster, "walhook run with dispatch by endpoint", 20).await;
+    // The jobs went through the cluster's deliveries topic.
+    let described = cluster.describe();
+    assert!(
+        described.lines().any(|l| l.contains("-deliveries ")),
+        "no deliveries topic on the cluster:\n{described}"
+    );
+    // Its dispatchers ran as one node per deliveries partition.
+    let nodes: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(DISTINCT substring(node_id from '-p[0-9]+\\.')) FROM walhook.dispatch_nodes",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(nodes, 3, "a dispatcher per deliveries partition");
+    assert!(second.terminate().success());
+}

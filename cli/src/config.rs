@@ -181,6 +181,28 @@ pub struct LogConfig {
     pub insecure: bool,
     /// Fluvio: TLS to the cluster (`[log.tls]`).
     pub tls: Option<LogTls>,
+    /// Fluvio: who sends what fan-out makes. `with-fanout` (the default):
+    /// the dispatcher inside each `walhook fanout` member, so an endpoint's
+    /// limits apply per member. `by-endpoint`: the deliveries topic
+    /// (`deliveries_partitions` partitions, keyed by endpoint), read by the
+    /// members of `walhook dispatch`: one dispatcher decides each
+    /// endpoint's in-flight cap, rate limit and circuit.
+    pub dispatch: LogDispatch,
+    /// Fluvio, `dispatch = "by-endpoint"`: endpoints too busy for one
+    /// dispatcher, split over this many neighbouring deliveries partitions
+    /// (`"ep_…" = 4`); their limits then apply per shard.
+    pub endpoint_shards: std::collections::BTreeMap<String, u32>,
+}
+
+/// `[log] dispatch`: where fan-out's deliveries are sent from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogDispatch {
+    /// By the dispatcher in the fan-out member's own process.
+    WithFanout,
+    /// Through the deliveries topic, partitioned by endpoint, by the
+    /// members of `walhook dispatch`.
+    ByEndpoint,
 }
 
 /// `[log.tls]`: TLS to the Fluvio cluster, with a client certificate when
@@ -242,6 +264,8 @@ impl Default for LogConfig {
             retention: std::time::Duration::from_secs(7 * 24 * 3600),
             segment_size: 100 << 20,
             member_lease: std::time::Duration::from_secs(10),
+            dispatch: LogDispatch::WithFanout,
+            endpoint_shards: Default::default(),
         }
     }
 }
@@ -255,6 +279,38 @@ impl LogConfig {
                 format!("{}{}", self.topic_prefix, walhook_pipeline::runtime::EVENTS)
             }
         }
+    }
+
+    /// The deliveries topic's name (`dispatch = "by-endpoint"`).
+    pub fn deliveries_topic(&self) -> String {
+        format!(
+            "{}{}",
+            self.topic_prefix,
+            walhook_pipeline::runtime::DELIVERIES
+        )
+    }
+
+    /// Where each delivery goes in the deliveries topic, with `dispatch =
+    /// "by-endpoint"`; `None` otherwise.
+    pub fn routes(
+        &self,
+    ) -> anyhow::Result<Option<std::sync::Arc<walhook_pipeline::routing::Routes>>> {
+        if self.dispatch != LogDispatch::ByEndpoint {
+            return Ok(None);
+        }
+        let mut shards = std::collections::BTreeMap::new();
+        for (endpoint, k) in &self.endpoint_shards {
+            let id: walhook_pipeline::ids::EndpointId = endpoint.trim().parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "[log.endpoint_shards] {endpoint:?}: not an endpoint id; give the id the API shows \
+                     (\"ep_\" and 26 characters), for example \"ep_01hv…\" = 4"
+                )
+            })?;
+            shards.insert(id, *k);
+        }
+        let routes = walhook_pipeline::routing::Routes::new(self.deliveries_partitions, shards)
+            .map_err(|e| anyhow::anyhow!("[log.endpoint_shards]: {e}"))?;
+        Ok(Some(std::sync::Arc::new(routes)))
     }
 
     /// The Fluvio client's settings.
@@ -349,6 +405,19 @@ impl LogConfig {
         if self.events_partitions == 0 || self.deliveries_partitions == 0 {
             bail!("[log] partitions must be at least 1");
         }
+        match self.dispatch {
+            LogDispatch::ByEndpoint if self.kind != LogKind::Fluvio => bail!(
+                "[log] dispatch = \"by-endpoint\" needs a log between processes: set [log] kind = \"fluvio\", \
+                 or remove it (the embedded log sends from the one process, where each endpoint's limits are \
+                 decided in one place already)"
+            ),
+            LogDispatch::WithFanout if !self.endpoint_shards.is_empty() => bail!(
+                "[log.endpoint_shards] splits endpoints over deliveries partitions, which only [log] dispatch = \
+                 \"by-endpoint\" has: set it, or remove [log.endpoint_shards]"
+            ),
+            _ => {}
+        }
+        self.routes()?;
         if self.kind == LogKind::Fluvio {
             let endpoint = self.endpoint.trim();
             let port_ok = endpoint.rsplit_once(':').is_some_and(|(host, port)| {
@@ -738,6 +807,46 @@ mod log_tls_tests {
 
     fn parse(log: &str) -> anyhow::Result<Config> {
         Config::parse(&format!("{BASE}{log}"))
+    }
+
+    #[test]
+    fn dispatch_by_endpoint_is_checked_field_by_field() {
+        let ep = walhook_pipeline::ids::EndpointId([9; 16]).to_string();
+        let cfg = parse(&format!(
+            "dispatch = \"by-endpoint\"\ndeliveries_partitions = 4\n\n[log.endpoint_shards]\n\"{ep}\" = 3\n"
+        ))
+        .unwrap();
+        let routes = cfg.log.routes().unwrap().unwrap();
+        assert_eq!(routes.partitions(), 4);
+        assert_eq!(routes.shards(ep.parse().unwrap()), 3);
+        assert_eq!(cfg.log.deliveries_topic(), "walhook-deliveries");
+        assert!(parse("").unwrap().log.routes().unwrap().is_none());
+        for (log, wanted) in [
+            (
+                format!(
+                    "dispatch = \"by-endpoint\"\ndeliveries_partitions = 2\n\n[log.endpoint_shards]\n\"{ep}\" = 3\n"
+                ),
+                "give 1 to 2",
+            ),
+            (
+                "dispatch = \"by-endpoint\"\n\n[log.endpoint_shards]\n\"ep_nope\" = 2\n".to_owned(),
+                "\"ep_nope\": not an endpoint id",
+            ),
+            (
+                format!("[log.endpoint_shards]\n\"{ep}\" = 2\n"),
+                "only [log] dispatch = \"by-endpoint\" has",
+            ),
+            ("dispatch = \"sideways\"\n".to_owned(), "unknown variant"),
+        ] {
+            let err = format!("{:#}", parse(&log).unwrap_err());
+            assert!(err.contains(wanted), "{log}: {err}");
+        }
+        let embedded = BASE.replace("kind = \"fluvio\"", "kind = \"embedded\"");
+        let err = format!(
+            "{:#}",
+            Config::parse(&format!("{embedded}dispatch = \"by-endpoint\"\n")).unwrap_err()
+        );
+        assert!(err.contains("set [log] kind = \"fluvio\""), "{err}");
     }
 
     #[test]

@@ -269,32 +269,42 @@ impl Collector for PipelineCollector {
             quarantined.metric_type(),
         )?;
         quarantined.encode(metric)?;
-        if let Some(m) = &c.membership {
-            let labels = [("group", m.group.clone()), ("member", m.slot.to_string())];
-            let held = ConstGauge::new(m.held.load(Relaxed) as i64);
+        if !c.memberships.is_empty() {
             let mut metric = encoder.encode_descriptor(
                 names::MEMBER_PARTITIONS,
-                "Partitions this fan-out member holds now, by group and member slot",
+                "Partitions this member holds now, by group and member slot",
                 None,
-                held.metric_type(),
+                prometheus_client::metrics::MetricType::Gauge,
             )?;
-            held.encode(metric.encode_family(&labels)?)?;
-            for (name, help, value) in [
+            for m in &c.memberships {
+                let labels = [("group", m.group.clone()), ("member", m.slot.to_string())];
+                ConstGauge::new(m.held.load(Relaxed) as i64)
+                    .encode(metric.encode_family(&labels)?)?;
+            }
+            type Read = fn(&walhook_pipeline::membership::MembershipCounters) -> u64;
+            let families: [(&str, &str, Read); 2] = [
                 (
                     names::MEMBER_ASSIGNMENT_CHANGES,
-                    "Partitions this fan-out member took, gave back or lost, by group and member slot",
-                    m.changes.load(Relaxed),
+                    "Partitions this member took, gave back or lost, by group and member slot",
+                    |m| m.changes.load(Relaxed),
                 ),
                 (
                     names::MEMBER_FENCED_COMMITS,
                     "Commits refused because the partition was no longer this member's, by group and member slot",
-                    m.fenced.load(Relaxed),
+                    |m| m.fenced.load(Relaxed),
                 ),
-            ] {
-                let counter = ConstCounter::new(value);
-                let mut metric =
-                    encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-                counter.encode(metric.encode_family(&labels)?)?;
+            ];
+            for (name, help, read) in families {
+                let mut metric = encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for m in &c.memberships {
+                    let labels = [("group", m.group.clone()), ("member", m.slot.to_string())];
+                    ConstCounter::new(read(m)).encode(metric.encode_family(&labels)?)?;
+                }
             }
         }
         Ok(())

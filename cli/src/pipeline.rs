@@ -78,8 +78,9 @@ pub struct Counters {
     pub fanout: Arc<FanoutCounters>,
     /// Dispatch's.
     pub dispatch: Arc<DispatchCounters>,
-    /// The fan-out member's, when it joined its group (no `--member`).
-    pub membership: Option<Arc<MembershipCounters>>,
+    /// The memberships of this process (fan-out without `--member`, the
+    /// dispatch members of `[log] dispatch = "by-endpoint"`).
+    pub memberships: Vec<Arc<MembershipCounters>>,
 }
 
 /// A running pipeline.
@@ -198,14 +199,76 @@ pub async fn start_observed(
     shutdown: CancellationToken,
     metrics: Option<Arc<PipelineMetrics>>,
 ) -> anyhow::Result<Running> {
+    let routes = cfg.log.routes()?;
+    let dispatch = match &routes {
+        Some(routes) => Some(DispatchRole {
+            leased: join_group(
+                cfg,
+                &platform,
+                &cfg.log.deliveries_topic(),
+                walhook_pipeline::routing::DISPATCH_GROUP,
+                cfg.log.deliveries_partitions,
+            )
+            .await?,
+            node_id: cfg.dispatch.node_id.clone(),
+            routes: routes.clone(),
+        }),
+        None => None,
+    };
     let roles = Roles {
         capture: true,
         workers: Some(WorkerRole {
             share: Share::Fixed((0..cfg.log.events_partitions).collect()),
             node_id: cfg.dispatch.node_id.clone(),
+            route: routes.map(|r| (r, cfg.log.deliveries_topic())),
         }),
+        dispatch,
     };
     start_roles(cfg, platform, shutdown, metrics, roles).await
+}
+
+/// Joins `group` of `topic` (`partitions` partitions) in the platform
+/// database, as this host and process.
+pub async fn join_group(
+    cfg: &Config,
+    platform: &Platform,
+    topic: &str,
+    group: &str,
+    partitions: u32,
+) -> anyhow::Result<runtime::Leased> {
+    use walhook_pipeline::membership::{MembershipSettings, MembershipStore};
+    let settings = MembershipSettings {
+        topic: topic.to_owned(),
+        group: group.to_owned(),
+        partitions,
+        lease: cfg.log.member_lease,
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "an unnamed host".into());
+    let holder = format!("{host} pid {}", std::process::id());
+    let member = platform
+        .join(&settings.key(), &holder, settings.partitions, settings.lease)
+        .await
+        .map_err(anyhow::Error::new)
+        .with_context(|| {
+            format!(
+                "could not join the {group} group in the platform database (was `walhook migrate` run?)"
+            )
+        })?;
+    tracing::info!(
+        slot = member.slot,
+        epoch = member.epoch,
+        group = %settings.key(),
+        lease = ?settings.lease,
+        "joined the {group} group"
+    );
+    Ok(runtime::Leased {
+        store: Arc::new(platform.clone()),
+        member,
+        lease: settings.lease,
+        counters: Arc::new(MembershipCounters::new(&settings.key(), member)),
+    })
 }
 
 /// Which stages a process runs.
@@ -215,6 +278,9 @@ pub struct Roles {
     pub capture: bool,
     /// Fan-out of some events partitions and their dispatcher.
     pub workers: Option<WorkerRole>,
+    /// A member of the dispatch group on the deliveries topic (`[log]
+    /// dispatch = "by-endpoint"`).
+    pub dispatch: Option<DispatchRole>,
 }
 
 /// A worker group's share of the events topic.
@@ -224,6 +290,29 @@ pub struct WorkerRole {
     pub share: Share,
     /// The dispatcher node id of the group.
     pub node_id: String,
+    /// Fan-out alone, to the deliveries topic by these routes (`[log]
+    /// dispatch = "by-endpoint"`).
+    pub route: Option<(Arc<walhook_pipeline::routing::Routes>, String)>,
+}
+
+/// A member of the dispatch group: a dispatcher per deliveries partition
+/// it holds.
+pub struct DispatchRole {
+    /// Its membership.
+    pub leased: runtime::Leased,
+    /// The base of its dispatchers' node ids (`<base>-p<partition>.<token>`).
+    pub node_id: String,
+    /// The routes (the fan-out members' own).
+    pub routes: Arc<walhook_pipeline::routing::Routes>,
+}
+
+impl std::fmt::Debug for DispatchRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchRole")
+            .field("member", &self.leased.member)
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Starts the stages of `roles` on the log `[log] kind` names.
@@ -252,7 +341,16 @@ pub async fn start_roles(
             if let Some(warning) = cfg.log.exposure() {
                 tracing::warn!("{warning}");
             }
-            let log = FluvioLog::connect(cfg.log.fluvio_settings(), vec![events])
+            let mut topics = vec![events];
+            if cfg.log.dispatch == crate::config::LogDispatch::ByEndpoint {
+                topics.push(walhook_pipeline::log::TopicSpec {
+                    name: cfg.log.deliveries_topic(),
+                    partitions: cfg.log.deliveries_partitions,
+                    capacity: cfg.log.capacity,
+                    durable_groups: vec![walhook_pipeline::routing::DISPATCH_GROUP.into()],
+                });
+            }
+            let log = FluvioLog::connect(cfg.log.fluvio_settings(), topics)
                 .await
                 .map_err(anyhow::Error::new)
                 .context("cannot open the Fluvio log ([log] kind = \"fluvio\")")?;
@@ -435,7 +533,7 @@ async fn start_on<L: Log + Closable>(
     // sealed.
     // Capture alone needs no endpoints (nor the master key).
     let refresh_stop = CancellationToken::new();
-    let (directory, refresher) = if roles.workers.is_some() {
+    let (directory, refresher) = if roles.workers.is_some() || roles.dispatch.is_some() {
         let directory = load_directory(&platform).await?;
         let (d, platform, stop) = (directory.clone(), (*platform).clone(), refresh_stop.clone());
         let refresher = supervisor.spawn("the endpoint directory refresher", async move {
@@ -447,12 +545,19 @@ async fn start_on<L: Log + Closable>(
         (Arc::new(SubscriptionCache::default()), None)
     };
     let counters = Arc::new(Counters {
-        membership: match &roles.workers {
-            Some(WorkerRole {
+        memberships: {
+            let mut m = Vec::new();
+            if let Some(WorkerRole {
                 share: Share::Leased(leased),
                 ..
-            }) => Some(leased.counters.clone()),
-            _ => None,
+            }) = &roles.workers
+            {
+                m.push(leased.counters.clone());
+            }
+            if let Some(d) = &roles.dispatch {
+                m.push(d.leased.counters.clone());
+            }
+            m
         },
         ..Counters::default()
     });
@@ -479,9 +584,11 @@ async fn start_on<L: Log + Closable>(
                     deadline: cfg.retry.deadline,
                     lease_owner: None,
                     lease: cfg.dispatch.lease,
+                    route: None,
                 },
                 dispatch,
                 observer,
+                route: role.route,
             };
             let worker_counters = WorkerCounters {
                 fanout: counters.fanout.clone(),
@@ -510,6 +617,51 @@ async fn start_on<L: Log + Closable>(
                     });
                 }
             }
+        }
+        None => None,
+    };
+
+    // The dispatch member: a dispatcher per deliveries partition it holds.
+    let dispatch_members = match roles.dispatch {
+        Some(role) => {
+            let mut settings = dispatch_settings(cfg);
+            settings.node_id = role.node_id.clone();
+            let observer = metrics
+                .as_ref()
+                .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
+            let topic = cfg.log.deliveries_topic();
+            let partitions = log.partitions(&topic)?;
+            let reader = walhook_pipeline::routing::PartitionDispatch {
+                log: log.clone(),
+                topic: topic.clone(),
+                egress: Arc::new(HttpEgress::new(cfg.egress.clone())?),
+                store: platform.clone(),
+                directory: directory.clone(),
+                settings,
+                routes: role.routes,
+                counters: counters.dispatch.clone(),
+                observer,
+            }
+            .into_reader();
+            let membership = walhook_pipeline::membership::MembershipSettings {
+                topic,
+                group: walhook_pipeline::routing::DISPATCH_GROUP.into(),
+                partitions,
+                lease: role.leased.lease,
+            };
+            let stop = CancellationToken::new();
+            let task = supervisor.spawn(
+                "the dispatch membership",
+                walhook_pipeline::membership::hold_partitions(
+                    role.leased.store,
+                    role.leased.member,
+                    membership,
+                    role.leased.counters,
+                    reader,
+                    stop.clone(),
+                ),
+            );
+            Some((stop, task))
         }
         None => None,
     };
@@ -586,6 +738,10 @@ async fn start_on<L: Log + Closable>(
         supervisor.stopping();
         if let Some(w) = workers {
             w.stop().await;
+        }
+        if let Some((stop, task)) = dispatch_members {
+            stop.cancel();
+            let _ = task.await;
         }
         refresh_stop.cancel();
         watch_stop.cancel();

@@ -157,6 +157,36 @@ struct EndpointState {
     verifications: u32,
     /// Whether the latest one's signature verified (with secrets set).
     verification_signed: Option<bool>,
+    /// Deliveries being answered now, and the most there ever were.
+    in_flight: u32,
+    peak_in_flight: u32,
+}
+
+/// Counts a delivery in its path's `in_flight` while alive.
+struct InFlight {
+    shared: Arc<Shared>,
+    path: String,
+}
+
+impl InFlight {
+    fn enter(shared: &Arc<Shared>, path: &str) -> InFlight {
+        let mut endpoints = shared.endpoints.lock();
+        let ep = endpoints.entry(path.to_owned()).or_default();
+        ep.in_flight += 1;
+        ep.peak_in_flight = ep.peak_in_flight.max(ep.in_flight);
+        InFlight {
+            shared: shared.clone(),
+            path: path.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(ep) = self.shared.endpoints.lock().get_mut(&self.path) {
+            ep.in_flight -= 1;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -258,6 +288,7 @@ async fn handle(
         // a delivery, so not among `received`.
         return answer_verification(&shared, &path, &headers, &body).await;
     }
+    let _in_flight = InFlight::enter(&shared, &path);
     let (behaviour, hit, verified) = {
         let mut endpoints = shared.endpoints.lock();
         let ep = endpoints.entry(path.clone()).or_default();
@@ -542,6 +573,15 @@ impl Receiver {
             .or_default()
             .secrets = secrets;
         self.shared.secrets_set.notify_waiters();
+    }
+
+    /// The most deliveries `path` was answering at once so far.
+    pub fn peak_in_flight(&self, path: &str) -> u32 {
+        self.shared
+            .endpoints
+            .lock()
+            .get(path)
+            .map_or(0, |e| e.peak_in_flight)
     }
 
     /// Requests that reached `path` so far, answered or not (a delayed

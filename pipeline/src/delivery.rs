@@ -193,6 +193,11 @@ pub struct FirstWrite {
     pub created_at: Timestamp,
     /// When automatic retries stop.
     pub expires_at: Timestamp,
+    /// The node that holds the row when it is written held (a near
+    /// retry); `None`: the plan's holder. Set by the dispatcher of a
+    /// deliveries partition, whose plans the topic holds
+    /// ([`crate::routing::TOPIC_HELD`]).
+    pub holder: Option<String>,
 }
 
 impl DeliveryJob {
@@ -209,6 +214,7 @@ impl DeliveryJob {
                 config_version: self.endpoint_config_version,
                 created_at: self.created_at,
                 expires_at: self.expires_at,
+                holder: None,
             })
         })
     }

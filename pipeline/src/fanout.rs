@@ -73,6 +73,12 @@ pub struct FanoutSettings {
     pub lease_owner: Option<String>,
     /// How long that lease lasts before another node may claim.
     pub lease: Duration,
+    /// Jobs go to the deliveries topic partitioned by endpoint
+    /// ([`crate::routing`]): plans are held by the topic
+    /// ([`crate::routing::TOPIC_HELD`]), each job is keyed to its route,
+    /// and the events offset moves only once the jobs are stored in the
+    /// topic. `None`: keyed by endpoint for a dispatcher in this process.
+    pub route: Option<Arc<crate::routing::Routes>>,
 }
 
 /// Why fan-out stopped.
@@ -277,6 +283,25 @@ where
             .await?;
         }
         failpoint::hit("fanout.after_materialize");
+        let made: std::collections::HashSet<DeliveryId> = made.into_iter().collect();
+        let mut fresh: Vec<(Vec<u8>, DeliveryJob)> = jobs
+            .into_iter()
+            .filter(|j| made.contains(&j.delivery_id))
+            .map(|j| {
+                let key = match &self.settings.route {
+                    Some(routes) => routes.key_of(j.endpoint_id, j.delivery_id),
+                    None => j.endpoint_id.0.to_vec(),
+                };
+                (key, j)
+            })
+            .collect();
+        if self.settings.route.is_some() && !fresh.is_empty() {
+            // The topic holds these plans' jobs: stored there before the
+            // events offset moves (a crash before that reads the events
+            // again, and the redo sends the plans' jobs again).
+            self.send_stored(std::mem::take(&mut fresh), shutdown)
+                .await?;
+        }
         // A member that lost this partition may not move its offset (the
         // holder reads these events again); the deliveries it made are
         // leased to its own dispatcher all the same, and only it knows of
@@ -301,12 +326,6 @@ where
                 .deliveries
                 .fetch_add(made.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
-        let made: std::collections::HashSet<DeliveryId> = made.into_iter().collect();
-        let fresh: Vec<(Vec<u8>, DeliveryJob)> = jobs
-            .into_iter()
-            .filter(|j| made.contains(&j.delivery_id))
-            .map(|j| (j.endpoint_id.0.to_vec(), j))
-            .collect();
         if !fresh.is_empty() {
             // Durability of jobs is the deliveries table's; the receipt
             // is not awaited.
@@ -315,6 +334,33 @@ where
         match fenced {
             Some(e) => Err(e.into()),
             None => Ok(()),
+        }
+    }
+
+    /// Sends `jobs` to the deliveries topic and waits until it stored them,
+    /// trying again while the log fails for a reason that may pass (a
+    /// broker restarting): the topic may then hold some twice, which its
+    /// dispatcher tells apart.
+    async fn send_stored(
+        &self,
+        jobs: Vec<(Vec<u8>, DeliveryJob)>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FanoutError> {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let sent = match self.jobs.send_all(jobs.clone()).await {
+                Ok(receipt) => receipt.await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                    tracing::warn!(error = %e, retry_in = ?pause, "fan-out could not store jobs in the deliveries topic; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

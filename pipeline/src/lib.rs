@@ -13,7 +13,8 @@
 //! - [`capture`]: what capture hands downstream (the sink contract), the
 //!   sinks that store its incidents and its [`capture::ledger`] on the way.
 //! - [`runtime`]: fan-out and dispatch wired together over any log, shared
-//!   by `walhook run` and the scale-out processes.
+//!   by `walhook run` and the scale-out processes; [`routing`]: the
+//!   deliveries topic keyed by endpoint between fan-out and dispatch members.
 //! - [`failpoint`]: named crash points for the kill tests.
 //! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
@@ -37,6 +38,7 @@ pub mod log;
 pub mod membership;
 pub mod objstore;
 pub mod redact;
+pub mod routing;
 pub mod runtime;
 pub mod sanitize;
 pub mod signing;

@@ -209,6 +209,12 @@ impl std::fmt::Debug for Fence {
 }
 
 impl Fence {
+    /// The token of the holding: a new one each time the partition is
+    /// claimed.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
     /// Lets `next` be committed, or refuses with [`LogError::Fenced`].
     /// The store's transient failures are retried for up to a lease (the
     /// holding cannot outlive it anyway).

@@ -15,12 +15,12 @@
 //! So the unit of scale-out is a worker process owning some events
 //! partitions ([`Share`]: fixed, or its share among the live members of the
 //! group as it changes, see [`crate::membership`]), with capture
-//! (`walhook capture`) writing the events topic on its own. Why deliveries
-//! do not cross processes through a deliveries topic: a fan-out plan row
-//! holds one lease per event, and an event's deliveries go to several
-//! endpoints; handing them to dispatchers chosen by endpoint would need a
-//! claim per delivery (a Postgres write each) or plans split per owner.
-//! `docs/scale-out.md` says what this means for per-endpoint limits.
+//! (`walhook capture`) writing the events topic on its own. With
+//! [`WorkerSettings::route`] the group fans out only: its jobs cross
+//! processes through the deliveries topic keyed by endpoint, to the
+//! dispatchers of [`crate::routing`] (`[log] dispatch = "by-endpoint"`),
+//! so that one dispatcher decides each endpoint's limits;
+//! `docs/scale-out.md` compares the two.
 //!
 //! Every long-lived task runs under the caller's [`Supervisor`]: if one
 //! ends, fails or panics while the process runs, the group's fail token is
@@ -118,6 +118,10 @@ pub struct WorkerSettings {
     pub dispatch: DispatchSettings,
     /// Told about every attempt (metrics), when given.
     pub observer: Option<Arc<dyn AttemptObserver>>,
+    /// Fan-out alone, its jobs sent to this deliveries topic by their
+    /// routes (`walhook fanout` with `[log] dispatch = "by-endpoint"`);
+    /// `None`: to this group's own dispatcher, in memory.
+    pub route: Option<(Arc<crate::routing::Routes>, String)>,
 }
 
 /// The counters of a worker group.
@@ -133,6 +137,13 @@ pub struct WorkerCounters {
 pub struct Workers {
     fanout_stop: CancellationToken,
     fanout_tasks: Vec<JoinHandle<()>>,
+    /// The dispatcher in this process; `None` when the jobs go to the
+    /// deliveries topic ([`WorkerSettings::route`]).
+    local: Option<LocalDispatch>,
+}
+
+/// The in-process hop from fan-out to this process's dispatcher.
+struct LocalDispatch {
     forward_stop: CancellationToken,
     forwarders: Vec<JoinHandle<()>>,
     dispatch_stop: CancellationToken,
@@ -142,7 +153,9 @@ pub struct Workers {
 
 impl Workers {
     /// Starts the dispatcher, the forwarders and one fan-out operator per
-    /// partition in `settings.partitions`, all under `supervisor`.
+    /// partition in `settings.partitions`, all under `supervisor`; with
+    /// [`WorkerSettings::route`], fan-out alone, sending to the deliveries
+    /// topic of `events`' log.
     pub async fn start<L, E, S>(
         events: &L,
         egress: Arc<E>,
@@ -157,6 +170,33 @@ impl Workers {
         E: Egress,
         S: FanoutStore + DispatchStore,
     {
+        let fanout_stop = CancellationToken::new();
+        if let Some((routes, topic)) = settings.route.clone() {
+            // Plans held by the topic, jobs keyed to their partition.
+            let fanout = FanoutSettings {
+                lease_owner: Some(crate::routing::TOPIC_HELD.into()),
+                route: Some(routes),
+                ..settings.fanout.clone()
+            };
+            let jobs = events.producer::<DeliveryJob>(&topic)?;
+            let fanout_tasks = start_fanout(
+                events,
+                jobs,
+                store,
+                directory,
+                settings,
+                fanout,
+                counters,
+                supervisor,
+                &fanout_stop,
+            )
+            .await?;
+            return Ok(Workers {
+                fanout_stop,
+                fanout_tasks,
+                local: None,
+            });
+        }
         let deliveries = EmbeddedLog::new([TopicSpec {
             name: DELIVERIES.into(),
             partitions: settings.deliveries_partitions.max(1),
@@ -172,7 +212,7 @@ impl Workers {
             egress,
             store.clone(),
             directory.clone(),
-            settings.dispatch,
+            settings.dispatch.clone(),
             counters.dispatch.clone(),
         );
         if let Some(observer) = settings.observer.clone() {
@@ -194,105 +234,42 @@ impl Workers {
         drop(jobs_tx);
 
         // Fan-out, leasing what it makes to this group's dispatcher.
-        let fanout_stop = CancellationToken::new();
-        let mut fanout_tasks = Vec::new();
-        let fanout_settings = FanoutSettings {
+        let fanout = FanoutSettings {
             lease_owner: Some(node),
-            ..settings.fanout
+            ..settings.fanout.clone()
         };
         let jobs = deliveries.producer::<DeliveryJob>(DELIVERIES)?;
-        match settings.share {
-            Share::Fixed(partitions) => {
-                for p in partitions {
-                    let consumer = events
-                        .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
-                        .await?;
-                    let mut op = FanoutOperator::new(
-                        consumer,
-                        jobs.clone(),
-                        store.clone(),
-                        directory.clone(),
-                        fanout_settings.clone(),
-                    );
-                    if let Some(observer) = settings.observer.clone() {
-                        op = op.with_observer(observer);
-                    }
-                    let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
-                    fanout_tasks.push(
-                        supervisor.spawn(format!("fan-out of events partition {p}"), async move {
-                            op.run(counters, stop).await
-                        }),
-                    );
-                }
-            }
-            Share::Leased(leased) => {
-                let (events, topic, observer, fanout_counters) = (
-                    events.clone(),
-                    settings.events_topic.clone(),
-                    settings.observer.clone(),
-                    counters.fanout.clone(),
-                );
-                let partitions = events.partitions(&topic)?;
-                let start: StartReader = Box::new(move |p, fence, stop| {
-                    let (events, topic, jobs, store, directory, settings, observer, counters) = (
-                        events.clone(),
-                        topic.clone(),
-                        jobs.clone(),
-                        store.clone(),
-                        directory.clone(),
-                        fanout_settings.clone(),
-                        observer.clone(),
-                        fanout_counters.clone(),
-                    );
-                    Box::pin(async move {
-                        let consumer = events.consumer::<Event>(&topic, p, FANOUT_GROUP).await?;
-                        let mut op = FanoutOperator::new(
-                            FencedConsumer::new(consumer, fence),
-                            jobs,
-                            store,
-                            directory,
-                            settings,
-                        );
-                        if let Some(observer) = observer {
-                            op = op.with_observer(observer);
-                        }
-                        op.run(counters, stop).await.map_err(BoxError::from)
-                    })
-                });
-                let membership = MembershipSettings {
-                    topic: settings.events_topic.clone(),
-                    group: FANOUT_GROUP.into(),
-                    partitions,
-                    lease: leased.lease,
-                };
-                fanout_tasks.push(supervisor.spawn(
-                    "the fan-out membership",
-                    hold_partitions(
-                        leased.store,
-                        leased.member,
-                        membership,
-                        leased.counters,
-                        start,
-                        fanout_stop.clone(),
-                    ),
-                ));
-            }
-        }
+        let fanout_tasks = start_fanout(
+            events,
+            jobs,
+            store,
+            directory,
+            settings,
+            fanout,
+            counters,
+            supervisor,
+            &fanout_stop,
+        )
+        .await?;
         Ok(Workers {
             fanout_stop,
             fanout_tasks,
-            forward_stop,
-            forwarders,
-            dispatch_stop,
-            dispatch_task,
-            deliveries,
+            local: Some(LocalDispatch {
+                forward_stop,
+                forwarders,
+                dispatch_stop,
+                dispatch_task,
+                deliveries,
+            }),
         })
     }
 
     /// Wakes every task waiting on the in-process log (after a failure:
     /// nothing there is waited for any more).
     pub fn close(&self) {
-        self.deliveries.close();
+        if let Some(local) = &self.local {
+            local.deliveries.close();
+        }
     }
 
     /// Stops in order, upstream first: fan-out finishes its batch, the
@@ -303,14 +280,118 @@ impl Workers {
         for t in self.fanout_tasks {
             let _ = t.await;
         }
-        self.forward_stop.cancel();
-        for t in self.forwarders {
+        let Some(local) = self.local else {
+            return;
+        };
+        local.forward_stop.cancel();
+        for t in local.forwarders {
             let _ = t.await;
         }
-        self.dispatch_stop.cancel();
-        let _ = self.dispatch_task.await;
-        self.deliveries.close();
+        local.dispatch_stop.cancel();
+        let _ = local.dispatch_task.await;
+        local.deliveries.close();
     }
+}
+
+/// Starts fan-out of the share in `settings`, sending jobs with `jobs`:
+/// one operator per fixed partition, or the membership that starts and
+/// stops them.
+#[allow(clippy::too_many_arguments)]
+async fn start_fanout<L, P, S>(
+    events: &L,
+    jobs: P,
+    store: Arc<S>,
+    directory: Arc<SubscriptionCache>,
+    settings: WorkerSettings,
+    fanout_settings: FanoutSettings,
+    counters: &WorkerCounters,
+    supervisor: &Supervisor,
+    fanout_stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, LogError>
+where
+    L: Log,
+    P: crate::log::Producer<DeliveryJob>,
+    S: FanoutStore,
+{
+    let mut fanout_tasks = Vec::new();
+    match settings.share {
+        Share::Fixed(partitions) => {
+            for p in partitions {
+                let consumer = events
+                    .consumer::<Event>(&settings.events_topic, p, FANOUT_GROUP)
+                    .await?;
+                let mut op = FanoutOperator::new(
+                    consumer,
+                    jobs.clone(),
+                    store.clone(),
+                    directory.clone(),
+                    fanout_settings.clone(),
+                );
+                if let Some(observer) = settings.observer.clone() {
+                    op = op.with_observer(observer);
+                }
+                let (stop, counters) = (fanout_stop.clone(), counters.fanout.clone());
+                fanout_tasks.push(
+                    supervisor.spawn(format!("fan-out of events partition {p}"), async move {
+                        op.run(counters, stop).await
+                    }),
+                );
+            }
+        }
+        Share::Leased(leased) => {
+            let (events, topic, observer, fanout_counters) = (
+                events.clone(),
+                settings.events_topic.clone(),
+                settings.observer.clone(),
+                counters.fanout.clone(),
+            );
+            let partitions = events.partitions(&topic)?;
+            let start: StartReader = Box::new(move |p, fence, stop| {
+                let (events, topic, jobs, store, directory, settings, observer, counters) = (
+                    events.clone(),
+                    topic.clone(),
+                    jobs.clone(),
+                    store.clone(),
+                    directory.clone(),
+                    fanout_settings.clone(),
+                    observer.clone(),
+                    fanout_counters.clone(),
+                );
+                Box::pin(async move {
+                    let consumer = events.consumer::<Event>(&topic, p, FANOUT_GROUP).await?;
+                    let mut op = FanoutOperator::new(
+                        FencedConsumer::new(consumer, fence),
+                        jobs,
+                        store,
+                        directory,
+                        settings,
+                    );
+                    if let Some(observer) = observer {
+                        op = op.with_observer(observer);
+                    }
+                    op.run(counters, stop).await.map_err(BoxError::from)
+                })
+            });
+            let membership = MembershipSettings {
+                topic: settings.events_topic.clone(),
+                group: FANOUT_GROUP.into(),
+                partitions,
+                lease: leased.lease,
+            };
+            fanout_tasks.push(supervisor.spawn(
+                "the fan-out membership",
+                hold_partitions(
+                    leased.store,
+                    leased.member,
+                    membership,
+                    leased.counters,
+                    start,
+                    fanout_stop.clone(),
+                ),
+            ));
+        }
+    }
+    Ok(fanout_tasks)
 }
 
 /// Moves jobs from a deliveries partition to the dispatcher, until `stop`

@@ -268,6 +268,74 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
         lease: std::time::Duration,
     ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send;
 
+    /// [`DispatchStore::claim_due`] for the dispatcher of one partition of
+    /// the deliveries topic ([`crate::routing`]): due deliveries of
+    /// `scope` that no node holds, and those of `scope` that any other node
+    /// holds (an earlier holder of the partition; `after_unknown` unless
+    /// that node stopped cleanly), bumping each lease version. Nothing
+    /// outside `scope`, and no plans (the topic carries them).
+    fn claim_scoped(
+        &self,
+        node: &str,
+        limit: usize,
+        exclude: &[crate::ids::EndpointId],
+        scope: &crate::routing::Scope,
+    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send {
+        let _ = (node, limit, exclude, scope);
+        async {
+            Err(StoreError::definite(
+                "this store cannot dispatch by deliveries partition",
+            ))
+        }
+    }
+
+    /// [`DispatchStore::claim_replays`] of the deliveries in `scope` only.
+    fn claim_replays_scoped(
+        &self,
+        node: &str,
+        limit: usize,
+        lease: std::time::Duration,
+        scope: &crate::routing::Scope,
+    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send {
+        let _ = (node, limit, lease, scope);
+        async {
+            Err(StoreError::definite(
+                "this store cannot dispatch by deliveries partition",
+            ))
+        }
+    }
+
+    /// The deliveries of `scope` planned by fan-out under the topic's hold
+    /// ([`crate::routing::TOPIC_HELD`]) that have no row yet, as jobs for
+    /// `node`, marked `after_unknown` when the partition's latest earlier
+    /// dispatcher did not stop cleanly (it may have sent them). Nothing
+    /// changes: the plans stay as they are.
+    fn take_partition(
+        &self,
+        node: &str,
+        scope: &crate::routing::Scope,
+    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send {
+        let _ = (node, scope);
+        async {
+            Err(StoreError::definite(
+                "this store cannot dispatch by deliveries partition",
+            ))
+        }
+    }
+
+    /// Those of `ids` that have no delivery row.
+    fn without_rows(
+        &self,
+        ids: &[DeliveryId],
+    ) -> impl Future<Output = Result<Vec<DeliveryId>, StoreError>> + Send {
+        let _ = ids;
+        async {
+            Err(StoreError::definite(
+                "this store cannot dispatch by deliveries partition",
+            ))
+        }
+    }
+
     /// Closes a replay request that cannot be carried out (endpoint gone or
     /// disabled), with the reason.
     fn reject_replay(

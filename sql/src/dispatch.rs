@@ -162,7 +162,8 @@ fn fresh_sql(first: usize, careful: bool) -> String {
                 lease_owner, lease_expires_at, last_http_status, last_error_class, created_at, updated_at) \
             SELECT x.id, x.ev, x.ep, x.tenant, x.etype, x.occ, x.ver, x.status::walhook.delivery_status, \
                    x.attempts, x.next_at, x.expires, x.lease, \
-                   CASE WHEN x.hold IS NULL THEN NULL ELSE f.lease_owner END, x.hold, x.http, x.err, \
+                   CASE WHEN x.hold IS NULL THEN NULL ELSE coalesce(x.holder, f.lease_owner) END, \
+                   x.hold, x.http, x.err, \
                    x.created, now() \
             FROM {} AS x \
             JOIN walhook.fanouts f ON f.event_id = x.ev AND f.lease_version = x.lease \
@@ -193,7 +194,8 @@ fn fresh_sql(first: usize, careful: bool) -> String {
                     ("hold", "timestamptz"),
                     ("lease", "int8"),
                     ("http", "int4"),
-                    ("err", "text")
+                    ("err", "text"),
+                    ("holder", "text")
                 ],
             ]
             .concat()
@@ -207,7 +209,7 @@ fn fresh_sql(first: usize, careful: bool) -> String {
 }
 
 /// Attempts with their tallies, the states after them (`updates`: 9
-/// arrays) and the first rows of deliveries that had none (`fresh`: 16
+/// arrays) and the first rows of deliveries that had none (`fresh`: 17
 /// arrays), in one statement (one round trip, atomic without an explicit
 /// transaction), inserts plain: only a redo meets existing rows, and takes
 /// [`RECORD_CAREFUL`] after [`INSERT_ATTEMPTS`]. A part with no rows is left out of the
@@ -410,6 +412,123 @@ WITH due AS ( \
     ORDER BY delivery_id \
     LIMIT $2 \
     FOR UPDATE SKIP LOCKED), ";
+
+/// That the delivery (`delivery`, to `endpoint`: SQL expressions) is in
+/// the deliveries partition `$first`, of `$first + 1` partitions, with the
+/// sharded endpoints and their shards in `$first + 2` and `$first + 3`
+/// (`walhook.delivery_partition`, migration 0026).
+fn in_partition(endpoint: &str, delivery: &str, first: usize) -> String {
+    format!(
+        "walhook.delivery_partition({endpoint}, {delivery}, ${n}::int4, \
+            coalesce((SELECT s.k FROM unnest(${e}::uuid[], ${k}::int4[]) AS s(e, k) WHERE s.e = {endpoint}), 1)) \
+         = ${first}::int4",
+        n = first + 1,
+        e = first + 2,
+        k = first + 3,
+    )
+}
+
+/// Deliveries of one partition held by any other node (an earlier holder
+/// of the partition): `$1` node, `$2` limit, `$3..$6` the partition.
+static CLAIM_SCOPED_HELD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH due AS ( \
+            SELECT p.delivery_id AS id, p.created_at AS created, \
+                   coalesce(n.stopped_at IS NULL, true) AS after_unknown \
+            FROM walhook.pending p LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
+            WHERE p.lease_owner IS NOT NULL AND p.lease_owner <> $1 AND {} \
+              AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
+                              WHERE q.delivery_id = p.delivery_id AND q.done_at IS NULL \
+                                AND q.claimed_until >= now()) \
+            LIMIT $2 \
+            FOR UPDATE OF p SKIP LOCKED), {CLAIM_UPDATE}",
+        in_partition("p.endpoint_id", "p.delivery_id", 3)
+    )
+});
+
+/// Due deliveries of one partition that no node holds: `$1` node, `$2`
+/// limit, `$3..$6` the partition, `$7` endpoints left alone.
+static CLAIM_SCOPED_UNHELD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH due AS ( \
+            SELECT p.delivery_id AS id, p.created_at AS created, false AS after_unknown \
+            FROM walhook.pending p \
+            WHERE p.lease_owner IS NULL AND p.next_attempt_at <= now() \
+              AND p.endpoint_id <> ALL($7::uuid[]) AND {} \
+              AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
+                              WHERE q.delivery_id = p.delivery_id AND q.done_at IS NULL \
+                                AND q.claimed_until >= now()) \
+            ORDER BY p.next_attempt_at \
+            LIMIT $2 \
+            FOR UPDATE OF p SKIP LOCKED), {CLAIM_UPDATE}",
+        in_partition("p.endpoint_id", "p.delivery_id", 3)
+    )
+});
+
+/// [`CLAIM_REPLAYS`] of one partition's deliveries (`$4..$7`).
+static CLAIM_REPLAYS_SCOPED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let at = "ORDER BY q.delivery_id, q.id";
+    assert!(CLAIM_REPLAYS.contains(at));
+    CLAIM_REPLAYS.replacen(
+        at,
+        &format!("AND {} {at}", in_partition("d.endpoint_id", "d.id", 4)),
+        1,
+    )
+});
+
+/// The planned deliveries of one partition (`$1..$4`) held by the
+/// deliveries topic that have no row yet, as jobs (the columns of
+/// [`plans_claim_sql`]), the plans left as they are; `after_unknown` when
+/// the partition's latest other dispatcher node (`$6`, a `LIKE` pattern,
+/// other than `$5`) did not stop cleanly.
+static TAKE_PARTITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT x.id, f.event_id, x.ep, f.tenant_id, f.event_type, e.payload, 0, f.created_at, f.created_at, \
+                f.expires_at, f.lease_version, x.ver, f.event_occurred_at, 0, \
+                coalesce((SELECT n.stopped_at IS NULL FROM walhook.dispatch_nodes n \
+                          WHERE n.node_id LIKE $6 AND n.node_id <> $5 \
+                          ORDER BY n.started_at DESC LIMIT 1), false), \
+                e.schema_version, e.object_id, (e.commit_lsn - '0/0'::pg_lsn)::int8, e.tx_ordinal \
+         FROM walhook.fanouts f \
+         JOIN walhook.events e ON e.id = f.event_id AND e.occurred_at = f.event_occurred_at \
+         CROSS JOIN LATERAL ( \
+            SELECT * FROM unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS u(id, ep, ver) \
+            WHERE {} \
+              AND (SELECT true FROM walhook.deliveries d WHERE d.id = u.id) IS NULL) x \
+         WHERE f.lease_owner = '{}' \
+         ORDER BY f.event_id, x.id",
+        in_partition("u.ep", "u.id", 1),
+        walhook_pipeline::routing::TOPIC_HELD
+    )
+});
+
+/// The parameters that name a partition for [`in_partition`].
+struct PartitionParams {
+    partition: i32,
+    partitions: i32,
+    endpoints: Vec<Uuid>,
+    shards: Vec<i32>,
+}
+
+impl PartitionParams {
+    fn of(scope: &walhook_pipeline::routing::Scope) -> Self {
+        PartitionParams {
+            partition: scope.partition as i32,
+            partitions: scope.partitions as i32,
+            endpoints: scope.shards.iter().map(|(e, _)| uuid16(&e.0)).collect(),
+            shards: scope.shards.iter().map(|(_, k)| *k as i32).collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
+        [
+            &self.partition,
+            &self.partitions,
+            &self.endpoints,
+            &self.shards,
+        ]
+    }
+}
 
 fn uuid16(b: &[u8; 16]) -> Uuid {
     Uuid::from_bytes(*b)
@@ -987,6 +1106,154 @@ impl DispatchStore for Platform {
         Ok(())
     }
 
+    async fn claim_scoped(
+        &self,
+        node: &str,
+        limit: usize,
+        exclude: &[EndpointId],
+        scope: &walhook_pipeline::routing::Scope,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let part = PartitionParams::of(scope);
+        let limit_rows = limit as i64;
+        // What an earlier holder of the partition held first (begun, so
+        // earlier in their objects' order), then what is due.
+        let stmt = client
+            .prepare_cached(&CLAIM_SCOPED_HELD)
+            .await
+            .map_err(StoreError::query(
+                "prepare the claim of a partition's held deliveries",
+            ))?;
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = [
+            &node as &(dyn tokio_postgres::types::ToSql + Sync),
+            &limit_rows,
+        ]
+        .into_iter()
+        .chain(part.params())
+        .collect();
+        let rows = client
+            .query(&stmt, &params)
+            .await
+            .map_err(StoreError::query(
+                "claim the partition's deliveries other nodes held",
+            ))?;
+        if !rows.is_empty() {
+            tracing::warn!(
+                partition = scope.partition,
+                count = rows.len(),
+                "took over deliveries of this partition that an earlier holder held"
+            );
+        }
+        let mut jobs = self.jobs_from_rows(&client, rows, false, true).await?;
+        if jobs.len() < limit {
+            let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
+            let rest = (limit - jobs.len()) as i64;
+            let stmt =
+                client
+                    .prepare_cached(&CLAIM_SCOPED_UNHELD)
+                    .await
+                    .map_err(StoreError::query(
+                        "prepare the claim of a partition's due deliveries",
+                    ))?;
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                [&node as &(dyn tokio_postgres::types::ToSql + Sync), &rest]
+                    .into_iter()
+                    .chain(part.params())
+                    .chain([&excluded as &(dyn tokio_postgres::types::ToSql + Sync)])
+                    .collect();
+            let rows = client
+                .query(&stmt, &params)
+                .await
+                .map_err(StoreError::query("claim the partition's due deliveries"))?;
+            jobs.extend(self.jobs_from_rows(&client, rows, false, true).await?);
+        }
+        if !jobs.is_empty() {
+            crate::answer_lost("dispatch.claim_answer_lost")?;
+        }
+        Ok(jobs)
+    }
+
+    async fn claim_replays_scoped(
+        &self,
+        node: &str,
+        limit: usize,
+        lease: Duration,
+        scope: &walhook_pipeline::routing::Scope,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&CLAIM_REPLAYS_SCOPED)
+            .await
+            .map_err(StoreError::query("prepare the replay claim of a partition"))?;
+        let part = PartitionParams::of(scope);
+        let (limit, lease) = (limit as i64, lease.as_millis() as f64);
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = [
+            &node as &(dyn tokio_postgres::types::ToSql + Sync),
+            &limit,
+            &lease,
+        ]
+        .into_iter()
+        .chain(part.params())
+        .collect();
+        let rows = client
+            .query(&stmt, &params)
+            .await
+            .map_err(StoreError::query("claim replay requests of a partition"))?;
+        Ok(self.jobs_from_rows(&client, rows, true, true).await?)
+    }
+
+    async fn take_partition(
+        &self,
+        node: &str,
+        scope: &walhook_pipeline::routing::Scope,
+    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&TAKE_PARTITION)
+            .await
+            .map_err(StoreError::query(
+                "prepare the take of a partition's planned deliveries",
+            ))?;
+        let part = PartitionParams::of(scope);
+        let pattern = format!(
+            "%{}%",
+            walhook_pipeline::routing::node_suffix(scope.partition)
+        );
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = part
+            .params()
+            .into_iter()
+            .chain([
+                &node as &(dyn tokio_postgres::types::ToSql + Sync),
+                &pattern,
+            ])
+            .collect();
+        let rows = client
+            .query(&stmt, &params)
+            .await
+            .map_err(StoreError::query("read the partition's planned deliveries"))?;
+        Ok(self.jobs_from_rows(&client, rows, false, false).await?)
+    }
+
+    async fn without_rows(
+        &self,
+        ids: &[DeliveryId],
+    ) -> Result<Vec<DeliveryId>, walhook_pipeline::store::StoreError> {
+        let client = self.client().await?;
+        let ids: Vec<Uuid> = ids.iter().map(|d| uuid16(&d.0)).collect();
+        let rows = client
+            .query(
+                "SELECT i FROM unnest($1::uuid[]) AS i \
+                 WHERE (SELECT true FROM walhook.deliveries d WHERE d.id = i) IS NULL",
+                &[&ids],
+            )
+            .await
+            .map_err(StoreError::query("check jobs against the delivery rows"))?;
+        Ok(rows
+            .iter()
+            .map(|r| DeliveryId(*r.get::<_, Uuid>(0).as_bytes()))
+            .collect())
+    }
+
     async fn claim_replays(
         &self,
         node: &str,
@@ -1124,7 +1391,7 @@ impl DispatchStore for Platform {
     }
 }
 
-/// One first row of a delivery that had none: the 16 arrays of
+/// One first row of a delivery that had none: the 17 arrays of
 /// [`fresh_sql`].
 #[derive(Default)]
 struct FreshRows<'a> {
@@ -1144,6 +1411,7 @@ struct FreshRows<'a> {
     leases: Vec<i64>,
     http: Vec<Option<i32>>,
     errs: Vec<Option<&'a str>>,
+    holders: Vec<Option<&'a str>>,
 }
 
 impl<'a> FreshRows<'a> {
@@ -1176,6 +1444,7 @@ impl<'a> FreshRows<'a> {
         self.leases.push(lease);
         self.http.push(http.map(i32::from));
         self.errs.push(err);
+        self.holders.push(w.holder.as_deref());
     }
 
     /// When the rows were made: the days whose partitions they need.
@@ -1204,7 +1473,7 @@ impl<'a> FreshRows<'a> {
         Ok(())
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 17] {
         [
             &self.ids,
             &self.events,
@@ -1222,6 +1491,7 @@ impl<'a> FreshRows<'a> {
             &self.leases,
             &self.http,
             &self.errs,
+            &self.holders,
         ]
     }
 }

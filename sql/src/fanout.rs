@@ -195,7 +195,11 @@ static MATERIALIZE_EVENTS: std::sync::LazyLock<String> =
 /// creation time (the batch's `now`, repeated exactly by a retry) and the
 /// first lease. That is a first try that committed but whose answer was
 /// lost with its connection: nobody else was handed those deliveries, and
-/// their holder, alive, claims its own plans only when it starts. A plan of
+/// their holder, alive, claims its own plans only when it starts. Plans
+/// held by the deliveries topic (`routing::TOPIC_HELD`) give every
+/// delivery without a row, whenever they were made: their jobs may not
+/// have reached the topic before the crash, and the topic's dispatcher
+/// leaves out those it already has. A plan of
 /// an earlier run (another creation time), one claimed since (a later
 /// lease) or one nobody holds is left to the claims that handle it. The
 /// outer select reads the statement's snapshot, which does not show the
@@ -206,11 +210,13 @@ static MATERIALIZE_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new
          UNION ALL \
          SELECT t.id FROM {} AS t \
          JOIN walhook.fanouts p ON p.event_id = t.ev \
-         WHERE p.lease_owner = t.owner AND p.created_at = t.created AND p.lease_version = 1 \
+         WHERE p.lease_owner = t.owner AND p.lease_version = 1 \
+           AND (p.created_at = t.created OR t.owner = '{held}') \
            AND t.id = ANY (p.delivery_ids) \
            AND (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL",
         plans_sql(1, true),
-        plan_rows(1)
+        plan_rows(1),
+        held = walhook_pipeline::routing::TOPIC_HELD,
     )
 });
 

@@ -149,6 +149,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "stage_members",
         sql: include_str!("../migrations/0025_stage_members.sql"),
     },
+    Migration {
+        version: 26,
+        name: "delivery_partition",
+        sql: include_str!("../migrations/0026_delivery_partition.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

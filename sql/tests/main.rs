@@ -4,4 +4,5 @@
 mod ledger;
 mod membership;
 mod plans;
+mod routing;
 mod tls;

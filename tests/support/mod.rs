@@ -198,28 +198,39 @@ impl World {
     /// Registers an endpoint on the receiver at `path`; the receiver
     /// verifies its signatures.
     pub async fn endpoint(&self, tenant: &str, path: &str, types: &[&str]) -> EndpointId {
+        self.endpoint_with(tenant, path, types, |_| {}).await
+    }
+
+    /// [`World::endpoint`] with settings changed by `tweak` (its cap, its
+    /// retries…).
+    pub async fn endpoint_with(
+        &self,
+        tenant: &str,
+        path: &str,
+        types: &[&str],
+        tweak: impl FnOnce(&mut NewEndpoint),
+    ) -> EndpointId {
         let tenant_id = TenantId::new(tenant).unwrap();
         self.platform
             .create_tenant(&tenant_id, tenant)
             .await
             .unwrap();
+        let mut endpoint = NewEndpoint {
+            tenant_id,
+            url: self.receiver.url(path),
+            event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
+            description: String::new(),
+            rate_limit_per_sec: None,
+            max_in_flight: None,
+            enabled: true,
+            retry: Default::default(),
+            ordering: Default::default(),
+            verify: false,
+        };
+        tweak(&mut endpoint);
         let (id, secret) = self
             .platform
-            .create_endpoint(
-                &NewEndpoint {
-                    tenant_id,
-                    url: self.receiver.url(path),
-                    event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
-                    description: String::new(),
-                    rate_limit_per_sec: None,
-                    max_in_flight: None,
-                    enabled: true,
-                    retry: Default::default(),
-                    ordering: Default::default(),
-                    verify: false,
-                },
-                "test",
-            )
+            .create_endpoint(&endpoint, "test")
             .await
             .unwrap();
         self.receiver.set_secrets(path, vec![secret.expose_text()]);

@@ -75,6 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let roles = Roles {
             capture: true,
             workers: None,
+            dispatch: None,
         };
         let platform = cfg.platform()?.platform()?;
         return super::run_stages(

@@ -23,7 +23,16 @@ held by no live node (retries handed back, deliveries of a node whose
 lease lapsed, replays, fan-out plans of a lapsed node), sends, and records
 under its own lease; a result that comes back after its lease moved on is
 kept as history and never changes the delivery. Every process needs its
-own node id. See docs/scale-out.md.")]
+own node id.
+
+With [log] dispatch = \"by-endpoint\" (Fluvio) it is a member of the
+dispatch group instead: it joins the group in the platform database, reads
+its share of the deliveries topic's partitions, and runs a dispatcher for
+each (node <node id>-p<partition>.<token>) that sends that partition's
+endpoints' deliveries, so each endpoint's in-flight cap, rate limit and
+circuit are decided by one member. Start as many as there are partitions
+([log] deliveries_partitions); partitions move when a member joins, leaves
+or stops renewing. See docs/scale-out.md.")]
 pub struct Args {
     /// The config file: [platform], [secrets], [dispatch], [retry],
     /// [breaker] and [egress] are read.
@@ -44,6 +53,9 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     cfg.warn_unauthenticated_databases(false);
+    if let Some(routes) = cfg.log.routes()? {
+        return run_member(&cfg, &args, routes).await;
+    }
     let mut settings = crate::pipeline::dispatch_settings(&cfg);
     if let Some(id) = args.node_id {
         settings.node_id = super::fanout::check_node_id(&id)?;
@@ -97,4 +109,48 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     result.context("dispatch stopped")?;
     tracing::info!(node = %node, "dispatcher node stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `[log] dispatch = "by-endpoint"`: joins the dispatch group of the
+/// deliveries topic and runs a dispatcher for each partition it holds.
+async fn run_member(
+    cfg: &Config,
+    args: &Args,
+    routes: Arc<walhook_pipeline::routing::Routes>,
+) -> anyhow::Result<ExitCode> {
+    let keyring = cfg
+        .secrets
+        .keyring()
+        .context("walhook dispatch needs the master key that seals endpoint secrets")?;
+    let platform = cfg.platform()?.platform()?.with_keyring(keyring);
+    let leased = crate::pipeline::join_group(
+        cfg,
+        &platform,
+        &cfg.log.deliveries_topic(),
+        walhook_pipeline::routing::DISPATCH_GROUP,
+        cfg.log.deliveries_partitions,
+    )
+    .await?;
+    let node_id = match &args.node_id {
+        Some(id) => super::fanout::check_node_id(id)?,
+        None => format!("{}-dispatch-{}", cfg.dispatch.node_id, leased.member.slot),
+    };
+    tracing::info!(node = %node_id, slot = leased.member.slot, "dispatch member starting");
+    let roles = crate::pipeline::Roles {
+        capture: false,
+        workers: None,
+        dispatch: Some(crate::pipeline::DispatchRole {
+            leased,
+            node_id,
+            routes,
+        }),
+    };
+    super::run_stages(
+        cfg,
+        platform,
+        roles,
+        args.metrics_listen.as_deref(),
+        "dispatch",
+    )
+    .await
 }

@@ -5,10 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use std::sync::Arc;
-
 use anyhow::{Context, bail};
-use walhook_pipeline::membership::{MembershipCounters, MembershipSettings, MembershipStore};
 use walhook_pipeline::runtime::{FANOUT_GROUP, Leased, Share};
 
 use crate::config::{Config, LogKind};
@@ -36,7 +33,12 @@ dead member's node held once its lease lapsed.
 
 --member I/N fixes the share instead (member I of N reads the partitions
 whose number is I modulo N; nothing checks that each I/N runs once): do
-not mix the two in one deployment. See docs/scale-out.md.")]
+not mix the two in one deployment.
+
+With [log] dispatch = \"by-endpoint\" a member only fans out: it sends the
+deliveries to the deliveries topic, partitioned by endpoint, and the
+members of `walhook dispatch` send them (one dispatcher decides each
+endpoint's limits). See docs/scale-out.md.")]
 pub struct Args {
     /// The config file.
     #[arg(long, short, env = "WALHOOK_CONFIG")]
@@ -134,9 +136,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => format!("{}-fanout-{slot}", cfg.dispatch.node_id),
     };
     tracing::info!(node = %node_id, "fan-out member's dispatcher node");
+    let route = cfg.log.routes()?.map(|r| (r, cfg.log.deliveries_topic()));
+    if route.is_some() {
+        tracing::info!(
+            topic = %cfg.log.deliveries_topic(),
+            "fan-out member sending its deliveries to the deliveries topic ([log] dispatch = \"by-endpoint\"): run `walhook dispatch` members to send them"
+        );
+    }
     let roles = Roles {
         capture: false,
-        workers: Some(WorkerRole { share, node_id }),
+        workers: Some(WorkerRole {
+            share,
+            node_id,
+            route,
+        }),
+        dispatch: None,
     };
     super::run_stages(
         &cfg,
@@ -150,36 +164,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Joins the fan-out group of the events topic in the platform database.
 async fn join(cfg: &Config, platform: &walhook_sql::Platform) -> anyhow::Result<Leased> {
-    let settings = MembershipSettings {
-        topic: cfg.log.events_topic(),
-        group: FANOUT_GROUP.into(),
-        partitions: cfg.log.events_partitions,
-        lease: cfg.log.member_lease,
-    };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "an unnamed host".into());
-    let holder = format!("{host} pid {}", std::process::id());
-    let member = platform
-        .join(&settings.key(), &holder, settings.partitions, settings.lease)
-        .await
-        .map_err(anyhow::Error::new)
-        .context(
-            "could not join the fan-out group in the platform database (was `walhook migrate` run?)",
-        )?;
-    tracing::info!(
-        slot = member.slot,
-        epoch = member.epoch,
-        group = %settings.key(),
-        lease = ?settings.lease,
-        "joined the fan-out group"
-    );
-    Ok(Leased {
-        store: Arc::new(platform.clone()),
-        member,
-        lease: settings.lease,
-        counters: Arc::new(MembershipCounters::new(&settings.key(), member)),
-    })
+    crate::pipeline::join_group(
+        cfg,
+        platform,
+        &cfg.log.events_topic(),
+        FANOUT_GROUP,
+        cfg.log.events_partitions,
+    )
+    .await
 }
 
 #[cfg(test)]

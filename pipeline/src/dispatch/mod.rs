@@ -120,6 +120,9 @@ pub struct DispatchSettings {
     pub verification_retry: Duration,
     /// Where time comes from.
     pub clock: Clock,
+    /// The dispatcher of one partition of the deliveries topic claims only
+    /// that partition's deliveries ([`crate::routing`]); `None`: any.
+    pub scope: Option<crate::routing::Scope>,
 }
 
 impl Default for DispatchSettings {
@@ -142,6 +145,7 @@ impl Default for DispatchSettings {
             pause_recheck: Duration::from_secs(5),
             verification_retry: Duration::from_secs(60),
             clock: Clock::System,
+            scope: None,
         }
     }
 }
@@ -874,7 +878,12 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             } else {
                 None
             },
-            first_write: job.first_write(),
+            first_write: job.first_write().map(|mut w| {
+                if self.settings.scope.is_some() {
+                    w.holder = Some(self.settings.node_id.clone());
+                }
+                w
+            }),
         };
         if let Some(replay) = manual {
             // A failed replay leaves the automatic schedule as it is; a

@@ -136,10 +136,19 @@ pub async fn run<S: DispatchStore>(
                 .filter(|(_, until)| **until > now)
                 .map(|(id, _)| *id)
                 .collect();
-            match store
-                .claim_due(&settings.node_id, settings.sweep_batch, &excluded)
-                .await
-            {
+            let claimed = match &settings.scope {
+                Some(scope) => {
+                    store
+                        .claim_scoped(&settings.node_id, settings.sweep_batch, &excluded, scope)
+                        .await
+                }
+                None => {
+                    store
+                        .claim_due(&settings.node_id, settings.sweep_batch, &excluded)
+                        .await
+                }
+            };
+            match claimed {
                 Ok(jobs) => {
                     let full = jobs.len() >= settings.sweep_batch;
                     if !jobs.is_empty() {
@@ -159,10 +168,19 @@ pub async fn run<S: DispatchStore>(
                 }
             }
         }
-        match store
-            .claim_replays(&settings.node_id, 100, settings.lease)
-            .await
-        {
+        let replays = match &settings.scope {
+            Some(scope) => {
+                store
+                    .claim_replays_scoped(&settings.node_id, 100, settings.lease, scope)
+                    .await
+            }
+            None => {
+                store
+                    .claim_replays(&settings.node_id, 100, settings.lease)
+                    .await
+            }
+        };
+        match replays {
             Ok(jobs) if !jobs.is_empty() => {
                 tracing::debug!(count = jobs.len(), "claimed replay requests");
                 if out.send(Claimed::Replays(jobs)).await.is_err() {

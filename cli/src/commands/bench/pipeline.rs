@@ -191,6 +191,7 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
         let roles = Roles {
             capture: true,
             workers: None,
+            dispatch: None,
         };
         let running = crate::pipeline::start_roles(
             &cfg,
