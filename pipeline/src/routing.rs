@@ -39,6 +39,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -278,6 +279,8 @@ where
                 r
             }
         };
+        let taking = Mutex::new(Taking::Waiting(HashSet::new()));
+        let reading_stop = stop.child_token();
         let forwarding = async {
             let r = self
                 .forward(
@@ -286,19 +289,34 @@ where
                     started,
                     (&mut consumer, &fence),
                     &jobs,
-                    &stop,
+                    &taking,
+                    &reading_stop,
                     &dispatch_ended,
                 )
                 .await;
+            reading_stop.cancel();
+            r
+        };
+        let take = async {
+            let r = self
+                .take(&scope, &node, &jobs, &taking, &reading_stop)
+                .await;
+            if r.is_err() {
+                reading_stop.cancel();
+            }
+            r
+        };
+        let reading = async {
+            let (forwarded, taken) = tokio::join!(forwarding, take);
             // Dispatch drains what it was given (what it does not finish
             // stays in Postgres for the next holder).
             dispatch_stop.cancel();
-            r
+            forwarded.and(taken)
         };
-        let (forwarded, dispatched) = tokio::join!(forwarding, dispatching);
+        let (read, dispatched) = tokio::join!(reading, dispatching);
         tracing::info!(node = %node, partition, "the dispatcher of a deliveries partition stopped");
         dispatched?;
-        forwarded
+        read
     }
 
     /// Opens `partition` of the deliveries topic, committing through
@@ -315,44 +333,66 @@ where
         Ok(FencedConsumer::new(consumer, fence))
     }
 
-    /// Hands the planned deliveries of `scope` that have no row to
-    /// dispatch, adding their ids to `taken`; `false` when dispatch is gone
-    /// or `stop` came.
+    /// Takes the planned deliveries of `scope` that have no row, once no
+    /// earlier dispatcher of the partition may still send them (it stopped,
+    /// or its `[dispatch] lease` lapsed), and hands them to dispatch,
+    /// leaving out those the topic gave meanwhile. Ends when done or at
+    /// `stop`.
     async fn take(
         &self,
         scope: &Scope,
         node: &str,
         jobs: &mpsc::Sender<DeliveryJob>,
-        taken_ids: &mut HashSet<DeliveryId>,
+        taking: &Mutex<Taking>,
         stop: &CancellationToken,
-    ) -> Result<bool, BoxError> {
-        let Some(taken) = retry(stop, "take the partition's planned deliveries", || {
-            self.store.take_partition(node, scope)
-        })
-        .await?
-        else {
-            return Ok(false);
-        };
-        if !taken.is_empty() {
-            tracing::info!(
-                node,
-                partition = scope.partition,
-                count = taken.len(),
-                "took over planned deliveries of this partition that had no row yet"
-            );
-        }
-        for job in taken {
-            taken_ids.insert(job.delivery_id);
-            if jobs.send(job).await.is_err() {
-                return Ok(false);
+    ) -> Result<(), BoxError> {
+        loop {
+            let Some(found) = retry(stop, "take the partition's planned deliveries", || {
+                self.store.take_partition(node, scope)
+            })
+            .await?
+            else {
+                return Ok(());
+            };
+            let Some(found) = found else {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(TAKE_AGAIN) => continue,
+                }
+            };
+            let fresh: Vec<DeliveryJob> = {
+                let mut taking = taking.lock();
+                let Taking::Waiting(forwarded) = &*taking else {
+                    return Ok(());
+                };
+                let fresh: Vec<DeliveryJob> = found
+                    .into_iter()
+                    .filter(|j| !forwarded.contains(&j.delivery_id))
+                    .collect();
+                *taking = Taking::Taken(fresh.iter().map(|j| j.delivery_id).collect());
+                fresh
+            };
+            if !fresh.is_empty() {
+                tracing::info!(
+                    node,
+                    partition = scope.partition,
+                    count = fresh.len(),
+                    "took over planned deliveries of this partition that had no row yet"
+                );
             }
+            for job in fresh {
+                if jobs.send(job).await.is_err() {
+                    return Ok(());
+                }
+            }
+            return Ok(());
         }
-        Ok(true)
     }
 
-    /// Hands this partition's planned deliveries without a row to dispatch,
-    /// then the topic's jobs until `stop`, committing each batch once
-    /// handed over (the plans and rows in Postgres hold the truth).
+    /// Hands the topic's jobs to dispatch until `stop`, committing each
+    /// batch once handed over (the plans and rows in Postgres hold the
+    /// truth), leaving out the jobs of deliveries the take gave and those
+    /// whose delivery got its row meanwhile.
     #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
@@ -361,15 +401,10 @@ where
         started: Timestamp,
         (consumer, fence): (&mut FencedConsumer<L::Consumer<DeliveryJob>>, &Fence),
         jobs: &mpsc::Sender<DeliveryJob>,
+        taking: &Mutex<Taking>,
         stop: &CancellationToken,
         dispatch_ended: &CancellationToken,
     ) -> Result<(), BoxError> {
-        // What was taken from the plans is with dispatch already: its jobs
-        // in the topic (fan-out was sending them meanwhile) are left out.
-        let mut taken = HashSet::new();
-        if !self.take(scope, node, jobs, &mut taken, stop).await? {
-            return Ok(());
-        }
         let check_before = started.plus(CHECK_MARGIN);
         loop {
             let records = tokio::select! {
@@ -390,9 +425,13 @@ where
                             "the deliveries topic no longer has jobs this partition's dispatcher had not read \
                              (retention); taking their planned deliveries from the platform database instead"
                         );
-                        if !self.take(scope, node, jobs, &mut taken, stop).await? {
-                            return Ok(());
+                        {
+                            let mut taking = taking.lock();
+                            if let Taking::Taken(_) = &*taking {
+                                *taking = Taking::Waiting(HashSet::new());
+                            }
                         }
+                        self.take(scope, node, jobs, taking, stop).await?;
                         consumer.commit(Offset(found)).await?;
                         *consumer = self.open(scope.partition, fence.clone()).await?;
                         continue;
@@ -403,11 +442,20 @@ where
             let Some(last) = records.last().map(|r| r.offset) else {
                 continue;
             };
-            let mut batch: Vec<DeliveryJob> = records
-                .into_iter()
-                .map(|r| r.message)
-                .filter(|j| !taken.remove(&j.delivery_id))
-                .collect();
+            let mut batch: Vec<DeliveryJob> = {
+                let mut taking = taking.lock();
+                records
+                    .into_iter()
+                    .map(|r| r.message)
+                    .filter(|j| match &mut *taking {
+                        Taking::Waiting(forwarded) => {
+                            forwarded.insert(j.delivery_id);
+                            true
+                        }
+                        Taking::Taken(taken) => !taken.remove(&j.delivery_id),
+                    })
+                    .collect()
+            };
             // Jobs an earlier holder may have finished: those whose
             // deliveries have rows are left out.
             let older: Vec<DeliveryId> = batch
@@ -435,6 +483,17 @@ where
         }
     }
 }
+
+/// Where the take of a partition's planned deliveries stands.
+enum Taking {
+    /// Not yet: the jobs the topic gave meanwhile (left out of the take).
+    Waiting(HashSet<DeliveryId>),
+    /// Done: the deliveries it gave (their jobs in the topic are left out).
+    Taken(HashSet<DeliveryId>),
+}
+
+/// How often a take waiting for an earlier dispatcher is tried again.
+const TAKE_AGAIN: Duration = Duration::from_secs(2);
 
 /// Runs `op` until it succeeds, fails for good, or `stop` (`None`).
 async fn retry<T, F, Fut>(

@@ -308,13 +308,15 @@ pub trait DispatchStore: crate::incident::IncidentStore + Send + Sync + 'static 
     /// The deliveries of `scope` planned by fan-out under the topic's hold
     /// ([`crate::routing::TOPIC_HELD`]) that have no row yet, as jobs for
     /// `node`, marked `after_unknown` when the partition's latest earlier
-    /// dispatcher did not stop cleanly (it may have sent them). Nothing
-    /// changes: the plans stay as they are.
+    /// dispatcher did not stop cleanly (it may have sent them); `None`
+    /// while an earlier dispatcher of the partition neither stopped nor
+    /// lapsed (it may still send them). Nothing changes: the plans stay as
+    /// they are.
     fn take_partition(
         &self,
         node: &str,
         scope: &crate::routing::Scope,
-    ) -> impl Future<Output = Result<Vec<DeliveryJob>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<Vec<DeliveryJob>>, StoreError>> + Send {
         let _ = (node, scope);
         async {
             Err(StoreError::definite(

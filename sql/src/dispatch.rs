@@ -429,7 +429,9 @@ fn in_partition(endpoint: &str, delivery: &str, first: usize) -> String {
 }
 
 /// Deliveries of one partition held by any other node (an earlier holder
-/// of the partition): `$1` node, `$2` limit, `$3..$6` the partition.
+/// of the partition) that stopped cleanly or whose lease lapsed (it may
+/// still be sending until then: `[dispatch] lease` outlasts a request):
+/// `$1` node, `$2` limit, `$3..$6` the partition.
 static CLAIM_SCOPED_HELD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH due AS ( \
@@ -437,6 +439,7 @@ static CLAIM_SCOPED_HELD: std::sync::LazyLock<String> = std::sync::LazyLock::new
                    coalesce(n.stopped_at IS NULL, true) AS after_unknown \
             FROM walhook.pending p LEFT JOIN walhook.dispatch_nodes n ON n.node_id = p.lease_owner \
             WHERE p.lease_owner IS NOT NULL AND p.lease_owner <> $1 AND {} \
+              AND (n.node_id IS NULL OR n.stopped_at IS NOT NULL OR n.lease_until < now()) \
               AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests q \
                               WHERE q.delivery_id = p.delivery_id AND q.done_at IS NULL \
                                 AND q.claimed_until >= now()) \
@@ -1206,8 +1209,31 @@ impl DispatchStore for Platform {
         &self,
         node: &str,
         scope: &walhook_pipeline::routing::Scope,
-    ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
+    ) -> Result<Option<Vec<DeliveryJob>>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
+        let pattern = format!(
+            "%{}%",
+            walhook_pipeline::routing::node_suffix(scope.partition)
+        );
+        // An earlier holder's dispatcher that neither stopped nor lapsed
+        // may still send what it read: not yet.
+        let running: Vec<String> = client
+            .query(
+                "SELECT node_id FROM walhook.dispatch_nodes \
+                 WHERE node_id LIKE $1 AND node_id <> $2 AND stopped_at IS NULL AND lease_until >= now()",
+                &[&pattern, &node],
+            )
+            .await
+            .map_err(StoreError::query(
+                "look for earlier dispatchers of the partition",
+            ))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !running.is_empty() {
+            tracing::info!(partition = scope.partition, nodes = ?running, "the partition's planned deliveries wait until its earlier dispatcher stops or its lease lapses");
+            return Ok(None);
+        }
         let stmt = client
             .prepare_cached(&TAKE_PARTITION)
             .await
@@ -1215,10 +1241,6 @@ impl DispatchStore for Platform {
                 "prepare the take of a partition's planned deliveries",
             ))?;
         let part = PartitionParams::of(scope);
-        let pattern = format!(
-            "%{}%",
-            walhook_pipeline::routing::node_suffix(scope.partition)
-        );
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = part
             .params()
             .into_iter()
@@ -1231,7 +1253,9 @@ impl DispatchStore for Platform {
             .query(&stmt, &params)
             .await
             .map_err(StoreError::query("read the partition's planned deliveries"))?;
-        Ok(self.jobs_from_rows(&client, rows, false, false).await?)
+        Ok(Some(
+            self.jobs_from_rows(&client, rows, false, false).await?,
+        ))
     }
 
     async fn without_rows(

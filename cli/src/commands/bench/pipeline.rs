@@ -88,6 +88,12 @@ pub struct Args {
     /// this process). 0 runs every stage in this process.
     #[arg(long, default_value_t = 0)]
     pub members: u32,
+    /// With `--log fluvio`: `[log] dispatch = "by-endpoint"`, the jobs
+    /// through the deliveries topic (as many partitions as members, at
+    /// least 2) to `walhook dispatch` members (as many as fan-out members;
+    /// in this process without --members).
+    #[arg(long)]
+    pub by_endpoint: bool,
 }
 
 /// walhook as the benchmark runs it: in this process, or capture here and
@@ -172,11 +178,17 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
                  bin/fluvio (the Fluvio tools), or WALHOOK_FLUVIO_ENDPOINT to a running cluster"
             )
         })?;
-        let extra = format!(
+        let mut extra = format!(
             "{SETTINGS}\n[log]\nkind = \"fluvio\"\nendpoint = \"{}\"\ntopic_prefix = \"bench{:08x}-\"\n",
             cluster.endpoint(),
             std::process::id()
         );
+        if args.by_endpoint {
+            extra.push_str(&format!(
+                "dispatch = \"by-endpoint\"\ndeliveries_partitions = {}\n",
+                args.members.max(2)
+            ));
+        }
         let cfg = world.config("", &extra)?;
         if args.members == 0 {
             let running =
@@ -206,15 +218,19 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
         std::fs::write(&path, world.config_text("", &extra))?;
         let exe = std::env::current_exe()?;
         let mut members = Vec::new();
-        for _ in 0..args.members {
+        let mut stages = vec!["fanout"; args.members as usize];
+        if args.by_endpoint {
+            stages.extend(vec!["dispatch"; args.members as usize]);
+        }
+        for stage in stages {
             members.push(
                 std::process::Command::new(&exe)
-                    .args(["fanout", "--config"])
+                    .args([stage, "--config"])
                     .arg(&path)
                     .env("WALHOOK_MASTER_KEY", &world.master_key)
                     .env("WALHOOK_LOG", "warn")
                     .spawn()
-                    .context("cannot start a walhook fanout member")?,
+                    .with_context(|| format!("cannot start a walhook {stage} member"))?,
             );
         }
         return Ok((
@@ -277,6 +293,11 @@ async fn warm_up(world: &World, deployment: &Deployment, endpoints: u64) -> anyh
 pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.find_rate {
         args.rate = find_rate(&args).await?;
+    }
+    if args.by_endpoint && args.log != "fluvio" {
+        anyhow::bail!(
+            "--by-endpoint sends the jobs through a deliveries topic on a shared log: add --log fluvio"
+        );
     }
     if args.members > 0 && args.log != "fluvio" {
         anyhow::bail!(
@@ -423,6 +444,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "scenario": "pipeline",
         "log": args.log,
         "fanout_member_processes": args.members,
+        "dispatch": if args.by_endpoint { "by-endpoint" } else { "with-fanout" },
         "target_events_per_second": args.rate,
         "rate_found_by_search": found,
         "endpoints_per_event": args.endpoints,
