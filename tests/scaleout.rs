@@ -80,29 +80,15 @@ async fn assert_delivered_once(
     what: &str,
     orders: i64,
 ) -> usize {
-    let expected: HashSet<(String, String)> = (1..=orders)
-        .flat_map(|id| ["acme-a", "acme-b"].map(|p| (p.to_owned(), id.to_string())))
-        .collect();
-    let order_of = |r: &Received| -> String {
-        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        body["object_id"].as_str().unwrap_or_default().to_owned()
-    };
-    let all_there = |got: &[Received]| {
-        let seen: HashSet<(String, String)> = got
-            .iter()
-            .filter(|r| (200..300).contains(&r.status))
-            .map(|r| (r.path.clone(), order_of(r)))
-            .collect();
-        expected.is_subset(&seen)
-    };
-    assert!(
-        w.receiver
-            .wait_until(Duration::from_secs(90), all_there)
-            .await,
-        "{what}: deliveries lost: {}\nthe cluster:\n{}",
-        w.state().await,
-        cluster.describe()
-    );
+    wait_every_order(
+        w,
+        cluster,
+        what,
+        &["acme-a", "acme-b"],
+        orders,
+        Duration::from_secs(90),
+    )
+    .await;
     let want = orders * 2;
     w.wait_count(
         &format!("{what}: the deliveries' rows"),
@@ -174,10 +160,53 @@ async fn assert_delivered_once(
             shown.join("\n")
         );
     }
-    let mut first: HashMap<String, &Received> = HashMap::new();
+    let (ids, again) = resends_identical(w, what);
+    assert_eq!(ids as i64, want, "{what}: {ids} webhook-ids");
+    w.assert_pending_consistent().await;
+    w.assert_plans_written().await;
+    again
+}
+
+/// Waits until every order of `1..=orders` reached every one of `paths`
+/// with a 2xx; panics after `within`, naming `what`.
+async fn wait_every_order(
+    w: &World,
+    cluster: &FluvioCluster,
+    what: &str,
+    paths: &[&str],
+    orders: i64,
+    within: Duration,
+) {
+    let expected: HashSet<(String, String)> = (1..=orders)
+        .flat_map(|id| paths.iter().map(move |p| ((*p).to_owned(), id.to_string())))
+        .collect();
+    let order_of = |r: &Received| -> String {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        body["object_id"].as_str().unwrap_or_default().to_owned()
+    };
+    let all_there = |got: &[Received]| {
+        let seen: HashSet<(String, String)> = got
+            .iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .map(|r| (r.path.clone(), order_of(r)))
+            .collect();
+        expected.is_subset(&seen)
+    };
+    assert!(
+        w.receiver.wait_until(within, all_there).await,
+        "{what}: deliveries lost: {}\nthe cluster:\n{}",
+        w.state().await,
+        cluster.describe()
+    );
+}
+
+/// Every request's signature verifies and every resend repeats the first
+/// request of its `webhook-id` byte for byte; returns how many ids and how
+/// many resends.
+fn resends_identical(w: &World, what: &str) -> (usize, usize) {
+    let mut first: HashMap<String, Received> = HashMap::new();
     let mut again = 0;
-    let got = w.receiver.received();
-    for r in &got {
+    for r in w.receiver.received() {
         assert_eq!(r.verified, Some(true), "{what}: {r:?}");
         match first.get(&r.webhook_id) {
             Some(earlier) => {
@@ -190,15 +219,7 @@ async fn assert_delivered_once(
             }
         }
     }
-    assert_eq!(
-        first.len() as i64,
-        want,
-        "{what}: {} webhook-ids",
-        first.len()
-    );
-    w.assert_pending_consistent().await;
-    w.assert_plans_written().await;
-    again
+    (first.len(), again)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1377,30 +1398,16 @@ async fn dispatch_members_by_endpoint_hold_each_endpoints_in_flight_cap_across_m
     };
     victim.kill();
     insert_orders(&w, 21..=orders).await;
-    let all_paths: Vec<String> = paths.iter().cloned().chain(["flaky".into()]).collect();
-    let expected: HashSet<(String, String)> = (1..=orders)
-        .flat_map(|id| all_paths.iter().map(move |p| (p.clone(), id.to_string())))
-        .collect();
-    let order_of = |r: &Received| -> String {
-        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        body["object_id"].as_str().unwrap_or_default().to_owned()
-    };
-    let all_there = |got: &[Received]| {
-        let seen: HashSet<(String, String)> = got
-            .iter()
-            .filter(|r| (200..300).contains(&r.status))
-            .map(|r| (r.path.clone(), order_of(r)))
-            .collect();
-        expected.is_subset(&seen)
-    };
-    assert!(
-        w.receiver
-            .wait_until(lease * 2 + Duration::from_secs(90), all_there)
-            .await,
-        "deliveries lost after a dispatch member's SIGKILL: {}\nthe cluster:\n{}",
-        w.state().await,
-        cluster.describe()
-    );
+    let all_paths: Vec<&str> = paths.iter().map(String::as_str).chain(["flaky"]).collect();
+    wait_every_order(
+        &w,
+        &cluster,
+        "after a dispatch member's SIGKILL",
+        &all_paths,
+        orders,
+        lease * 2 + Duration::from_secs(90),
+    )
+    .await;
     let survivor = dispatch_holdings(&w).await;
     assert!(
         survivor.len() == 2 && survivor[0].1 == survivor[1].1,
@@ -1450,17 +1457,8 @@ async fn dispatch_members_by_endpoint_hold_each_endpoints_in_flight_cap_across_m
         "a dispatcher node per partition and holding (two, then the survivor's take-over): {nodes}"
     );
     // Every webhook-id once or resent with the same bytes; signatures hold.
-    let mut first: HashMap<String, Received> = HashMap::new();
-    for r in w.receiver.received() {
-        assert_eq!(r.verified, Some(true), "{r:?}");
-        match first.get(&r.webhook_id) {
-            Some(earlier) => assert_eq!(earlier.body, r.body, "a resend changed the bytes"),
-            None => {
-                first.insert(r.webhook_id.clone(), r);
-            }
-        }
-    }
-    assert_eq!(first.len() as i64, want);
+    let (ids, _) = resends_identical(&w, "dispatch by endpoint");
+    assert_eq!(ids as i64, want);
     w.assert_pending_consistent().await;
     w.assert_plans_written().await;
     assert!(

@@ -903,7 +903,11 @@ async fn open_stream(
 /// Offsets of a partition follow one another; a record past the one
 /// expected (the group's next, then the one after the last read) means
 /// the records between are gone (retention removed them): the reader hands
-/// on [`LogError::Gap`] and stops, never skipping them.
+/// on [`LogError::Gap`] and stops, never skipping them. The client itself
+/// may pass over the rest of a batch that a fetch response cut off (seen
+/// under load with large records; Fluvio fixed it in a later client), so a
+/// jump is first read again from the expected offset on a new stream; only
+/// a jump that repeats there is a gap.
 async fn read<M: Message>(
     inner: Arc<Inner>,
     config: ConsumerConfigExt,
@@ -912,10 +916,23 @@ async fn read<M: Message>(
     (place, mut next): (Place, Option<i64>),
 ) {
     let what = place.to_string();
+    // The offset a jump was last read again from.
+    let mut reread: Option<i64> = None;
     loop {
         let error = match stream.next().await {
             Some(Ok(r)) => {
                 inner.health.op(Ok(()));
+                if let Some(want) = next
+                    && r.offset > want
+                    && reread != Some(want)
+                {
+                    tracing::warn!(partition = %what, expected = want, found = r.offset, "the Fluvio stream passed over records; reading them again from the expected offset");
+                    reread = Some(want);
+                    if !reopen(&inner, &config, &mut client, &mut stream, &what, want, &out).await {
+                        return;
+                    }
+                    continue;
+                }
                 if let Some(want) = next
                     && r.offset > want
                 {
@@ -931,6 +948,7 @@ async fn read<M: Message>(
                     return;
                 }
                 next = Some(r.offset + 1);
+                reread = None;
                 let record = u64::try_from(r.offset).map_err(backend).and_then(|offset| {
                     Ok(Record {
                         offset: Offset(offset),
@@ -970,6 +988,38 @@ async fn read<M: Message>(
                 let _ = out.send(Err(e)).await;
                 return;
             }
+        }
+    }
+}
+
+/// Replaces `stream` with one that starts at `at` (on the same
+/// connection); `false` after handing a failure on to `out` (the reader
+/// then ends).
+async fn reopen<M: Message>(
+    inner: &Arc<Inner>,
+    config: &ConsumerConfigExt,
+    client: &mut Arc<Fluvio>,
+    stream: &mut Records,
+    what: &str,
+    at: i64,
+    out: &mpsc::Sender<Result<Record<M>, LogError>>,
+) -> bool {
+    let mut config = config.clone();
+    let opened = match FluvioOffset::absolute(at) {
+        Ok(offset) => {
+            config.offset_start = offset;
+            open_stream(inner, &config, client.clone(), what, None).await
+        }
+        Err(e) => Err(backend(e)),
+    };
+    match opened {
+        Ok(opened) => {
+            (*client, *stream) = opened;
+            true
+        }
+        Err(e) => {
+            let _ = out.send(Err(e)).await;
+            false
         }
     }
 }
