@@ -631,6 +631,13 @@ fn pending(
             crate::window::rfc3339(due_at),
             ctx.grace.as_secs(),
             match &d.lease_owner {
+                Some(owner) if owner == walhook_pipeline::routing::TOPIC_HELD => {
+                    "its job waits in the deliveries topic and no dispatch member sent it: check that \
+                     `walhook dispatch` members run and hold every deliveries partition \
+                     (walhook_member_partitions of group <prefix>deliveries/dispatch) and the topic's \
+                     walhook_log_consumer_lag"
+                        .to_string()
+                }
                 Some(owner) => format!("its holder {owner:?} is no longer alive"),
                 None => "no dispatcher holds it".to_string(),
             }

@@ -204,7 +204,10 @@ async fn requeue(
         .transaction()
         .await
         .map_err(ReconcileError::query("begin the re-enqueue"))?;
-    // A holder that is alive again keeps what it holds.
+    // A holder that is alive again keeps what it holds. Plans held by the
+    // deliveries topic stay with it: only the dispatcher of their
+    // partition may send them, and it takes them when it takes the
+    // partition (the finding says what to check).
     let requeued = tx
         .query(
             "INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
@@ -235,10 +238,10 @@ async fn requeue(
     let freed = tx
         .query(
             "UPDATE walhook.fanouts f SET lease_owner = NULL \
-             WHERE f.event_id = ANY($1) AND (f.lease_owner IS NULL OR NOT EXISTS ( \
+             WHERE f.event_id = ANY($1) AND f.lease_owner IS DISTINCT FROM $2 AND (f.lease_owner IS NULL OR NOT EXISTS ( \
                  SELECT 1 FROM walhook.dispatch_nodes n WHERE n.node_id = f.lease_owner AND n.lease_until >= now())) \
              RETURNING event_id",
-            &[&plans],
+            &[&plans, &walhook_pipeline::routing::TOPIC_HELD],
         )
         .await
         .map_err(ReconcileError::query("release overdue plans"))?;
