@@ -338,6 +338,10 @@ impl Inner {
 /// How long the leader may take to store a produced batch on its replicas.
 const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a receipt waits for a record's answer before the producer is
+/// given up (longer than [`PRODUCE_TIMEOUT`] plus a batch's linger).
+const RECEIPT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The segment size of a topic created without one (Fluvio's
 /// `SPU_LOG_SEGMENT_MAX_BYTES`, 1 GiB).
 const FLUVIO_DEFAULT_SEGMENT_SIZE: u32 = 1 << 30;
@@ -547,13 +551,24 @@ impl<M: Message> Producer<M> for FluvioProducer<M> {
         let (inner, slot, topic) = (self.inner.clone(), self.slot.clone(), self.topic.clone());
         Ok(Receipt::new(async move {
             for output in outputs {
-                if let Err(e) = output.wait().await {
-                    let error = format!("{e:#}");
-                    tracing::warn!(%topic, %error, "a Fluvio producer's records were not stored; the next send makes a new producer");
-                    inner.health.op(Err(&error));
-                    discard(&slot, &pooled);
-                    return Err(backend(e));
-                }
+                // A produce request in flight when its SPU died is answered
+                // only by the client's 60 s request timeout: a waiter
+                // (fan-out storing jobs before its offset moves) would
+                // stall that long. Past the leader's own time to store a
+                // batch, the producer is given up and the records are sent
+                // again (at least once) by a new one.
+                let error = match tokio::time::timeout(RECEIPT_TIMEOUT, output.wait()).await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(_) => format!(
+                        "no answer within {} s (the partition's leader may have died)",
+                        RECEIPT_TIMEOUT.as_secs()
+                    ),
+                };
+                tracing::warn!(%topic, %error, "a Fluvio producer's records were not stored; the next send makes a new producer");
+                inner.health.op(Err(&error));
+                discard(&slot, &pooled);
+                return Err(broken(error));
             }
             inner.health.op(Ok(()));
             Ok(())

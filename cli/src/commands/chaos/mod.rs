@@ -141,6 +141,17 @@ pub struct Args {
     /// With --log fluvio: how many fan-out members run.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub members: u32,
+    /// With --log fluvio: `[log] dispatch = "by-endpoint"`: the fan-out
+    /// members only fan out, and as many `walhook dispatch` members read
+    /// the deliveries topic (that many partitions, at least 2); dispatch's
+    /// failpoints and member-freeze then hit the dispatch members, fan-out's
+    /// the fan-out members.
+    #[arg(long)]
+    pub by_endpoint: bool,
+    /// Keep walhook's log (its processes' stderr) even when every round was
+    /// clean; a run that is not clean always keeps it.
+    #[arg(long)]
+    pub keep_log: bool,
     /// Business writes per round.
     #[arg(long, default_value_t = 200)]
     pub writes: u32,
@@ -405,13 +416,16 @@ impl World {
     /// Sets the world up; each tenant gets `all_per_tenant` endpoints for
     /// every type and one for `order.paid` only.
     async fn start(all_per_tenant: usize) -> anyhow::Result<World> {
-        World::start_on(all_per_tenant, None).await
+        World::start_on(all_per_tenant, None, None).await
     }
 
-    /// [`World::start`], with the stages on `cluster` when given.
+    /// [`World::start`], with the stages on `cluster` when given (and
+    /// `[log] dispatch = "by-endpoint"` over `by_endpoint` deliveries
+    /// partitions when given).
     async fn start_on(
         all_per_tenant: usize,
         cluster: Option<FluvioCluster>,
+        by_endpoint: Option<u32>,
     ) -> anyhow::Result<World> {
         let dir = tempfile::tempdir()?;
         let pg = LocalPostgres::start()
@@ -529,9 +543,12 @@ master_key_file = {key:?}
                     Some(c) => format!(
                         // The cluster is the run's own: one set of topics.
                         "[log]\nkind = \"fluvio\"\nendpoint = \"{}\"\nevents_partitions = 4\n\
-                         topic_prefix = \"chaos-\"\nmember_lease = \"{}s\"\n",
+                         topic_prefix = \"chaos-\"\nmember_lease = \"{}s\"\n{}",
                         c.endpoint(),
-                        MEMBER_LEASE.as_secs()
+                        MEMBER_LEASE.as_secs(),
+                        by_endpoint.map_or(String::new(), |n| format!(
+                            "dispatch = \"by-endpoint\"\ndeliveries_partitions = {n}\n"
+                        ))
                     ),
                 }
             ),
@@ -566,6 +583,37 @@ master_key_file = {key:?}
             );
         }
         Ok(())
+    }
+
+    /// Waits until the process `pid` holds a partition of its group (a
+    /// member restarted with a failpoint joins again, and takes a share
+    /// only once the others gave it up: a round written before then would
+    /// never reach its failpoint).
+    async fn wait_holding(&self, pid: u32) -> anyhow::Result<()> {
+        let sql = connect_retrying(&self.platform_url, Duration::from_secs(30)).await?;
+        let holder = format!("% pid {pid}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let held: i64 = sql
+                .query_one(
+                    "SELECT count(*) FROM walhook.stage_partitions p \
+                     JOIN walhook.stage_members m ON m.grp = p.grp AND m.slot = p.slot AND m.epoch = p.epoch \
+                     WHERE m.holder LIKE $1 AND m.lease_until > now()",
+                    &[&holder],
+                )
+                .await?
+                .get(0);
+            if held > 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "the restarted member (pid {pid}) took no partition within 60 s; its log: {}",
+                    self.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Keeps the temporary directory (walhook's log) and says where.
@@ -649,6 +697,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         return soak::run(&args, length).await;
     }
     let fluvio = args.log == "fluvio";
+    if args.by_endpoint && !fluvio {
+        anyhow::bail!(
+            "--by-endpoint puts a deliveries topic between fan-out and dispatch members on Fluvio: add --log fluvio"
+        );
+    }
     let faults = chosen_faults(&args.faults, &faults_of(fluvio), fluvio)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -673,19 +726,29 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         };
         println!(
-            "  on a Fluvio cluster at {}: walhook capture and {} fan-out members",
+            "  on a Fluvio cluster at {}: walhook capture and {} fan-out members{}",
             cluster.endpoint(),
-            args.members
+            args.members,
+            if args.by_endpoint {
+                format!(
+                    ", {} dispatch members over a deliveries topic keyed by endpoint",
+                    args.members
+                )
+            } else {
+                String::new()
+            }
         );
         Some(cluster)
     } else {
         None
     };
-    let mut world = World::start_on(1, cluster).await?;
+    let dispatchers = if args.by_endpoint { args.members } else { 0 };
+    let mut world =
+        World::start_on(1, cluster, args.by_endpoint.then_some(args.members.max(2))).await?;
     let mut stages = stages::Stages::start(
         world.cfg.clone(),
         world.log.clone(),
-        fluvio.then_some(args.members),
+        fluvio.then_some((args.members, dispatchers)),
     )?;
     world.wait_streaming().await?;
 
@@ -718,6 +781,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             stages.restart(target, Some(&injected))?;
             if fluvio {
                 injected = format!("{injected} in {}", stages.name(target));
+                if stages.joins(target) {
+                    world.wait_holding(stages.pid(target)).await?;
+                }
             }
         }
         let kill_at = rng.below(u64::from(args.writes).max(1)) as u32;
@@ -934,7 +1000,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    if !report.clean {
+    if !report.clean || args.keep_log {
         world.keep_log();
     }
     Ok(if report.clean {

@@ -1,6 +1,8 @@
 //! The walhook processes of a chaos run: one `walhook run` on the embedded
 //! log, or `walhook capture` and fan-out members (`walhook fanout`, joined
-//! to their group) on a Fluvio cluster. Whichever dies is started again.
+//! to their group) on a Fluvio cluster, with dispatch members (`walhook
+//! dispatch`) when dispatch goes by endpoint. Whichever dies is started
+//! again.
 
 use std::path::PathBuf;
 
@@ -13,8 +15,12 @@ pub(super) enum Role {
     Run,
     /// `walhook capture`.
     Capture,
-    /// `walhook fanout`: fan-out and dispatch of its share.
+    /// `walhook fanout`: fan-out and dispatch of its share (fan-out alone
+    /// when dispatch members run).
     Member,
+    /// `walhook dispatch` with `[log] dispatch = "by-endpoint"`: the
+    /// dispatchers of its share of the deliveries partitions.
+    Dispatcher,
 }
 
 impl Role {
@@ -23,6 +29,7 @@ impl Role {
             Role::Run => &["run"],
             Role::Capture => &["capture"],
             Role::Member => &["fanout"],
+            Role::Dispatcher => &["dispatch"],
         }
     }
 }
@@ -35,12 +42,18 @@ pub(super) struct Stages {
 }
 
 impl Stages {
-    /// Starts `walhook run`, or capture and `members` fan-out members.
-    pub(super) fn start(cfg: PathBuf, log: PathBuf, members: Option<u32>) -> anyhow::Result<Self> {
+    /// Starts `walhook run`, or capture, fan-out members and dispatch
+    /// members (`(members, dispatchers)`).
+    pub(super) fn start(
+        cfg: PathBuf,
+        log: PathBuf,
+        members: Option<(u32, u32)>,
+    ) -> anyhow::Result<Self> {
         let roles: Vec<Role> = match members {
             None => vec![Role::Run],
-            Some(n) => std::iter::once(Role::Capture)
+            Some((n, d)) => std::iter::once(Role::Capture)
                 .chain((0..n).map(|_| Role::Member))
+                .chain((0..d).map(|_| Role::Dispatcher))
                 .collect(),
         };
         let mut procs = Vec::new();
@@ -53,6 +66,7 @@ impl Stages {
     /// The process a fault aims at: capture's failpoints at capture,
     /// fan-out's and dispatch's at a member, anything else at any process.
     pub(super) fn target(&self, fault: &str, rng: &mut Rng) -> usize {
+        let dispatchers = self.procs.iter().any(|(r, _)| *r == Role::Dispatcher);
         let fits = |role: Role| match role {
             Role::Run => true,
             Role::Capture => {
@@ -60,7 +74,10 @@ impl Stages {
                     || fault.starts_with("dispatch.")
                     || fault == "member-freeze")
             }
-            Role::Member => !fault.starts_with("capture."),
+            Role::Member => {
+                !(fault.starts_with("capture.") || dispatchers && fault.starts_with("dispatch."))
+            }
+            Role::Dispatcher => !(fault.starts_with("capture.") || fault.starts_with("fanout.")),
         };
         let candidates: Vec<usize> = (0..self.procs.len())
             .filter(|&i| fits(self.procs[i].0))
@@ -75,6 +92,7 @@ impl Stages {
             Role::Run => "walhook run",
             Role::Capture => "walhook capture",
             Role::Member => "a fan-out member",
+            Role::Dispatcher => "a dispatch member",
         };
         format!("{what} (pid {})", walhook.pid())
     }
@@ -90,6 +108,11 @@ impl Stages {
     /// SIGKILL of process `i` (started again by [`Self::restart_dead`]).
     pub(super) fn kill(&mut self, i: usize) {
         self.procs[i].1.kill();
+    }
+
+    /// Whether process `i` joins a group (a fan-out or dispatch member).
+    pub(super) fn joins(&self, i: usize) -> bool {
+        matches!(self.procs[i].0, Role::Member | Role::Dispatcher)
     }
 
     /// The pid of process `i`.
