@@ -210,6 +210,27 @@ impl World {
         types: &[&str],
         tweak: impl FnOnce(&mut NewEndpoint),
     ) -> EndpointId {
+        let (id, secret) = self
+            .create_endpoint(tenant, &self.receiver.url(path), types, tweak)
+            .await;
+        self.receiver.set_secrets(path, vec![secret.expose_text()]);
+        id
+    }
+
+    /// Registers an endpoint of `tenant` at any `url` (no signature
+    /// checks); returns its id.
+    pub async fn endpoint_at(&self, tenant: &str, url: &str, types: &[&str]) -> EndpointId {
+        self.create_endpoint(tenant, url, types, |_| {}).await.0
+    }
+
+    /// Creates `tenant` (if new) and an endpoint of it at `url`.
+    async fn create_endpoint(
+        &self,
+        tenant: &str,
+        url: &str,
+        types: &[&str],
+        tweak: impl FnOnce(&mut NewEndpoint),
+    ) -> (EndpointId, walhook_pipeline::signing::SigningSecret) {
         let tenant_id = TenantId::new(tenant).unwrap();
         self.platform
             .create_tenant(&tenant_id, tenant)
@@ -217,7 +238,7 @@ impl World {
             .unwrap();
         let mut endpoint = NewEndpoint {
             tenant_id,
-            url: self.receiver.url(path),
+            url: url.to_owned(),
             event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
             description: String::new(),
             rate_limit_per_sec: None,
@@ -228,42 +249,10 @@ impl World {
             verify: false,
         };
         tweak(&mut endpoint);
-        let (id, secret) = self
-            .platform
+        self.platform
             .create_endpoint(&endpoint, "test")
             .await
-            .unwrap();
-        self.receiver.set_secrets(path, vec![secret.expose_text()]);
-        id
-    }
-
-    /// Registers an endpoint of `tenant` at any `url` (no signature
-    /// checks); returns its id.
-    pub async fn endpoint_at(&self, tenant: &str, url: &str, types: &[&str]) -> EndpointId {
-        let tenant_id = TenantId::new(tenant).unwrap();
-        self.platform
-            .create_tenant(&tenant_id, tenant)
-            .await
-            .unwrap();
-        self.platform
-            .create_endpoint(
-                &NewEndpoint {
-                    tenant_id,
-                    url: url.to_owned(),
-                    event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
-                    description: String::new(),
-                    rate_limit_per_sec: None,
-                    max_in_flight: None,
-                    enabled: true,
-                    retry: Default::default(),
-                    ordering: Default::default(),
-                    verify: false,
-                },
-                "test",
-            )
-            .await
             .unwrap()
-            .0
     }
 
     /// The business database's URL.
