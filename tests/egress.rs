@@ -12,10 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use walhook_devkit::receiver::{Behaviour, Received};
-use walhook_pipeline::event::EventType;
-use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::ids::EndpointId;
 use walhook_pipeline::signing::{SigningSecret, sign_one};
-use walhook_sql::endpoints::NewEndpoint;
 
 use crate::support::{Child, World, python, run, stdout, walhook, write_master_key};
 
@@ -163,27 +161,9 @@ fn verify_with_official_libraries(cases: &[Case]) -> serde_json::Value {
 // ---------------------------------------------------------------------------
 
 async fn endpoint_with_secret(w: &World, path: &str, types: &[&str]) -> (EndpointId, String) {
-    let tenant = TenantId::new("acme").unwrap();
-    w.platform.create_tenant(&tenant, "Acme").await.unwrap();
     let (id, secret) = w
-        .platform
-        .create_endpoint(
-            &NewEndpoint {
-                tenant_id: tenant,
-                url: w.receiver.url(path),
-                event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
-                description: String::new(),
-                rate_limit_per_sec: None,
-                max_in_flight: None,
-                enabled: true,
-                retry: Default::default(),
-                ordering: Default::default(),
-                verify: false,
-            },
-            "test",
-        )
-        .await
-        .unwrap();
+        .create_endpoint("acme", &w.receiver.url(path), types, |_| {})
+        .await;
     w.receiver.set_secrets(path, vec![secret.expose_text()]);
     (id, secret.expose_text())
 }

@@ -3,7 +3,7 @@
 //! and around a broker crash. Skipped, saying why, where no cluster can be
 //! had (`scripts/test.sh` makes that a failure on machines with the tools).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use walhook_devkit::fluvio::{ClusterTls, FluvioCluster};
@@ -873,11 +873,16 @@ async fn a_member_down_past_retention_stops_at_the_gap_and_reconcile_shows_it() 
 
 /// Waits until every follower has caught up with its leader; a follower
 /// that lags without moving for 20 s gets its copy dropped (see the
-/// failover test). Gives up after two minutes (the test's own checks then
-/// say what is missing).
+/// failover test). When the same followers are stuck again after that, the
+/// partition's leader is restarted: on a loaded machine (CI) a follower
+/// copied afresh was seen to stop at the first record the new leader
+/// wrote, again and again, with the leader's high watermark held there,
+/// and only new connections to the leader moved it. Gives up after two
+/// minutes (the test's own checks then say what is missing).
 async fn heal_stuck_followers(cluster: &FluvioCluster) {
     let started = std::time::Instant::now();
     let mut stuck_since: Option<(Vec<(String, u32)>, std::time::Instant)> = None;
+    let mut dropped: Option<Vec<(String, u32)>> = None;
     let mut caught_up = 0;
     while started.elapsed() < Duration::from_secs(120) {
         let lagging = cluster.lagging_replicas();
@@ -892,12 +897,28 @@ async fn heal_stuck_followers(cluster: &FluvioCluster) {
             match &stuck_since {
                 Some((same, since)) if *same == lagging => {
                     if since.elapsed() > Duration::from_secs(20) {
-                        eprintln!(
-                            "Fluvio left followers behind for 20 s: {lagging:?}; dropping their copies\n{}",
-                            cluster.describe()
-                        );
-                        for (partition, spu) in &lagging {
-                            cluster.reset_replica(*spu, partition);
+                        if dropped.as_ref() == Some(&lagging) {
+                            let leaders: BTreeSet<u32> = lagging
+                                .iter()
+                                .filter_map(|(partition, _)| cluster.leader_of_named(partition))
+                                .collect();
+                            eprintln!(
+                                "Fluvio left the same followers behind after their copies were dropped: {lagging:?}; restarting their leaders {leaders:?}\n{}",
+                                cluster.describe()
+                            );
+                            for leader in leaders {
+                                cluster.restart_spu_id(leader);
+                            }
+                            dropped = None;
+                        } else {
+                            eprintln!(
+                                "Fluvio left followers behind for 20 s: {lagging:?}; dropping their copies\n{}",
+                                cluster.describe()
+                            );
+                            for (partition, spu) in &lagging {
+                                cluster.reset_replica(*spu, partition);
+                            }
+                            dropped = Some(lagging.clone());
                         }
                         stuck_since = None;
                     }

@@ -566,13 +566,19 @@ async fn start_on<L: Log + Closable>(
         supervisor.spawn("the Fluvio cluster watch", watch);
     }
 
-    let workers = match roles.workers {
-        Some(role) => {
+    // Told about every attempt, and the requests' way out: shared by the
+    // workers and the dispatch member.
+    let observer = metrics
+        .as_ref()
+        .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
+    let egress = match (&roles.workers, &roles.dispatch) {
+        (None, None) => None,
+        _ => Some(Arc::new(HttpEgress::new(cfg.egress.clone())?)),
+    };
+    let workers = match (roles.workers, egress.clone()) {
+        (Some(role), Some(egress)) => {
             let mut dispatch = dispatch_settings(cfg);
             dispatch.node_id = role.node_id.clone();
-            let observer = metrics
-                .as_ref()
-                .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
             let settings = WorkerSettings {
                 events_topic: cfg.log.events_topic(),
                 share: role.share,
@@ -587,14 +593,13 @@ async fn start_on<L: Log + Closable>(
                     route: None,
                 },
                 dispatch,
-                observer,
+                observer: observer.clone(),
                 route: role.route,
             };
             let worker_counters = WorkerCounters {
                 fanout: counters.fanout.clone(),
                 dispatch: counters.dispatch.clone(),
             };
-            let egress = Arc::new(HttpEgress::new(cfg.egress.clone())?);
             // Boxed: the start's future is large, and nesting it in the
             // select below inline overflows the compiler's layout queries.
             let starting = Box::pin(Workers::start(
@@ -618,23 +623,20 @@ async fn start_on<L: Log + Closable>(
                 }
             }
         }
-        None => None,
+        _ => None,
     };
 
     // The dispatch member: a dispatcher per deliveries partition it holds.
-    let dispatch_members = match roles.dispatch {
-        Some(role) => {
+    let dispatch_members = match (roles.dispatch, egress) {
+        (Some(role), Some(egress)) => {
             let mut settings = dispatch_settings(cfg);
             settings.node_id = role.node_id.clone();
-            let observer = metrics
-                .as_ref()
-                .map(|m| Arc::new(MetricsObserver::new(m.clone())) as Arc<dyn AttemptObserver>);
             let topic = cfg.log.deliveries_topic();
             let partitions = log.partitions(&topic)?;
             let reader = walhook_pipeline::routing::PartitionDispatch {
                 log: log.clone(),
                 topic: topic.clone(),
-                egress: Arc::new(HttpEgress::new(cfg.egress.clone())?),
+                egress,
                 store: platform.clone(),
                 directory: directory.clone(),
                 settings,
@@ -663,7 +665,7 @@ async fn start_on<L: Log + Closable>(
             );
             Some((stop, task))
         }
-        None => None,
+        _ => None,
     };
 
     // Capture, restarted after transient errors.

@@ -439,10 +439,15 @@ impl FluvioCluster {
 
     /// The SPU that leads `topic`'s `partition`, as the SC reports it.
     pub fn leader_of(&self, topic: &str, partition: u32) -> Option<u32> {
-        let name = format!("{topic}-{partition}");
+        self.leader_of_named(&format!("{topic}-{partition}"))
+    }
+
+    /// The SPU leading the partition named `name` (`<topic>-<partition>`,
+    /// as [`FluvioCluster::lagging_replicas`] names it).
+    pub fn leader_of_named(&self, name: &str) -> Option<u32> {
         self.partitions()
             .iter()
-            .find(|p| p["name"] == name.as_str())
+            .find(|p| p["name"] == name)
             .and_then(|p| p["status"]["leader"]["spu"].as_u64())
             .and_then(|id| u32::try_from(id).ok())
     }

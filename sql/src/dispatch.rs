@@ -523,13 +523,50 @@ impl PartitionParams {
         }
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
-        [
+    /// A scoped statement's parameters: `before`, the partition's four,
+    /// then `after`.
+    fn around<'a>(&'a self, before: &[Param<'a>], after: &[Param<'a>]) -> Vec<Param<'a>> {
+        let own: [Param<'a>; 4] = [
             &self.partition,
             &self.partitions,
             &self.endpoints,
             &self.shards,
-        ]
+        ];
+        before
+            .iter()
+            .copied()
+            .chain(own)
+            .chain(after.iter().copied())
+            .collect()
+    }
+}
+
+/// A statement parameter.
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+impl Platform {
+    /// Runs `sql` (prepared once per connection) and reads its rows as
+    /// jobs ([`Platform::jobs_from_rows`]); `what` names it in errors.
+    #[allow(clippy::too_many_arguments)]
+    async fn claimed(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[Param<'_>],
+        what: &'static str,
+        replays: bool,
+        materialized: bool,
+    ) -> Result<Vec<DeliveryJob>, StoreError> {
+        let stmt = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
+        let rows = client
+            .query(&stmt, params)
+            .await
+            .map_err(StoreError::query(what))?;
+        self.jobs_from_rows(client, rows, replays, materialized)
+            .await
     }
 }
 
@@ -1118,57 +1155,39 @@ impl DispatchStore for Platform {
     ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
         let part = PartitionParams::of(scope);
-        let limit_rows = limit as i64;
         // What an earlier holder of the partition held first (begun, so
         // earlier in their objects' order), then what is due.
-        let stmt = client
-            .prepare_cached(&CLAIM_SCOPED_HELD)
-            .await
-            .map_err(StoreError::query(
-                "prepare the claim of a partition's held deliveries",
-            ))?;
-        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = [
-            &node as &(dyn tokio_postgres::types::ToSql + Sync),
-            &limit_rows,
-        ]
-        .into_iter()
-        .chain(part.params())
-        .collect();
-        let rows = client
-            .query(&stmt, &params)
-            .await
-            .map_err(StoreError::query(
+        let mut jobs = self
+            .claimed(
+                &client,
+                &CLAIM_SCOPED_HELD,
+                &part.around(&[&node, &(limit as i64)], &[]),
                 "claim the partition's deliveries other nodes held",
-            ))?;
-        if !rows.is_empty() {
+                false,
+                true,
+            )
+            .await?;
+        if !jobs.is_empty() {
             tracing::warn!(
                 partition = scope.partition,
-                count = rows.len(),
+                count = jobs.len(),
                 "took over deliveries of this partition that an earlier holder held"
             );
         }
-        let mut jobs = self.jobs_from_rows(&client, rows, false, true).await?;
         if jobs.len() < limit {
             let excluded: Vec<Uuid> = exclude.iter().map(|e| uuid16(&e.0)).collect();
             let rest = (limit - jobs.len()) as i64;
-            let stmt =
-                client
-                    .prepare_cached(&CLAIM_SCOPED_UNHELD)
-                    .await
-                    .map_err(StoreError::query(
-                        "prepare the claim of a partition's due deliveries",
-                    ))?;
-            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                [&node as &(dyn tokio_postgres::types::ToSql + Sync), &rest]
-                    .into_iter()
-                    .chain(part.params())
-                    .chain([&excluded as &(dyn tokio_postgres::types::ToSql + Sync)])
-                    .collect();
-            let rows = client
-                .query(&stmt, &params)
-                .await
-                .map_err(StoreError::query("claim the partition's due deliveries"))?;
-            jobs.extend(self.jobs_from_rows(&client, rows, false, true).await?);
+            jobs.extend(
+                self.claimed(
+                    &client,
+                    &CLAIM_SCOPED_UNHELD,
+                    &part.around(&[&node, &rest], &[&excluded]),
+                    "claim the partition's due deliveries",
+                    false,
+                    true,
+                )
+                .await?,
+            );
         }
         if !jobs.is_empty() {
             crate::answer_lost("dispatch.claim_answer_lost")?;
@@ -1184,25 +1203,18 @@ impl DispatchStore for Platform {
         scope: &walhook_pipeline::routing::Scope,
     ) -> Result<Vec<DeliveryJob>, walhook_pipeline::store::StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&CLAIM_REPLAYS_SCOPED)
-            .await
-            .map_err(StoreError::query("prepare the replay claim of a partition"))?;
         let part = PartitionParams::of(scope);
         let (limit, lease) = (limit as i64, lease.as_millis() as f64);
-        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = [
-            &node as &(dyn tokio_postgres::types::ToSql + Sync),
-            &limit,
-            &lease,
-        ]
-        .into_iter()
-        .chain(part.params())
-        .collect();
-        let rows = client
-            .query(&stmt, &params)
-            .await
-            .map_err(StoreError::query("claim replay requests of a partition"))?;
-        Ok(self.jobs_from_rows(&client, rows, true, true).await?)
+        Ok(self
+            .claimed(
+                &client,
+                &CLAIM_REPLAYS_SCOPED,
+                &part.around(&[&node, &limit, &lease], &[]),
+                "claim replay requests of a partition",
+                true,
+                true,
+            )
+            .await?)
     }
 
     async fn take_partition(
@@ -1234,27 +1246,17 @@ impl DispatchStore for Platform {
             tracing::info!(partition = scope.partition, nodes = ?running, "the partition's planned deliveries wait until its earlier dispatcher stops or its lease lapses");
             return Ok(None);
         }
-        let stmt = client
-            .prepare_cached(&TAKE_PARTITION)
-            .await
-            .map_err(StoreError::query(
-                "prepare the take of a partition's planned deliveries",
-            ))?;
         let part = PartitionParams::of(scope);
-        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = part
-            .params()
-            .into_iter()
-            .chain([
-                &node as &(dyn tokio_postgres::types::ToSql + Sync),
-                &pattern,
-            ])
-            .collect();
-        let rows = client
-            .query(&stmt, &params)
-            .await
-            .map_err(StoreError::query("read the partition's planned deliveries"))?;
         Ok(Some(
-            self.jobs_from_rows(&client, rows, false, false).await?,
+            self.claimed(
+                &client,
+                &TAKE_PARTITION,
+                &part.around(&[], &[&node, &pattern]),
+                "read the partition's planned deliveries",
+                false,
+                false,
+            )
+            .await?,
         ))
     }
 

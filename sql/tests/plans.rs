@@ -781,3 +781,144 @@ async fn a_restart_leaves_the_plans_of_its_own_run_alone() {
     let (jobs, _) = w.reclaim_as_a_restart().await;
     assert_eq!(jobs.len(), 3);
 }
+
+#[tokio::test]
+async fn a_deliveries_partitions_dispatcher_takes_and_claims_only_its_own_deliveries() {
+    use walhook_pipeline::routing::{Routes, TOPIC_HELD};
+    let w = world().await;
+    let routes = Routes::new(2, Default::default()).unwrap();
+    // Fan-out with dispatch by endpoint: the plan is held by the topic.
+    let (event, deliveries) = w.batch(8_000, Some(TOPIC_HELD), Duration::ZERO);
+    assert_eq!(w.store(&event, &deliveries).await.len(), 3);
+    let of = |p: u32| -> Vec<DeliveryId> {
+        let mut ids: Vec<DeliveryId> = deliveries
+            .iter()
+            .filter(|d| routes.partition(d.endpoint_id, d.id) == p)
+            .map(|d| d.id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let (p0, p1) = (of(0), of(1));
+    assert!(!p0.is_empty() && !p1.is_empty(), "{p0:?} {p1:?}");
+    let sorted = |jobs: &[DeliveryJob]| {
+        let mut ids: Vec<DeliveryId> = jobs.iter().map(|j| j.delivery_id).collect();
+        ids.sort();
+        ids
+    };
+
+    // No sweep of another node claims what the topic holds.
+    w.platform
+        .node_started("other", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        w.platform
+            .claim_due("other", 10, &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Partition 1's earlier dispatcher still runs: its deliveries wait.
+    w.platform
+        .node_started("m-p1.1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        w.platform
+            .take_partition("m-p1.2", &routes.scope(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Partition 0's dispatcher takes exactly its own planned deliveries.
+    let taken = w
+        .platform
+        .take_partition("m-p0.1", &routes.scope(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sorted(&taken), p0);
+    assert!(taken.iter().all(|j| !j.after_unknown), "no earlier holder");
+
+    // Partition 1's running dispatcher fails its first attempts and holds
+    // the retries: rows leased to it, not to the topic.
+    let now = Timestamp::now();
+    let failed: Vec<AttemptRecord> = p1
+        .iter()
+        .map(|id| {
+            let mut r = success(&job_of(*id, &event, &deliveries));
+            r.http_status = Some(503);
+            r.outcome = "retryable";
+            r.error_class = Some("http_5xx");
+            r.status = DeliveryStatus::Pending;
+            r.next_attempt_at = now;
+            r.hold_until = Some(now.plus(Duration::from_secs(60)));
+            if let Some(first) = r.first_write.as_mut() {
+                first.holder = Some("m-p1.1".into());
+            }
+            r
+        })
+        .collect();
+    assert!(w.platform.record(&failed).await.unwrap().is_empty());
+    let holders: Vec<String> = w
+        .sql
+        .query("SELECT DISTINCT lease_owner FROM walhook.pending", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(holders, vec!["m-p1.1".to_owned()]);
+    // Partition 0's dispatcher never claims them; partition 1's next
+    // holder only once the earlier one stopped, and then all of them.
+    let scope0 = routes.scope(0);
+    let scope1 = routes.scope(1);
+    assert!(
+        w.platform
+            .claim_scoped("m-p0.1", 10, &[], &scope0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        w.platform
+            .claim_scoped("m-p1.2", 10, &[], &scope1)
+            .await
+            .unwrap()
+            .is_empty(),
+        "its holder still runs"
+    );
+    w.platform.node_stopped("m-p1.1").await.unwrap();
+    let claimed = w
+        .platform
+        .claim_scoped("m-p1.2", 10, &[], &scope1)
+        .await
+        .unwrap();
+    assert_eq!(sorted(&claimed), p1);
+    assert!(
+        claimed.iter().all(|j| !j.after_unknown),
+        "it stopped cleanly"
+    );
+    // Released (due, held by nobody), they go to partition 1 again only.
+    w.sql
+        .batch_execute("UPDATE walhook.pending SET lease_owner = NULL")
+        .await
+        .unwrap();
+    assert!(
+        w.platform
+            .claim_scoped("m-p0.1", 10, &[], &scope0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        sorted(
+            &w.platform
+                .claim_scoped("m-p1.2", 10, &[], &scope1)
+                .await
+                .unwrap()
+        ),
+        p1
+    );
+}

@@ -223,8 +223,9 @@ impl World {
         self.create_endpoint(tenant, url, types, |_| {}).await.0
     }
 
-    /// Creates `tenant` (if new) and an endpoint of it at `url`.
-    async fn create_endpoint(
+    /// Creates `tenant` (if new) and an endpoint of it at `url`, with
+    /// settings changed by `tweak`; returns its id and signing secret.
+    pub async fn create_endpoint(
         &self,
         tenant: &str,
         url: &str,

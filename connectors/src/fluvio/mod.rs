@@ -951,7 +951,18 @@ async fn read<M: Message>(
                 {
                     tracing::warn!(partition = %what, expected = want, found = r.offset, "the Fluvio stream passed over records; reading them again from the expected offset");
                     reread = Some(want);
-                    if !reopen(&inner, &config, &mut client, &mut stream, &what, want, &out).await {
+                    let on = client.clone();
+                    if !reopen(
+                        &inner,
+                        &config,
+                        (&mut client, &mut stream),
+                        on,
+                        &what,
+                        Some(want),
+                        &out,
+                    )
+                    .await
+                    {
                         return;
                     }
                     continue;
@@ -990,48 +1001,47 @@ async fn read<M: Message>(
         inner.health.op(Err(&error));
         tracing::warn!(partition = %what, %error, "a Fluvio partition's stream failed; reopening it");
         // Where this stream stopped, or the group's stored position when
-        // nothing was read yet.
-        let mut config = config.clone();
-        if let Some(next) = next {
-            match FluvioOffset::absolute(next) {
-                Ok(at) => config.offset_start = at,
-                Err(e) => {
-                    let _ = out.send(Err(backend(e))).await;
-                    return;
-                }
-            }
-        }
+        // nothing was read yet, on a new connection.
         let fresh = match inner.reconnect(&client).await {
             Ok(fresh) => fresh,
             Err(_) => client.clone(),
         };
-        match open_stream(&inner, &config, fresh, &what, None).await {
-            Ok(opened) => (client, stream) = opened,
-            Err(e) => {
-                let _ = out.send(Err(e)).await;
-                return;
-            }
+        if !reopen(
+            &inner,
+            &config,
+            (&mut client, &mut stream),
+            fresh,
+            &what,
+            next,
+            &out,
+        )
+        .await
+        {
+            return;
         }
     }
 }
 
-/// Replaces `stream` with one that starts at `at` (on the same
-/// connection); `false` after handing a failure on to `out` (the reader
-/// then ends).
+/// Replaces the stream (and its client) with one opened on `on` that starts
+/// at `at` (the group's stored position when `None`); `false` after
+/// handing a failure on to `out`, which the reader then ends on (its
+/// consumer reads the error; a consumer already gone needs nothing).
 async fn reopen<M: Message>(
     inner: &Arc<Inner>,
     config: &ConsumerConfigExt,
-    client: &mut Arc<Fluvio>,
-    stream: &mut Records,
+    (client, stream): (&mut Arc<Fluvio>, &mut Records),
+    on: Arc<Fluvio>,
     what: &str,
-    at: i64,
+    at: Option<i64>,
     out: &mpsc::Sender<Result<Record<M>, LogError>>,
 ) -> bool {
     let mut config = config.clone();
-    let opened = match FluvioOffset::absolute(at) {
-        Ok(offset) => {
-            config.offset_start = offset;
-            open_stream(inner, &config, client.clone(), what, None).await
+    let opened = match at.map(FluvioOffset::absolute).transpose() {
+        Ok(at) => {
+            if let Some(at) = at {
+                config.offset_start = at;
+            }
+            open_stream(inner, &config, on, what, None).await
         }
         Err(e) => Err(backend(e)),
     };
