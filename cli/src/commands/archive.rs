@@ -106,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         );
         let archiver = Archiver::new(platform, store, settings);
-        let bar = crate::commands::bench::progress(0, "archive");
+        let bar = crate::progress::bar(0, "archive");
         if quiet {
             bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         }

@@ -2,11 +2,8 @@
 
 pub mod api;
 pub mod archive;
-pub mod bench;
 pub mod capture;
-pub mod chaos;
 pub mod check_url;
-pub mod demo;
 pub mod dispatch;
 pub mod fanout;
 pub mod migrate;

@@ -162,7 +162,7 @@ async fn build(
     let bar = progress_bar(rows as u64 * 3, "rows archived", quiet);
     let progress = Bar(bar.clone());
     let (store_dir, archive_url) = (dir.join("objects"), url.to_owned());
-    let reports = crate::commands::archive::on_own_thread(move || async move {
+    let reports = walhook_cli::commands::archive::on_own_thread(move || async move {
         let platform = walhook_sql::Platform::new(&archive_url, 4)?;
         let store = LocalDirStore::open(&store_dir)?;
         let settings = Settings {
@@ -223,7 +223,7 @@ fn progress_bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
     if quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        super::progress(len, what)
+        walhook_cli::progress::bar(len, what)
     }
 }
 

@@ -754,7 +754,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut next_id = 0i64;
     let mut results = Vec::new();
-    let bar = super::bench::progress(u64::from(args.rounds), "chaos rounds");
+    let bar = walhook_cli::progress::bar(u64::from(args.rounds), "chaos rounds");
     for round in 1..=args.rounds {
         let fault = faults[(round as usize - 1) % faults.len()].clone();
         let mut injected = String::new();

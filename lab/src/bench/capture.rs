@@ -197,7 +197,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn progress_if(show: bool, len: u64, what: &str) -> indicatif::ProgressBar {
     if show {
-        super::progress(len, what)
+        walhook_cli::progress::bar(len, what)
     } else {
         indicatif::ProgressBar::hidden()
     }

@@ -77,7 +77,7 @@ pub async fn hold(length: std::time::Duration, label: &str, quiet: bool) {
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        progress(length.as_secs(), label)
+        walhook_cli::progress::bar(length.as_secs(), label)
     };
     let started = std::time::Instant::now();
     while started.elapsed() < length {
@@ -85,18 +85,4 @@ pub async fn hold(length: std::time::Duration, label: &str, quiet: bool) {
         bar.inc(1);
     }
     bar.finish_and_clear();
-}
-
-/// A progress bar on stderr (hidden when stderr is not a terminal).
-pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(len);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>24} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.set_message(what.to_owned());
-    bar
 }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use walhook_devkit::fluvio::FluvioCluster;
 
 use super::world::{World, build_commit, cpu_seconds, peak_rss_kib, process_cpu_seconds};
-use crate::pipeline::{Roles, Running};
+use walhook_cli::pipeline::{Roles, Running};
 
 /// Arguments of `walhook bench pipeline`.
 #[derive(Debug, clap::Args)]
@@ -192,7 +192,8 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
         let cfg = world.config("", &extra)?;
         if args.members == 0 {
             let running =
-                crate::pipeline::start(&cfg, world.platform.clone(), shutdown.clone()).await?;
+                walhook_cli::pipeline::start(&cfg, world.platform.clone(), shutdown.clone())
+                    .await?;
             let deployment = Deployment {
                 _cluster: Some(cluster),
                 ..deployment(running)
@@ -205,7 +206,7 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
             workers: None,
             dispatch: None,
         };
-        let running = crate::pipeline::start_roles(
+        let running = walhook_cli::pipeline::start_roles(
             &cfg,
             world.platform.clone(),
             shutdown.clone(),
@@ -349,7 +350,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let bar = if args.json {
         indicatif::ProgressBar::hidden()
     } else {
-        super::progress(total_expected, "events committed")
+        walhook_cli::progress::bar(total_expected, "events committed")
     };
     let started = Instant::now();
     let cpu_start = cpu_seconds();

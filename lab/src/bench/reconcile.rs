@@ -157,7 +157,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let archive_dir = dir.path().to_path_buf();
     let archive_url = url.clone();
     let archived = Instant::now();
-    crate::commands::archive::on_own_thread(move || async move {
+    walhook_cli::commands::archive::on_own_thread(move || async move {
         let platform = walhook_sql::Platform::new(&archive_url, 4)?;
         let store = walhook_connectors::objstore::LocalDirStore::open(&archive_dir)?;
         let settings = Settings {
@@ -287,7 +287,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     Ok(if report.clean {
         std::process::ExitCode::SUCCESS
     } else {
-        eprintln!("{}", crate::commands::reconcile::summary(&report));
-        std::process::ExitCode::from(crate::commands::reconcile::EXIT_GAPS)
+        eprintln!("{}", walhook_cli::commands::reconcile::summary(&report));
+        std::process::ExitCode::from(walhook_cli::commands::reconcile::EXIT_GAPS)
     })
 }

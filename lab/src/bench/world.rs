@@ -15,8 +15,8 @@ use walhook_sql::Platform;
 use walhook_sql::endpoints::NewEndpoint;
 
 use super::receiver::RemoteReceiver;
-use crate::config::Config;
-use crate::pipeline::Running;
+use walhook_cli::config::Config;
+use walhook_cli::pipeline::Running;
 
 const SCHEMA: &str =
     "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL,
@@ -148,7 +148,7 @@ impl World {
         shutdown: CancellationToken,
     ) -> anyhow::Result<Running> {
         let cfg = self.config(egress, extra)?;
-        crate::pipeline::start(&cfg, self.platform.clone(), shutdown).await
+        walhook_cli::pipeline::start(&cfg, self.platform.clone(), shutdown).await
     }
 
     /// Starts walhook in this process with its REST API on a free loopback
@@ -171,21 +171,21 @@ impl World {
             ),
         )?;
         let metrics = Arc::new(walhook_api::Metrics::new());
-        let running = crate::pipeline::start_observed(
+        let running = walhook_cli::pipeline::start_observed(
             &cfg,
             self.platform.clone(),
             shutdown.clone(),
             Some(metrics.pipeline.clone()),
         )
         .await?;
-        metrics.register_collector(Box::new(crate::metrics::PipelineCollector::new(
+        metrics.register_collector(Box::new(walhook_cli::metrics::PipelineCollector::new(
             running.counters.clone(),
             running.directory.clone(),
         )));
-        let api = crate::commands::api::section(&cfg)?;
+        let api = walhook_cli::commands::api::section(&cfg)?;
         let pool = walhook_api::connect(&cfg.platform()?.connect_options()?, &api.limits())?
             .with_keyring(walhook_sql::Keyring::ephemeral());
-        crate::commands::api::spawn(&cfg, pool, metrics, shutdown).await?;
+        walhook_cli::commands::api::spawn(&cfg, pool, metrics, shutdown).await?;
         Ok((running, port))
     }
 

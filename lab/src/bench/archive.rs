@@ -88,12 +88,12 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         today: Some(day + chrono::Duration::days(5)),
         ..Settings::default()
     };
-    let bar = super::progress(args.rows, "attempts archived");
+    let bar = walhook_cli::progress::bar(args.rows, "attempts archived");
     let (cpu0, pg0, _) = cpu_seconds();
     let started = Instant::now();
     let progress = Bar(bar.clone());
     let reports: Vec<PartitionReport> =
-        crate::commands::archive::on_own_thread(move || async move {
+        walhook_cli::commands::archive::on_own_thread(move || async move {
             let platform = walhook_sql::Platform::new(&url, 4)?;
             let archiver = Archiver::new(platform, store, settings);
             Ok(archiver.run(&progress).await?)

@@ -23,7 +23,7 @@ use walhook_pipeline::ids::TenantId;
 use walhook_sql::Platform;
 use walhook_sql::endpoints::NewEndpoint;
 
-use crate::config::Config;
+use walhook_cli::config::Config;
 
 /// Arguments of `walhook demo`.
 #[derive(Debug, clap::Args)]
@@ -393,7 +393,7 @@ sweep_interval = "500ms"
     );
     let cfg = Config::parse(&cfg_text)?;
     let shutdown = CancellationToken::new();
-    let running = crate::pipeline::start(&cfg, platform.clone(), shutdown.clone()).await?;
+    let running = walhook_cli::pipeline::start(&cfg, platform.clone(), shutdown.clone()).await?;
     let proven = Instant::now();
     wait_verified(&platform, &created).await?;
     println!(
@@ -407,7 +407,7 @@ sweep_interval = "500ms"
     );
 
     let mut ledger = Ledger::default();
-    let bar = super::bench::progress(
+    let bar = walhook_cli::progress::bar(
         args.duration.as_secs().max(1) * u64::from(args.rate),
         "business writes",
     );

@@ -436,7 +436,7 @@ pub async fn run(args: &Args, length: Duration) -> anyhow::Result<ExitCode> {
     let mut heal_at: Option<(Instant, usize)> = None;
     let mut storm: Option<(tokio::task::JoinHandle<anyhow::Result<String>>, usize)> = None;
     let mut requests_before = (0usize, Instant::now());
-    let bar = super::super::bench::progress(length.as_secs(), "soak seconds");
+    let bar = walhook_cli::progress::bar(length.as_secs(), "soak seconds");
     while started.elapsed() < length {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let now = started.elapsed();
