@@ -123,6 +123,21 @@ impl World {
             .unwrap()
     }
 
+    /// The first column of every row of `sql`.
+    async fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Vec<T> {
+        self.sql
+            .query(sql, params)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     async fn count(&self, what: &str) -> i64 {
         self.sql
             .query_one(&format!("SELECT count(*) FROM {what}"), &[])
@@ -378,16 +393,11 @@ async fn a_lapsed_nodes_plans_move_to_another_node_and_its_late_results_are_stal
     assert_eq!(row.get::<_, i32>(1), 2);
     assert_eq!(row.get::<_, i64>(2), b_first.lease_version);
     let numbers: Vec<i32> = w
-        .sql
-        .query(
+        .column(
             "SELECT number FROM walhook.attempts WHERE delivery_id = $1 ORDER BY number",
             &[&Uuid::from_bytes(made[0].0)],
         )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
     assert_eq!(numbers, vec![1, 2]);
 
     // Nothing of a's is left to claim; b still holds the other two.
@@ -589,14 +599,7 @@ async fn a_batch_removes_exactly_the_plans_it_completes() {
     let stale = w.platform.record(&batch).await.unwrap();
     assert!(stale.is_empty(), "{stale:?}");
     assert_eq!(w.count("walhook.deliveries").await, 4);
-    let left: Vec<Uuid> = w
-        .sql
-        .query("SELECT event_id FROM walhook.fanouts", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let left: Vec<Uuid> = w.column("SELECT event_id FROM walhook.fanouts", &[]).await;
     assert_eq!(
         left,
         vec![Uuid::from_bytes(second[0].event_id.0)],
@@ -862,13 +865,8 @@ async fn a_deliveries_partitions_dispatcher_takes_and_claims_only_its_own_delive
         .collect();
     assert!(w.platform.record(&failed).await.unwrap().is_empty());
     let holders: Vec<String> = w
-        .sql
-        .query("SELECT DISTINCT lease_owner FROM walhook.pending", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .column("SELECT DISTINCT lease_owner FROM walhook.pending", &[])
+        .await;
     assert_eq!(holders, vec!["m-p1.1".to_owned()]);
     // Partition 0's dispatcher never claims them; partition 1's next
     // holder only once the earlier one stopped, and then all of them.
