@@ -694,9 +694,9 @@ fn check_url_gives_the_verdict_of_every_corpus_entry_and_sends_nothing() {
         cmd.arg("check-url");
         if let Some(answers) = cols.get(2) {
             // The name as the resolver is asked it: after IDNA.
-            let vetted = walhook_connectors::http::policy::check_url(
+            let vetted = walhook_pipeline::url_policy::check_url(
                 &url,
-                &walhook_connectors::http::policy::UrlPolicy::default(),
+                &walhook_pipeline::url_policy::UrlPolicy::default(),
             )
             .unwrap();
             let host = vetted.url.host_str().unwrap().to_owned();

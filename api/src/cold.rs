@@ -35,7 +35,7 @@ use crate::error::{ApiError, QuotaExceeded};
 
 /// The archive's cold history over the configured store, counted.
 pub type Cold = walhook_archive::cold::ColdHistory<
-    walhook_archive::cold::CountingStore<walhook_connectors::objstore::AnyStore>,
+    walhook_archive::cold::CountingStore<walhook_archive::objstore::AnyStore>,
 >;
 
 /// Metric names.

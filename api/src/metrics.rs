@@ -12,14 +12,15 @@
 //!                              most once per [api].metrics_cache, however many scrapes)
 //! ```
 //!
-//! Names are the constants of [`names`]; counters get `_total` when encoded.
+//! Names are the constants of [`names`] (the pipeline's, with the API's
+//! beside them); counters get `_total` when encoded.
 //!
 //! Every label value comes from a bounded set, never from what a caller
 //! sent: methods outside the standard set are refused before this
 //! middleware ([`crate::edge`]) and would be `OTHER` here anyway; routes
 //! are the router's templates (`unmatched` for any unknown path); status
 //! codes are the server's own; tenants and endpoints are the first
-//! [`MAX_LABELLED`] seen, then `other`; the SQL gauges' names are capped
+//! [`MAX_LABELLED`](walhook_pipeline::metrics::MAX_LABELLED) seen, then `other`; the SQL gauges' names are capped
 //! the same way; refusals have a closed set of reasons ([`Refusal`]).
 
 use std::sync::Arc;
@@ -39,15 +40,15 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use walhook_sql::Platform;
 
+pub use walhook_pipeline::metrics::names;
+use walhook_pipeline::metrics::{HistogramFamily, PipelineMetrics};
+
 use self::bounded::capped;
 pub use self::bounded::{ReasonLabel, Refusal, STANDARD_METHODS, method_label};
 use crate::ApiState;
 use crate::cache::TtlCache;
 
 mod bounded;
-
-/// Metric names.
-pub mod names;
 
 /// Labels of API requests.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,17 +69,6 @@ pub struct RouteLabels {
     pub route: String,
 }
 
-/// Labels of attempts.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AttemptLabels {
-    /// `auto` (the schedule) or `manual` (a replay).
-    pub trigger: String,
-    /// `succeeded`, `retryable`, `rejected`, `gone`.
-    pub outcome: String,
-    /// The error class (`http_5xx`, `timeout`, …), `none` on success.
-    pub class: String,
-}
-
 /// A label with one value.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NameLabel {
@@ -89,64 +79,6 @@ pub struct NameLabel {
 /// The shortest time between two log lines for one reason of refusal.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// How many endpoints (and tenants) get series of their own; later ones
-/// are counted as `other`, so a platform with many endpoints keeps a
-/// bounded label set.
-pub const MAX_LABELLED: usize = 100;
-
-/// The label value for what is past [`MAX_LABELLED`].
-pub const OTHER: &str = "other";
-
-/// A status class label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StatusClassLabel {
-    /// `2xx`, `3xx`, `4xx`, `5xx` or `none`.
-    pub status_class: String,
-}
-
-/// Labels of a consumer group's lag on one partition of the log.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LogLagLabels {
-    /// The topic.
-    pub topic: String,
-    /// The partition number.
-    pub partition: String,
-    /// The consumer group.
-    pub group: String,
-}
-
-/// Labels of per-endpoint attempts.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EndpointLabels {
-    /// The endpoint (`ep_…`) or `other`.
-    pub endpoint_id: String,
-    /// `2xx` … `5xx`, `none`.
-    pub status_class: String,
-}
-
-/// Labels of per-tenant series.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantLabels {
-    /// The tenant or `other`.
-    pub tenant_id: String,
-    /// What is counted: a trigger, a final state or a limit.
-    pub kind: String,
-}
-
-/// A tenant label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantLabel {
-    /// The tenant or `other`.
-    pub tenant_id: String,
-}
-
-/// An outcome label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    /// The outcome.
-    pub outcome: String,
-}
-
 /// A kind label (`new`, `retry`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -154,133 +86,11 @@ pub struct KindLabel {
     pub kind: String,
 }
 
-/// The first [`MAX_LABELLED`] values seen keep their own label; the rest are
-/// [`OTHER`].
-#[derive(Debug, Default)]
-pub struct Bounded(Mutex<std::collections::HashSet<String>>);
-
-impl Bounded {
-    /// The label for `value`.
-    pub fn label(&self, value: &str) -> String {
-        let mut seen = self.0.lock();
-        if seen.contains(value) || seen.len() < MAX_LABELLED {
-            seen.insert(value.to_owned());
-            value.to_owned()
-        } else {
-            OTHER.to_owned()
-        }
-    }
-}
-
-fn attempts_histogram() -> Histogram {
-    Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 50.0])
-}
-
 /// A gap class label (`class="missing_delivery"`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassLabel {
     /// The gap class.
     pub class: String,
-}
-
-/// What the pipeline feeds as it works.
-#[derive(Debug)]
-pub struct PipelineMetrics {
-    /// Attempts by outcome and class.
-    pub attempts: Family<AttemptLabels, Counter>,
-    /// Commit to first attempt, seconds.
-    pub first_attempt_latency: Histogram,
-    /// Commit to the end of the successful attempt, seconds.
-    pub success_latency: Histogram,
-    /// The number of the attempt that succeeded.
-    pub attempts_to_success: Histogram,
-    /// Commit to capture, seconds, for the last transaction read.
-    pub capture_lag: Gauge<f64, AtomicU64>,
-    /// WAL the slot retains, bytes.
-    pub slot_lag_bytes: Gauge,
-    /// Commit to fan-out durable, seconds.
-    pub fanout_latency: Histogram,
-    /// Attempts by status class.
-    pub attempts_by_status_class: Family<StatusClassLabel, Counter>,
-    /// Attempts by endpoint (bounded) and status class.
-    pub endpoint_attempts: Family<EndpointLabels, Counter>,
-    /// Attempts by tenant (bounded) and trigger.
-    pub tenant_attempts: Family<TenantLabels, Counter>,
-    /// Deliveries ended by tenant and final state.
-    pub tenant_ended: Family<TenantLabels, Counter>,
-    /// Automatic attempts per ended delivery, by tenant.
-    pub tenant_attempts_per_delivery: HistogramFamily<TenantLabel>,
-    /// Waits for limits by tenant and limit.
-    pub throttled: Family<TenantLabels, Counter>,
-    /// Replays by outcome.
-    pub replays: Family<OutcomeLabel, Counter>,
-    /// Attempts of unknown outcome.
-    pub unknown_outcomes: Counter,
-    /// Attempts after one of unknown outcome.
-    pub attempts_after_unknown: Counter,
-    /// Which endpoints have labels of their own.
-    pub endpoints_labelled: Bounded,
-    /// Which tenants have labels of their own.
-    pub tenants_labelled: Bounded,
-    /// Seconds the log's cluster has not answered (0 while it answers;
-    /// Fluvio only).
-    pub log_unreachable_seconds: Gauge<f64, AtomicU64>,
-    /// Records stored after each consumer group's committed position, per
-    /// partition of the log (Fluvio only).
-    pub log_consumer_lag: Family<LogLagLabels, Gauge>,
-    /// Seconds the oldest unread record of each consumer group has waited,
-    /// per partition of the log (Fluvio only).
-    pub log_oldest_unread_age: Family<LogLagLabels, Gauge<f64, AtomicU64>>,
-    /// Why `/healthz` of a stage process fails, while it does (the log's
-    /// cluster has not answered for some seconds).
-    pub log_problem: parking_lot::Mutex<Option<String>>,
-}
-
-impl Default for PipelineMetrics {
-    fn default() -> Self {
-        PipelineMetrics {
-            attempts: Family::default(),
-            // 5 ms to about 82 s: the SLO is 10 s at the 99th percentile.
-            first_attempt_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
-            // 10 ms to about 40 h: retries run up to the 24 h deadline.
-            success_latency: Histogram::new(exponential_buckets(0.01, 3.0, 16)),
-            attempts_to_success: Histogram::new([
-                1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0,
-            ]),
-            capture_lag: Gauge::default(),
-            slot_lag_bytes: Gauge::default(),
-            // 1 ms to about 33 s.
-            fanout_latency: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            attempts_by_status_class: Family::default(),
-            endpoint_attempts: Family::default(),
-            tenant_attempts: Family::default(),
-            tenant_ended: Family::default(),
-            tenant_attempts_per_delivery: Family::new_with_constructor(attempts_histogram),
-            throttled: Family::default(),
-            replays: Family::default(),
-            unknown_outcomes: Counter::default(),
-            attempts_after_unknown: Counter::default(),
-            endpoints_labelled: Bounded::default(),
-            tenants_labelled: Bounded::default(),
-            log_unreachable_seconds: Gauge::default(),
-            log_consumer_lag: Family::default(),
-            log_oldest_unread_age: Family::default(),
-            log_problem: parking_lot::Mutex::new(None),
-        }
-    }
-}
-
-impl PipelineMetrics {
-    /// Counts one attempt.
-    pub fn attempt(&self, trigger: &str, outcome: &str, class: Option<&str>) {
-        self.attempts
-            .get_or_create(&AttemptLabels {
-                trigger: trigger.to_owned(),
-                outcome: outcome.to_owned(),
-                class: class.unwrap_or("none").to_owned(),
-            })
-            .inc();
-    }
 }
 
 #[derive(Debug, Default)]
@@ -303,8 +113,6 @@ struct SqlGauges {
     reconcile_last_run: Gauge<f64, AtomicU64>,
     database_up: Gauge,
 }
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn request_histogram() -> Histogram {
     // 1 ms to about 8 s.
@@ -374,102 +182,7 @@ impl Metrics {
             api.durations.clone(),
         );
         let pipeline = Arc::new(PipelineMetrics::default());
-        registry.register(
-            DISPATCH_ATTEMPTS,
-            "Attempts by outcome and error class",
-            pipeline.attempts.clone(),
-        );
-        registry.register(
-            DISPATCH_FIRST_ATTEMPT_LATENCY,
-            "Seconds from the event's commit to the start of its delivery's first attempt",
-            pipeline.first_attempt_latency.clone(),
-        );
-        registry.register(
-            DISPATCH_SUCCESS_LATENCY,
-            "Seconds from the event's commit to the end of the attempt that succeeded",
-            pipeline.success_latency.clone(),
-        );
-        registry.register(
-            DISPATCH_ATTEMPTS_TO_SUCCESS,
-            "The number of the attempt that succeeded (1 = the first try)",
-            pipeline.attempts_to_success.clone(),
-        );
-        registry.register(
-            CAPTURE_LAG,
-            "Seconds from commit to capture for the last transaction read",
-            pipeline.capture_lag.clone(),
-        );
-        registry.register(
-            LOG_CONSUMER_LAG,
-            "Records stored after a consumer group's committed position, by topic and partition (Fluvio only)",
-            pipeline.log_consumer_lag.clone(),
-        );
-        registry.register(
-            LOG_OLDEST_UNREAD_AGE,
-            "Seconds the oldest record a consumer group has not read has waited since it was produced, \
-             0 when caught up, by topic and partition (Fluvio only)",
-            pipeline.log_oldest_unread_age.clone(),
-        );
-        registry.register(
-            LOG_UNREACHABLE,
-            "Seconds the log's cluster has not answered (0 while it answers; Fluvio only)",
-            pipeline.log_unreachable_seconds.clone(),
-        );
-        registry.register(
-            CAPTURE_SLOT_LAG,
-            "WAL the replication slot retains, in bytes",
-            pipeline.slot_lag_bytes.clone(),
-        );
-        registry.register(
-            FANOUT_LATENCY,
-            "Seconds from an event's commit to its deliveries being durable",
-            pipeline.fanout_latency.clone(),
-        );
-        registry.register(
-            DISPATCH_ATTEMPTS_BY_STATUS_CLASS,
-            "Attempts by HTTP status class (none: no response)",
-            pipeline.attempts_by_status_class.clone(),
-        );
-        registry.register(
-            ENDPOINT_ATTEMPTS,
-            "Attempts by endpoint (the first 100 seen; later ones as other) and status class",
-            pipeline.endpoint_attempts.clone(),
-        );
-        registry.register(
-            TENANT_ATTEMPTS,
-            "Attempts by tenant (the first 100 seen; later ones as other) and trigger (kind)",
-            pipeline.tenant_attempts.clone(),
-        );
-        registry.register(
-            TENANT_DELIVERIES_ENDED,
-            "Deliveries that reached a final state, by tenant and state (kind)",
-            pipeline.tenant_ended.clone(),
-        );
-        registry.register(
-            TENANT_ATTEMPTS_PER_DELIVERY,
-            "Automatic attempts per delivery that ended (retry amplification), by tenant",
-            pipeline.tenant_attempts_per_delivery.clone(),
-        );
-        registry.register(
-            DISPATCH_THROTTLED,
-            "Times a ready delivery waited for a limit, by tenant and limit (kind)",
-            pipeline.throttled.clone(),
-        );
-        registry.register(
-            DISPATCH_REPLAYS,
-            "Replays by outcome (succeeded, failed, refused)",
-            pipeline.replays.clone(),
-        );
-        registry.register(
-            DISPATCH_UNKNOWN_OUTCOMES,
-            "Attempts whose outcome nobody knows (the receiver may have had them)",
-            pipeline.unknown_outcomes.clone(),
-        );
-        registry.register(
-            DISPATCH_ATTEMPTS_AFTER_UNKNOWN,
-            "Attempts sent after one of unknown outcome: possible duplicates, same webhook-id",
-            pipeline.attempts_after_unknown.clone(),
-        );
+        pipeline.register(&mut registry);
         let sql = Arc::new(SqlGauges::default());
         registry.register(
             DELIVERIES_PENDING,

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use walhook_connectors::http::policy::UrlPolicy;
 use walhook_pipeline::redact::Redacted;
+use walhook_pipeline::url_policy::UrlPolicy;
 
 /// The shortest operator token accepted.
 pub const MIN_OPERATOR_TOKEN_LEN: usize = 32;
@@ -353,7 +353,7 @@ pub struct ApiSettings {
     pub replay_window: Duration,
     /// The bounds of tenants' and endpoints' retry schedules
     /// (`[retry.limits]`).
-    pub retry_limits: walhook_pipeline::dispatch::policy::RetryLimits,
+    pub retry_limits: walhook_pipeline::retry::RetryLimits,
     /// Whether endpoints must pass an ownership check (prove a challenge)
     /// before anything is sent to them, at creation and whenever their URL's
     /// host changes (`[api] require_verification`, default on).

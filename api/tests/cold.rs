@@ -11,12 +11,12 @@ use std::time::Duration;
 use serde_json::json;
 use walhook_api::{ApiLimits, ApiSettings, ApiState, Metrics};
 use walhook_archive::cold::{ColdHistory, ColdLimits, CountingStore};
+use walhook_archive::objstore::{AnyStore, LocalDirStore};
 use walhook_archive::{Archiver, Settings};
-use walhook_connectors::http::policy::UrlPolicy;
-use walhook_connectors::objstore::{AnyStore, LocalDirStore};
 use walhook_devkit::history::History;
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_pipeline::ids::{DeliveryId, EndpointId};
+use walhook_pipeline::url_policy::UrlPolicy;
 
 use crate::support::{Answer, Api, OPERATOR, options, serve};
 

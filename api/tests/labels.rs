@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use reqwest::Method;
-use walhook_api::metrics::{EndpointLabels, Refusal, TenantLabels};
+use walhook_api::metrics::Refusal;
 use walhook_api::{ApiLimits, ApiState};
+use walhook_pipeline::metrics::{EndpointLabels, TenantLabels};
 
 use crate::support::{Api, OPERATOR};
 

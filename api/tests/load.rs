@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use walhook_api::{ApiLimits, ApiSettings, ApiState, Metrics};
-use walhook_connectors::http::policy::UrlPolicy;
+use walhook_pipeline::url_policy::UrlPolicy;
 
 use crate::support::{Answer, Api, OPERATOR, serve};
 

@@ -8,8 +8,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use walhook_api::{ApiLimits, ApiSettings, ApiState, Metrics};
-use walhook_connectors::http::policy::UrlPolicy;
 use walhook_devkit::postgres::LocalPostgres;
+use walhook_pipeline::url_policy::UrlPolicy;
 use walhook_sql::Platform;
 
 /// The operator token of test servers.
@@ -275,7 +275,7 @@ pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
 /// The connection settings of a test database URL (no TLS fields).
 pub fn options(url: &str) -> walhook_pgtls::ConnectOptions {
     walhook_pgtls::ConnectOptions::parse(
-        &walhook_pipeline::redact::DatabaseUrl::new(url),
+        &walhook_pgtls::DatabaseUrl::new(url),
         "[platform]",
         &walhook_pgtls::TlsFields::default(),
     )

@@ -36,9 +36,12 @@
 //! - [`index`]: which day holds a delivery id, written when a day is
 //!   verified.
 //!
+//! - [`objstore`]: the stores it writes to, a local directory and S3
+//!   (feature `s3`, on by default), and [`objstore::AnyStore`], either one
+//!   chosen from configuration.
+//!
 //! The archive is generic over the object-store port
-//! ([`walhook_pipeline::objstore::ObjectStore`]); `connectors` provides the
-//! local-directory and S3 stores.
+//! ([`walhook_pipeline::objstore::ObjectStore`]).
 
 pub mod archiver;
 mod catalog;
@@ -52,6 +55,7 @@ pub mod index;
 pub mod layout;
 pub mod manifest;
 mod merge;
+pub mod objstore;
 pub mod part;
 mod retention;
 pub mod schedule;

@@ -10,9 +10,9 @@
 //! digest column whose width is not 32 bytes.
 
 use walhook_archive::failure::{FailedDay, failed_days};
+use walhook_archive::objstore::LocalDirStore;
 use walhook_archive::table::Table;
 use walhook_archive::{Archiver, Outcome, PartitionReport, Settings};
-use walhook_connectors::objstore::LocalDirStore;
 
 use crate::support::{World, day, today};
 

@@ -10,5 +10,6 @@ mod cold;
 mod compaction;
 mod failures;
 mod migration;
+mod objstore;
 mod parts;
 mod schedule;

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
+use walhook_archive::objstore::{AnyStore, LocalDirStore};
 use walhook_archive::{Archiver, Outcome, Settings};
-use walhook_connectors::objstore::{AnyStore, LocalDirStore};
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_sql::Platform;
 

@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::NaiveDate;
+use walhook_archive::objstore::{AnyStore, LocalDirStore};
 use walhook_archive::schedule::{Clock, Round, run_every};
 use walhook_archive::{Outcome, Settings};
-use walhook_connectors::objstore::{AnyStore, LocalDirStore};
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;

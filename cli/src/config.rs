@@ -14,9 +14,10 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use walhook_connectors::http::EgressSettings;
 use walhook_connectors::postgres::{RuleConfig, SourceConfig};
+use walhook_pgtls::DatabaseUrl;
 use walhook_pgtls::{ConnectError, ConnectOptions, SslMode, TlsFields};
-use walhook_pipeline::dispatch::policy::RetryPolicy;
-use walhook_pipeline::redact::{DatabaseUrl, Redacted};
+use walhook_pipeline::redact::Redacted;
+use walhook_pipeline::retry::RetryPolicy;
 use walhook_sql::Keyring;
 use walhook_sql::secrets::MasterKey;
 

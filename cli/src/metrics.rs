@@ -1,15 +1,11 @@
-//! How the pipeline in this process feeds the API's metrics registry.
+//! How the pipeline in this process feeds the metrics registry (the API's,
+//! or a stage process's own).
 //!
 //! ```text
-//!  Dispatcher ──AttemptObserver──▶ MetricsObserver ──▶ attempts by trigger/outcome/class,
-//!                                                      commit→first-attempt and success latency
+//!  Dispatcher ──AttemptObserver──▶ MetricsObserver (walhook_pipeline::metrics)
 //!  Counters (capture, fan-out, dispatch atomics) ◀── read at scrape by PipelineCollector
 //!  capture observer ──▶ capture lag, slot lag (in pipeline.rs)
 //! ```
-//!
-//! The dispatcher says which attempt it is (its trigger, its number, and
-//! whether it is the delivery's first automatic one), so a replay is never
-//! counted as a first attempt and nothing re-parses headers or bodies.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -18,143 +14,54 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use walhook_api::metrics::{
-    EndpointLabels, OutcomeLabel, PipelineMetrics, StatusClassLabel, TenantLabel, TenantLabels,
-    names,
-};
-use walhook_pipeline::delivery::{DeliveryJob, DeliveryStatus, Trigger};
-use walhook_pipeline::dispatch::observe::{AttemptObserver, AttemptSeen, Throttle};
-use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
+use prometheus_client::registry::Registry;
 use walhook_pipeline::endpoint::SubscriptionCache;
-use walhook_pipeline::ids::TenantId;
-use walhook_pipeline::time::Timestamp;
+use walhook_pipeline::metrics::{PipelineMetrics, names};
 
 use crate::pipeline::Counters;
 
-/// Feeds [`PipelineMetrics`] from the dispatcher's attempts.
-#[derive(Debug)]
-pub struct MetricsObserver {
-    metrics: Arc<PipelineMetrics>,
+/// The registry of a stage process on its own (`walhook capture`,
+/// `fanout`, `dispatch` with `--metrics-listen`): the pipeline's metrics and
+/// the collectors over its counters, none of the API's (its requests, and
+/// the SQL gauges that the API's `/metrics` reads for the whole platform).
+pub struct StageMetrics {
+    registry: parking_lot::Mutex<Registry>,
+    /// Fed by the stages in this process.
+    pub pipeline: Arc<PipelineMetrics>,
 }
 
-impl MetricsObserver {
-    /// An observer feeding `metrics`.
-    pub fn new(metrics: Arc<PipelineMetrics>) -> Self {
-        MetricsObserver { metrics }
-    }
-}
-
-/// `2xx` … `5xx`, or `none` without a response.
-fn status_class(status: Option<u16>) -> &'static str {
-    match status {
-        Some(200..=299) => "2xx",
-        Some(300..=399) => "3xx",
-        Some(400..=499) => "4xx",
-        Some(500..=599) => "5xx",
-        Some(_) => "other",
-        None => "none",
+impl std::fmt::Debug for StageMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageMetrics").finish_non_exhaustive()
     }
 }
 
-impl AttemptObserver for MetricsObserver {
-    fn fanned_out(&self, occurred_at: Timestamp, at: Timestamp) {
-        self.metrics
-            .fanout_latency
-            .observe(at.since(occurred_at).as_secs_f64());
-    }
-
-    fn ended(&self, job: &DeliveryJob, status: DeliveryStatus, attempts: u32) {
-        let m = &self.metrics;
-        let tenant = m.tenants_labelled.label(job.tenant_id.as_str());
-        m.tenant_ended
-            .get_or_create(&TenantLabels {
-                tenant_id: tenant.clone(),
-                kind: status.as_str().to_owned(),
-            })
-            .inc();
-        m.tenant_attempts_per_delivery
-            .get_or_create(&TenantLabel { tenant_id: tenant })
-            .observe(f64::from(attempts));
-    }
-
-    fn throttled(&self, tenant: &TenantId, limit: Throttle, times: u64) {
-        let m = &self.metrics;
-        m.throttled
-            .get_or_create(&TenantLabels {
-                tenant_id: m.tenants_labelled.label(tenant.as_str()),
-                kind: limit.as_str().to_owned(),
-            })
-            .inc_by(times);
-    }
-
-    fn replay_refused(&self, _job: &DeliveryJob) {
-        self.metrics
-            .replays
-            .get_or_create(&OutcomeLabel {
-                outcome: "refused".into(),
-            })
-            .inc();
-    }
-
-    fn started(&self, a: &AttemptSeen<'_>) {
-        if a.job.after_unknown {
-            self.metrics.attempts_after_unknown.inc();
-        }
-        if a.first {
-            let latency = a.started_at.since(a.job.event_occurred_at);
-            self.metrics
-                .first_attempt_latency
-                .observe(latency.as_secs_f64());
+impl Default for StageMetrics {
+    /// A registry with the pipeline's metrics.
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let pipeline = Arc::new(PipelineMetrics::default());
+        pipeline.register(&mut registry);
+        StageMetrics {
+            registry: parking_lot::Mutex::new(registry),
+            pipeline,
         }
     }
+}
 
-    fn finished(&self, a: &AttemptSeen<'_>, outcome: &AttemptOutcome, finished_at: Timestamp) {
-        let m = &self.metrics;
-        m.attempt(
-            a.trigger.as_str(),
-            outcome.name(),
-            outcome.error_class().map(ErrorClass::as_str),
-        );
-        let class = status_class(outcome.status());
-        m.attempts_by_status_class
-            .get_or_create(&StatusClassLabel {
-                status_class: class.into(),
-            })
-            .inc();
-        m.endpoint_attempts
-            .get_or_create(&EndpointLabels {
-                endpoint_id: m.endpoints_labelled.label(&a.job.endpoint_id.to_string()),
-                status_class: class.into(),
-            })
-            .inc();
-        m.tenant_attempts
-            .get_or_create(&TenantLabels {
-                tenant_id: m.tenants_labelled.label(a.job.tenant_id.as_str()),
-                kind: a.trigger.as_str().into(),
-            })
-            .inc();
-        if outcome.error_class() == Some(ErrorClass::Shutdown) {
-            m.unknown_outcomes.inc();
+impl StageMetrics {
+    /// Adds a collector read at every scrape.
+    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+        self.registry.lock().register_collector(collector);
+    }
+
+    /// Every metric in the text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
+            tracing::error!(error = %e, "metrics: cannot encode");
         }
-        if a.trigger == Trigger::Manual {
-            m.replays
-                .get_or_create(&OutcomeLabel {
-                    outcome: if outcome.is_success() {
-                        "succeeded"
-                    } else {
-                        "failed"
-                    }
-                    .into(),
-                })
-                .inc();
-        }
-        if outcome.is_success() && a.trigger == Trigger::Auto {
-            self.metrics
-                .attempts_to_success
-                .observe(f64::from(a.number));
-            let latency = finished_at.since(a.job.event_occurred_at);
-            self.metrics.success_latency.observe(latency.as_secs_f64());
-        }
+        out
     }
 }
 
@@ -319,7 +226,7 @@ impl Collector for PipelineCollector {
 /// answered for some seconds (see `pipeline::watch_cluster`).
 pub async fn serve_stage_metrics(
     listen: &str,
-    metrics: Arc<walhook_api::Metrics>,
+    metrics: Arc<StageMetrics>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -337,7 +244,7 @@ pub async fn serve_stage_metrics(
             axum::routing::get(move || {
                 let metrics = metrics.clone();
                 async move {
-                    let text = metrics.render(None, std::time::Duration::ZERO).await;
+                    let text = metrics.render();
                     (
                         [(
                             header::CONTENT_TYPE,
@@ -380,99 +287,4 @@ pub async fn serve_stage_metrics(
         }
     });
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use walhook_api::metrics::{MAX_LABELLED, OTHER};
-    use walhook_pipeline::event::EventType;
-    use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId};
-
-    use super::*;
-
-    fn job(n: u32) -> DeliveryJob {
-        let mut id = [0u8; 16];
-        id[..4].copy_from_slice(&n.to_be_bytes());
-        DeliveryJob {
-            delivery_id: DeliveryId(id),
-            event_id: EventId(id),
-            endpoint_id: EndpointId(id),
-            tenant_id: TenantId::new(format!("tenant-{n}")).unwrap(),
-            event_type: EventType::new("invoice.paid").unwrap(),
-            payload: Default::default(),
-            attempt_count: 0,
-            manual_attempt_count: 0,
-            after_unknown: false,
-            materialized: true,
-            created_at: Timestamp(0),
-            next_attempt_at: Timestamp(0),
-            expires_at: Timestamp(i64::MAX),
-            lease_version: 1,
-            endpoint_config_version: 1,
-            event_occurred_at: Timestamp(0),
-            schema_version: 1,
-            replay: None,
-            order: None,
-        }
-    }
-
-    /// The distinct values of label `name` in `/metrics` text.
-    fn values<'t>(text: &'t str, name: &str) -> BTreeSet<&'t str> {
-        let key = format!("{name}=\"");
-        text.lines()
-            .filter_map(|l| l.split(key.as_str()).nth(1)?.split('"').next())
-            .collect()
-    }
-
-    /// Dispatch feeding 5,000 tenants and endpoints, with every status
-    /// class, trigger, final state and limit: the tenant and endpoint
-    /// labels stay at the first MAX_LABELLED and `other`, whatever the
-    /// ids.
-    #[tokio::test]
-    async fn tenant_and_endpoint_labels_stay_bounded() {
-        let metrics = walhook_api::Metrics::new();
-        let observer = MetricsObserver::new(metrics.pipeline.clone());
-        let outcomes = [
-            AttemptOutcome::Delivered { status: 200 },
-            AttemptOutcome::Retryable {
-                status: Some(503),
-                class: ErrorClass::ServerError,
-                retry_after: None,
-            },
-            AttemptOutcome::Rejected {
-                status: Some(404),
-                class: ErrorClass::ClientError,
-            },
-            AttemptOutcome::Gone,
-        ];
-        for n in 0..5_000u32 {
-            let job = job(n);
-            let seen = AttemptSeen {
-                job: &job,
-                trigger: if n % 2 == 0 {
-                    Trigger::Auto
-                } else {
-                    Trigger::Manual
-                },
-                number: 1,
-                first: n % 2 == 0,
-                started_at: Timestamp(0),
-            };
-            observer.started(&seen);
-            observer.finished(&seen, &outcomes[n as usize % 4], Timestamp(1));
-            observer.ended(&job, DeliveryStatus::Succeeded, 1);
-            observer.throttled(&job.tenant_id, Throttle::TenantBudget, 1);
-        }
-        let text = metrics.render(None, std::time::Duration::ZERO).await;
-        let tenants = values(&text, "tenant_id");
-        let endpoints = values(&text, "endpoint_id");
-        assert_eq!(tenants.len(), MAX_LABELLED + 1, "{tenants:?}");
-        assert_eq!(endpoints.len(), MAX_LABELLED + 1);
-        assert!(tenants.contains(OTHER) && endpoints.contains(OTHER));
-        // Every series of every family, all told.
-        let series = text.lines().filter(|l| !l.starts_with('#')).count();
-        assert!(series < 3_000, "{series} series");
-    }
 }

@@ -33,7 +33,6 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use walhook_api::metrics::{LogLagLabels, PipelineMetrics};
 use walhook_connectors::fluvio::{FluvioLog, Reachability};
 use walhook_connectors::http::HttpEgress;
 use walhook_connectors::postgres::{CaptureError, CaptureObserver, PostgresSource, RunOptions};
@@ -48,13 +47,13 @@ use walhook_pipeline::ids::Lsn;
 use walhook_pipeline::log::embedded::EmbeddedLog;
 use walhook_pipeline::log::{Log, Producer};
 use walhook_pipeline::membership::MembershipCounters;
+use walhook_pipeline::metrics::{LogLagLabels, MetricsObserver, PipelineMetrics};
 use walhook_pipeline::runtime::{self, Share, WorkerCounters, WorkerSettings, Workers};
 use walhook_pipeline::supervise::{Stopped, Supervisor};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
 
 use crate::config::{Config, LogKind};
-use crate::metrics::MetricsObserver;
 
 /// Capture's counters.
 #[derive(Debug, Default)]

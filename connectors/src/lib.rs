@@ -6,11 +6,8 @@
 //! - `fluvio` (feature `fluvio`, on by default): the log port over a
 //!   Fluvio cluster, so that the stages run as separate processes.
 //! - [`http`]: the egress that sends signed attempts.
-//! - [`objstore`]: where cold history goes: a local directory or S3, behind
-//!   the object-store port of `walhook-pipeline`.
 
 #[cfg(feature = "fluvio")]
 pub mod fluvio;
 pub mod http;
-pub mod objstore;
 pub mod postgres;

@@ -15,7 +15,6 @@ use walhook_connectors::http::{EgressSettings, HttpEgress};
 use walhook_devkit::receiver::{Behaviour, Receiver};
 use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, ObjectOrder};
 use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
-use walhook_pipeline::dispatch::policy::RetryPolicy;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
 use walhook_pipeline::endpoint::{
     DeliveryOrder, Directory, EndpointConfig, EndpointSource, Loaded, RefreshSettings,
@@ -24,6 +23,7 @@ use walhook_pipeline::endpoint::{
 use walhook_pipeline::event::{EventKey, EventType};
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::incident::{IncidentStore, StageIncident};
+use walhook_pipeline::retry::RetryPolicy;
 use walhook_pipeline::signing::SigningSecret;
 use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
 use walhook_pipeline::time::Timestamp;

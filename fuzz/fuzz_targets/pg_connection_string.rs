@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use walhook_pgtls::{ConnectOptions, TlsFields};
-use walhook_pipeline::redact::DatabaseUrl;
+use walhook_pgtls::DatabaseUrl;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use walhook_connectors::http::policy::{
+use walhook_pipeline::url_policy::{
     MAX_URL_BYTES, UrlPolicy, VettedHost, check_addr, check_ip, check_url,
 };
 

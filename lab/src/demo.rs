@@ -446,12 +446,11 @@ sweep_interval = "500ms"
         until: window.until + Duration::from_secs(60),
         ..window
     };
-    let reconciler =
-        walhook_reconcile::Reconciler::<walhook_connectors::objstore::LocalDirStore>::new(
-            platform.clone(),
-            None,
-            cfg.reconcile.settings(&cfg.source, cfg.retry.deadline),
-        );
+    let reconciler = walhook_reconcile::Reconciler::<walhook_archive::objstore::LocalDirStore>::new(
+        platform.clone(),
+        None,
+        cfg.reconcile.settings(&cfg.source, cfg.retry.deadline),
+    );
     let report = reconciler
         .run(
             &walhook_reconcile::Request {

@@ -108,7 +108,7 @@ mod tests {
     use std::io::Write;
     use std::sync::{Arc, Mutex};
 
-    use walhook_pipeline::redact::DatabaseUrl;
+    use crate::DatabaseUrl;
 
     use super::*;
     use crate::options::TlsFields;

@@ -14,6 +14,7 @@
 //!   [`TlsFields`] made into tokio-postgres's settings and a [`TlsOptions`]
 //!   policy. tokio-postgres does not know `verify-ca`, `verify-full` or
 //!   `sslrootcert`, so they are taken out of the string before it parses it.
+//! - [`DatabaseUrl`]: a connection string whose password never prints.
 //! - [`RustlsConnector`]: the `MakeTlsConnect` carrying out the policy with
 //!   rustls (no OpenSSL), whose errors name the check that failed.
 //!
@@ -33,11 +34,13 @@ pub mod exposure;
 pub mod mode;
 pub mod options;
 mod params;
+pub mod url;
 
 pub use connector::{RustlsConnector, RustlsStream, server_verifier};
 pub use error::{ConnectError, find_connect_error};
 pub use mode::{ACCEPTED_MODES, SslMode};
 pub use options::{ConnectOptions, Roots, SYSTEM_ROOTS, TlsFields, TlsOptions, Verification};
+pub use url::DatabaseUrl;
 
 #[cfg(test)]
 mod tests;

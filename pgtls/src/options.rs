@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use walhook_pipeline::redact::DatabaseUrl;
+use crate::DatabaseUrl;
 
 use crate::connector::RustlsConnector;
 use crate::error::ConnectError;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use walhook_pipeline::redact::DatabaseUrl;
+use crate::DatabaseUrl;
 
 use crate::*;
 

@@ -16,7 +16,13 @@
 //!   by `walhook run` and the scale-out processes; [`routing`]: the
 //!   deliveries topic keyed by endpoint between fan-out and dispatch members.
 //! - [`failpoint`]: named crash points for the kill tests.
+//! - [`metrics`]: what the stages feed Prometheus, the same series in
+//!   `walhook run` and in a stage process on its own.
+//! - [`retry`]: the retry schedule, tenants' and endpoints' overrides of it, and
+//!   the delivery state it drives.
 //! - [`objstore`]: the object-store port that cold history is written to.
+//! - [`url_policy`]: which endpoint URLs and addresses may be sent to (SSRF),
+//!   pure, for registration and for the egress's connect-time checks.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
 //!   that never print.
 //!
@@ -36,8 +42,10 @@ pub mod ids;
 pub mod incident;
 pub mod log;
 pub mod membership;
+pub mod metrics;
 pub mod objstore;
 pub mod redact;
+pub mod retry;
 pub mod routing;
 pub mod runtime;
 pub mod sanitize;
@@ -45,3 +53,4 @@ pub mod signing;
 pub mod store;
 pub mod supervise;
 pub mod time;
+pub mod url_policy;

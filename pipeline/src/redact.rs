@@ -2,10 +2,10 @@
 //!
 //! [`Redacted`] holds a secret whose `Debug` and `Display` print `***`, so a
 //! config dumped with `{:?}`, a struct logged at `debug`, or an error that
-//! quotes its input cannot leak it. [`DatabaseUrl`] is a connection string
-//! whose password is masked when shown. Both deserialize from a plain
-//! string, so config files stay as they are; the secret comes out only
-//! through an `expose` call, which is easy to find in review.
+//! quotes its input cannot leak it. It deserializes from a plain value, so
+//! config files stay as they are; the secret comes out only through an
+//! `expose` call, which is easy to find in review (a database password:
+//! `walhook_pgtls::DatabaseUrl`).
 //! [`url_without_secrets`] is an endpoint URL as shown to anyone but its
 //! tenant (the operator's audit records, `endpoint.disabled` events).
 
@@ -56,78 +56,6 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Redacted<T> {
     }
 }
 
-/// A Postgres connection string (`postgres://user:password@host/db` or
-/// `host=… password=…`) whose password is shown as `***`.
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct DatabaseUrl(String);
-
-impl DatabaseUrl {
-    /// Wraps `url`.
-    pub fn new(url: impl Into<String>) -> Self {
-        DatabaseUrl(url.into())
-    }
-
-    /// The full connection string, password included (to connect with).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The connection string with its password masked (to show).
-    pub fn masked(&self) -> String {
-        mask_password(&self.0)
-    }
-}
-
-impl fmt::Debug for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.masked())
-    }
-}
-
-impl fmt::Display for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.masked())
-    }
-}
-
-impl From<String> for DatabaseUrl {
-    fn from(url: String) -> Self {
-        DatabaseUrl(url)
-    }
-}
-
-impl From<&str> for DatabaseUrl {
-    fn from(url: &str) -> Self {
-        DatabaseUrl(url.to_owned())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for DatabaseUrl {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(DatabaseUrl)
-    }
-}
-
-/// `url` with any password replaced by `***`: the userinfo password of a
-/// URL, a `password=` query parameter, and a `password=` key of the
-/// key/value form.
-pub fn mask_password(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                out.replace_range(rest_start + colon + 1..rest_start + at, "***");
-            }
-        }
-    }
-    mask_key_value(&out)
-}
-
 /// `url` without the parts where credentials live: its user info, query
 /// string and fragment (`https://u:p@h:8443/hook?token=…#x` becomes
 /// `https://h:8443/hook`). Endpoint URLs often carry a receiver's token in
@@ -159,31 +87,6 @@ pub fn url_without_secrets(url: &str) -> String {
         .map_or(authority, |(_, host)| host);
     let path = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
     format!("{scheme}{slashes}{host}{path}")
-}
-
-/// Masks the value after every `password=` (query string or key/value
-/// form), up to the next `&`, space or end (a quoted value up to its
-/// closing quote).
-fn mask_key_value(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find("password=") {
-        let boundary = i == 0 || matches!(rest.as_bytes()[i - 1], b' ' | b'?' | b'&');
-        out.push_str(&rest[..i + "password=".len()]);
-        rest = &rest[i + "password=".len()..];
-        if !boundary {
-            continue;
-        }
-        let end = if let Some(quoted) = rest.strip_prefix('\'') {
-            quoted.find('\'').map_or(rest.len(), |j| j + 2)
-        } else {
-            rest.find([' ', '&']).unwrap_or(rest.len())
-        };
-        out.push_str("***");
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    out
 }
 
 #[cfg(test)]
@@ -279,38 +182,6 @@ mod tests {
             proptest::prop_assert_eq!(url_without_secrets(&text), parsed.as_str());
             let any = url_without_secrets(&noise);
             proptest::prop_assert!(!any.contains('?') && !any.contains('#'));
-        }
-    }
-
-    #[test]
-    fn database_passwords_are_masked() {
-        for (url, shown) in [
-            (
-                "postgres://walhook:hunter2@db:5432/walhook",
-                "postgres://walhook:***@db:5432/walhook",
-            ),
-            (
-                "postgresql://u:p%40ss@h/d?sslmode=require",
-                "postgresql://u:***@h/d?sslmode=require",
-            ),
-            ("postgres://u@h/d", "postgres://u@h/d"),
-            (
-                "postgres://h/d?user=u&password=hunter2&sslmode=require",
-                "postgres://h/d?user=u&password=***&sslmode=require",
-            ),
-            (
-                "host=db user=u password=hunter2 dbname=d",
-                "host=db user=u password=*** dbname=d",
-            ),
-            (
-                "host=db password='a b c' dbname=d",
-                "host=db password=*** dbname=d",
-            ),
-        ] {
-            let u = DatabaseUrl::new(url);
-            assert_eq!(u.masked(), shown, "{url}");
-            assert!(!format!("{u:?}{u}").contains("hunter2"));
-            assert_eq!(u.expose(), url);
         }
     }
 }

@@ -3,10 +3,10 @@
 //! says when to read it again.
 
 use uuid::Uuid;
-use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::endpoint::{DeliveryOrder, EndpointConfig, EndpointSource};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::retry::RetryOverride;
 use walhook_pipeline::signing::VersionedSecret;
 
 use crate::{Platform, StoreError};

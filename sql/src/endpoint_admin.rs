@@ -7,8 +7,8 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
-use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::ids::{EndpointId, TenantId};
+use walhook_pipeline::retry::RetryOverride;
 
 use crate::endpoints::record_version;
 use crate::{Platform, StoreError};

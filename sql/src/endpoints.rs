@@ -8,11 +8,11 @@
 //! the database only ever holds ciphertext.
 
 use uuid::Uuid;
-use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::endpoint::DeliveryOrder;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{EndpointId, TenantId};
 use walhook_pipeline::redact::url_without_secrets;
+use walhook_pipeline::retry::RetryOverride;
 use walhook_pipeline::signing::SigningSecret;
 
 use crate::{Platform, StoreError};

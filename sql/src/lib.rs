@@ -43,8 +43,8 @@ pub mod verification;
 pub use secrets::Keyring;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use walhook_pgtls::DatabaseUrl;
 use walhook_pgtls::{ConnectError, ConnectOptions, TlsFields};
-use walhook_pipeline::redact::DatabaseUrl;
 use walhook_pipeline::store::ErrorKind;
 
 /// Errors talking to the platform database.

@@ -7,8 +7,8 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
-use walhook_pipeline::dispatch::policy::RetryOverride;
 use walhook_pipeline::ids::TenantId;
+use walhook_pipeline::retry::RetryOverride;
 
 use crate::endpoints::retry_json;
 use crate::{Platform, StoreError};

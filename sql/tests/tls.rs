@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_devkit::tls::TestCa;
+use walhook_pgtls::DatabaseUrl;
 use walhook_pgtls::{ConnectOptions, SslMode, TlsFields};
-use walhook_pipeline::redact::DatabaseUrl;
 use walhook_sql::{Platform, StoreError};
 
 /// A TLS cluster, the CA that signed its certificate, and another CA.

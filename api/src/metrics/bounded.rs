@@ -5,7 +5,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 
-use super::{MAX_LABELLED, OTHER};
+use walhook_pipeline::metrics::{MAX_LABELLED, OTHER};
 
 /// Why the API refused a request or a connection before serving it: a
 /// closed set, so the label stays bounded.

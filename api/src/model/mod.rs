@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
-use walhook_pipeline::dispatch::policy::RetryOverride;
+use walhook_pipeline::retry::RetryOverride;
 
 /// A stored time as an RFC 3339 UTC value.
 pub fn ts(t: SystemTime) -> DateTime<Utc> {

@@ -2,9 +2,9 @@
 //! run every check before writing anything, so a refused request changes
 //! nothing.
 
-use walhook_connectors::http::policy::{UrlPolicy, check_url};
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::sanitize::{Lines, first_unsafe};
+use walhook_pipeline::url_policy::{UrlPolicy, check_url};
 use walhook_sql::Platform;
 
 use crate::error::{ApiError, FieldError};
@@ -143,10 +143,10 @@ impl Checks {
     pub fn retry(
         &mut self,
         value: Option<&crate::model::RetrySchedule>,
-        limits: &walhook_pipeline::dispatch::policy::RetryLimits,
+        limits: &walhook_pipeline::retry::RetryLimits,
     ) {
         if let Some(v) = value {
-            let o = walhook_pipeline::dispatch::policy::RetryOverride::from(*v);
+            let o = walhook_pipeline::retry::RetryOverride::from(*v);
             for (field, why) in o.problems(limits) {
                 self.fail(format!("retry.{field}"), why);
             }

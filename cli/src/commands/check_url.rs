@@ -14,8 +14,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use walhook_connectors::http::EgressSettings;
-use walhook_connectors::http::policy::{Refusal, VettedHost, check_url};
 use walhook_connectors::http::resolve::{Lookup, StaticLookup, SystemLookup, resolve};
+use walhook_pipeline::url_policy::{Refusal, VettedHost, check_url};
 
 /// Arguments of `walhook check-url`.
 #[derive(Debug, clap::Args)]

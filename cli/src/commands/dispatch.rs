@@ -91,9 +91,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         counters.dispatch.clone(),
     );
     if let Some(m) = &metrics {
-        dispatcher = dispatcher.with_observer(Arc::new(crate::metrics::MetricsObserver::new(
-            m.pipeline.clone(),
-        )));
+        dispatcher = dispatcher.with_observer(Arc::new(
+            walhook_pipeline::metrics::MetricsObserver::new(m.pipeline.clone()),
+        ));
         m.register_collector(Box::new(crate::metrics::PipelineCollector::new(
             counters, directory,
         )));

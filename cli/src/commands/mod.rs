@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 pub async fn stage_metrics(
     listen: Option<&str>,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Option<Arc<walhook_api::Metrics>>> {
+) -> anyhow::Result<Option<Arc<crate::metrics::StageMetrics>>> {
     let Some(listen) = listen else {
         return Ok(None);
     };
-    let metrics = Arc::new(walhook_api::Metrics::new());
+    let metrics = Arc::new(crate::metrics::StageMetrics::default());
     crate::metrics::serve_stage_metrics(listen, metrics.clone(), shutdown.clone()).await?;
     Ok(Some(metrics))
 }

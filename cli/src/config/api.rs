@@ -271,7 +271,7 @@ impl ApiConfig {
     /// The API's settings, with the URL policy from this section and
     /// `[egress]` (loopback http only when egress allows it too).
     pub fn settings(&self, cfg: &Config) -> walhook_api::ApiSettings {
-        let policy = walhook_connectors::http::policy::UrlPolicy {
+        let policy = walhook_pipeline::url_policy::UrlPolicy {
             allowed_ports: self.allowed_ports.clone(),
             allow_http_loopback: cfg.egress.allow_http_loopback,
         };

@@ -78,18 +78,18 @@ pub struct S3Config {
 const S3_MAX_UPLOAD: usize = 5 * 1024 * 1024 * 1024;
 
 fn default_part_size() -> usize {
-    walhook_connectors::objstore::s3::DEFAULT_PART_SIZE
+    walhook_archive::objstore::s3::DEFAULT_PART_SIZE
 }
 
 fn default_multipart_threshold() -> usize {
-    walhook_connectors::objstore::s3::DEFAULT_MULTIPART_THRESHOLD
+    walhook_archive::objstore::s3::DEFAULT_MULTIPART_THRESHOLD
 }
 
 impl S3Config {
     /// Checks the upload sizes; the message names the field, the value and
     /// the fix.
     fn validate_uploads(&self) -> anyhow::Result<()> {
-        let min = walhook_connectors::objstore::s3::MIN_PART_SIZE;
+        let min = walhook_archive::objstore::s3::MIN_PART_SIZE;
         if !(min..=S3_MAX_UPLOAD).contains(&self.part_size) {
             bail!(
                 "[archive.s3] part_size = {} is out of range: S3 takes parts of {min} (5 MiB) to {S3_MAX_UPLOAD} (5 GiB) bytes; the default is {}",
@@ -208,8 +208,8 @@ impl ArchiveConfig {
     }
 
     /// Opens the configured store.
-    pub async fn open_store(&self) -> anyhow::Result<walhook_connectors::objstore::AnyStore> {
-        use walhook_connectors::objstore::{AnyStore, LocalDirStore, S3Settings, S3Store};
+    pub async fn open_store(&self) -> anyhow::Result<walhook_archive::objstore::AnyStore> {
+        use walhook_archive::objstore::{AnyStore, LocalDirStore, S3Settings, S3Store};
         Ok(match self.store.as_str() {
             "s3" => {
                 let s3 = self.s3.as_ref().expect("validated");

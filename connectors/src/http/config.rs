@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::policy::UrlPolicy;
+use walhook_pipeline::url_policy::UrlPolicy;
 
 /// The most response bytes ever read (and digested) per attempt.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;

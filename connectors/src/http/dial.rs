@@ -27,8 +27,8 @@ use std::task::{Context, Poll};
 use hyper_util::client::legacy::connect::{Connection, HttpInfo};
 
 use super::observe::EgressObserver;
-use super::policy::{Refusal, RefusalReason, UrlPolicy, check_addr};
 use super::resolve::TrustedProxy;
+use walhook_pipeline::url_policy::{Refusal, RefusalReason, UrlPolicy, check_addr};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -44,8 +44,8 @@ use walhook_pipeline::dispatch::outcome::ErrorClass;
 
 use super::dial::guard_peer;
 use super::observe::EgressObserver;
-use super::policy::{UrlPolicy, VettedHost, VettedUrl};
 use super::resolve::{Lookup, Vetting, vetted_addrs};
+use walhook_pipeline::url_policy::{UrlPolicy, VettedHost, VettedUrl};
 
 /// How long an idle pooled connection is kept.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -393,7 +393,7 @@ async fn tcp_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::policy::check_url;
+    use walhook_pipeline::url_policy::check_url;
 
     fn target(url: &str) -> Target {
         let policy = UrlPolicy {

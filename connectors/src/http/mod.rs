@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  dispatch ──Outbound──▶ HttpEgress::send
-//!                            ├─ policy::check_url      URL rules, address literals
+//!                            ├─ url_policy::check_url  URL rules, address literals
 //!                            ├─ resolve::vetted_addrs  every resolved address (rebinding-safe)
 //!                            ├─ dial::guard_peer       the peer of every new connection
 //!                            ├─ direct::Direct         HTTP/1.1, own pool per origin (no proxy)
@@ -12,8 +12,8 @@
 //!                               timeouts, ≤ 64 KiB of response read
 //! ```
 //!
-//! - [`policy`]: which URLs and addresses are allowed; also used at
-//!   registration (the API) and by `walhook check-url`.
+//! - `walhook_pipeline::url_policy`: which URLs and addresses are allowed;
+//!   pure code, shared with registration (the API) and `walhook check-url`.
 //! - [`resolve`]: the resolver that returns vetted addresses only, and the
 //!   lookups behind it (system DNS, a recording static table).
 //! - [`dial`]: the check of each connection's peer (and reqwest's layer).
@@ -26,7 +26,6 @@ pub mod config;
 pub mod dial;
 pub mod direct;
 pub mod observe;
-pub mod policy;
 pub mod resolve;
 pub mod sink;
 

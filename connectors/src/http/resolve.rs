@@ -28,7 +28,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::observe::EgressObserver;
-use super::policy::{Refusal, RefusalReason, UrlPolicy, check_addr};
+use walhook_pipeline::url_policy::{Refusal, RefusalReason, UrlPolicy, check_addr};
 
 /// A future of a lookup's answers.
 pub type Answers = Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send>>;

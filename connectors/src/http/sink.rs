@@ -30,8 +30,8 @@ use super::config::EgressSettings;
 use super::dial::DialGuardLayer;
 use super::direct::{Direct, POOL_IDLE_TIMEOUT, Target, TlsConfigError};
 use super::observe::{EgressObserver, LogObserver};
-use super::policy::{Refusal, UrlPolicy, VettedHost, check_url};
 use super::resolve::{Lookup, SystemLookup, TrustedProxy, VettingResolver};
+use walhook_pipeline::url_policy::{Refusal, UrlPolicy, VettedHost, check_url};
 
 /// Bytes of the response body kept for the excerpt (before cleaning).
 const EXCERPT_READ_BYTES: usize = 4096;

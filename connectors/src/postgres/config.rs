@@ -24,9 +24,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use walhook_pgtls::DatabaseUrl;
 use walhook_pgtls::{ConnectError, ConnectOptions, SslMode, TlsFields};
 use walhook_pipeline::event::EventType;
-use walhook_pipeline::redact::DatabaseUrl;
 
 /// Default replication slot name.
 pub const DEFAULT_SLOT: &str = "walhook";

@@ -141,8 +141,8 @@ pub(crate) fn stream_tls_error(
 mod tests {
     use std::path::Path;
 
+    use walhook_pgtls::DatabaseUrl;
     use walhook_pgtls::TlsFields;
-    use walhook_pipeline::redact::DatabaseUrl;
 
     use super::*;
 

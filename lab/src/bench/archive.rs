@@ -82,7 +82,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         fill.elapsed().as_secs_f64()
     );
     let dir = tempfile::tempdir()?;
-    let store = walhook_connectors::objstore::LocalDirStore::open(dir.path())?;
+    let store = walhook_archive::objstore::LocalDirStore::open(dir.path())?;
     let settings = Settings {
         tables: vec![Table::Attempts],
         today: Some(day + chrono::Duration::days(5)),

@@ -27,9 +27,9 @@ use anyhow::Context;
 use chrono::NaiveDate;
 use futures::{SinkExt, TryStreamExt};
 use walhook_archive::cold::{ColdHistory, ColdLimits, CountingStore};
+use walhook_archive::objstore::{AnyStore, LocalDirStore};
 use walhook_archive::table::Table;
 use walhook_archive::{Archiver, PartitionReport, Progress, Settings};
-use walhook_connectors::objstore::{AnyStore, LocalDirStore};
 use walhook_devkit::history::History;
 use walhook_devkit::postgres::LocalPostgres;
 
@@ -248,7 +248,7 @@ impl Served {
             ..walhook_api::ApiLimits::default()
         };
         let options = walhook_pgtls::ConnectOptions::parse(
-            &walhook_pipeline::redact::DatabaseUrl::new(url),
+            &walhook_pgtls::DatabaseUrl::new(url),
             "[platform]",
             &walhook_pgtls::TlsFields::default(),
         )?;
@@ -256,7 +256,7 @@ impl Served {
             .with_keyring(walhook_sql::Keyring::ephemeral());
         let settings = walhook_api::ApiSettings::new(
             OPERATOR,
-            walhook_connectors::http::policy::UrlPolicy::default(),
+            walhook_pipeline::url_policy::UrlPolicy::default(),
         );
         let cold = Arc::new(ColdHistory::with_limits(
             platform.clone(),

@@ -159,7 +159,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let archived = Instant::now();
     walhook_cli::commands::archive::on_own_thread(move || async move {
         let platform = walhook_sql::Platform::new(&archive_url, 4)?;
-        let store = walhook_connectors::objstore::LocalDirStore::open(&archive_dir)?;
+        let store = walhook_archive::objstore::LocalDirStore::open(&archive_dir)?;
         let settings = Settings {
             hot_days: 1,
             today: Some(hot_day),
@@ -181,7 +181,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     );
 
     let platform = walhook_sql::Platform::new(&url, 4)?;
-    let store = walhook_connectors::objstore::LocalDirStore::open(dir.path())?;
+    let store = walhook_archive::objstore::LocalDirStore::open(dir.path())?;
     let reconciler = Reconciler::new(
         platform,
         Some(store),

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use super::breaker::{BreakerConfig, Health};
 use super::outcome::{AttemptOutcome, ErrorClass};
-use super::policy::{DeliveryState, RetryPolicy};
 use super::scheduler::{Limits, Scheduler, SchedulerConfig};
 use crate::delivery::{DeliveryJob, DeliveryStatus};
 use crate::event::EventType;
 use crate::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use crate::retry::{DeliveryState, RetryPolicy};
 use crate::time::Timestamp;
 
 const MS: i64 = 1000;

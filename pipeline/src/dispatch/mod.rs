@@ -38,7 +38,6 @@ pub mod observe;
 #[cfg(test)]
 mod ordering_tests;
 pub mod outcome;
-pub mod policy;
 pub mod recorder;
 pub mod scheduler;
 pub mod sweeper;
@@ -60,7 +59,6 @@ use self::egress::{Egress, EgressResult, build_request};
 use self::numbering::Numbering;
 use self::observe::{AttemptObserver, AttemptSeen, NoObserver};
 use self::outcome::{AttemptOutcome, ErrorClass};
-use self::policy::{DeliveryState, RetryOverride, RetryPolicy};
 use self::recorder::Record;
 use self::scheduler::{Limits, Scheduler, SchedulerConfig};
 use self::sweeper::Claimed;
@@ -70,6 +68,7 @@ use crate::delivery::{
 };
 use crate::endpoint::SubscriptionCache;
 use crate::ids::{AttemptId, EndpointId};
+use crate::retry::{DeliveryState, RetryOverride, RetryPolicy};
 use crate::signing::VersionedSecret;
 use crate::store::{DispatchStore, Release, StoreError, Transition};
 use crate::time::Timestamp;

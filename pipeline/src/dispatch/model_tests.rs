@@ -23,11 +23,11 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state
 
 use super::breaker::{BreakerConfig, Health};
 use super::outcome::{AttemptOutcome, ErrorClass};
-use super::policy::{DeliveryState, RetryPolicy};
 use super::scheduler::{Limits, Scheduler, SchedulerConfig};
 use crate::delivery::{DeliveryJob, DeliveryStatus};
 use crate::event::EventType;
 use crate::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use crate::retry::{DeliveryState, RetryPolicy};
 use crate::time::Timestamp;
 
 const SEC: i64 = 1_000_000;

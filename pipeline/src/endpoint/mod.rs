@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::dispatch::policy::RetryOverride;
 use crate::event::EventType;
 use crate::ids::{EndpointId, TenantId};
+use crate::retry::RetryOverride;
 use crate::signing::VersionedSecret;
 use crate::store::StoreError;
 

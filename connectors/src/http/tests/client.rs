@@ -14,9 +14,9 @@ use walhook_pipeline::dispatch::outcome::{AttemptOutcome, ErrorClass};
 use super::server::{RawServer, ok_response};
 use super::{Recorder, blocked, dev_settings, egress, outbound};
 use crate::http::direct::{Direct, Target};
-use crate::http::policy::{UrlPolicy, check_url};
 use crate::http::resolve::StaticLookup;
 use crate::http::{EgressSettings, ProxyUrl};
+use walhook_pipeline::url_policy::{UrlPolicy, check_url};
 
 fn loopback() -> Vec<IpAddr> {
     vec!["127.0.0.1".parse().unwrap()]
@@ -407,8 +407,8 @@ async fn the_dial_guard_drops_a_connection_to_a_refused_peer() {
     // guard alone must stop a request to a refused (here: loopback under
     // the production policy) address literal.
     use crate::http::dial::DialGuardLayer;
-    use crate::http::policy::Refusal;
     use crate::http::resolve::TrustedProxy;
+    use walhook_pipeline::url_policy::Refusal;
     let server = RawServer::plain(ok_response()).await;
     let recorder = Arc::new(Recorder::default());
     let client = reqwest::Client::builder()

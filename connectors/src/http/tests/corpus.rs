@@ -8,8 +8,8 @@ use walhook_pipeline::dispatch::egress::Egress;
 
 use super::{Recorder, blocked, egress, outbound};
 use crate::http::EgressSettings;
-use crate::http::policy::{RefusalReason, UrlPolicy, VettedHost, check_url};
 use crate::http::resolve::{StaticLookup, resolve};
+use walhook_pipeline::url_policy::{RefusalReason, UrlPolicy, VettedHost, check_url};
 
 /// One corpus line.
 #[derive(Debug, Clone)]

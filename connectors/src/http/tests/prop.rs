@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 
-use crate::http::policy::{UrlPolicy, VettedHost, check_addr, check_ip, check_url};
 use crate::http::resolve::{StaticLookup, resolve};
+use walhook_pipeline::url_policy::{UrlPolicy, VettedHost, check_addr, check_ip, check_url};
 
 /// Addresses biased towards the interesting ranges.
 fn ip() -> impl Strategy<Value = IpAddr> {

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use walhook_connectors::objstore::{AnyStore, LocalDirStore, S3Credentials, S3Settings, S3Store};
+use walhook_archive::objstore::{AnyStore, LocalDirStore, S3Credentials, S3Settings, S3Store};
 use walhook_devkit::s3::S3Server;
 use walhook_pipeline::objstore::{ObjectInfo, ObjectStore, ObjectStoreError, sha256_hex};
 

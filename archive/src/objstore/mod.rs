@@ -18,7 +18,7 @@
 //! - [`AnyStore`]: either of the two, chosen at run time from configuration,
 //!   so the archive stays generic over one type.
 //!
-//! Both pass the same contract suite (`connectors/tests/objstore.rs`), the
+//! Both pass the same contract suite (`archive/tests/objstore.rs`), the
 //! S3 one against a real S3-compatible server (`s3s-fs`).
 
 pub mod local;

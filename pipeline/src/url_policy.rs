@@ -25,8 +25,9 @@
 //! else private ever does.
 //!
 //! Checked at registration for a helpful error and again at connect time
-//! for safety (the resolver in `resolve.rs` and the dial guard in
-//! `dial.rs`).
+//! for safety (the resolver and the dial guard of walhook-connectors'
+//! `http` module). The code is pure (no I/O), so the API validates with it
+//! without linking the egress.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
