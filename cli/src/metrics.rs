@@ -4,7 +4,7 @@
 //! ```text
 //!  Dispatcher ──AttemptObserver──▶ MetricsObserver (walhook_pipeline::metrics)
 //!  Counters (capture, fan-out, dispatch atomics) ◀── read at scrape by PipelineCollector
-//!  capture observer ──▶ capture lag, slot lag (in pipeline.rs)
+//!  capture observer ──▶ capture lag, slot lag (in pipeline/mod.rs)
 //! ```
 
 use std::sync::Arc;

@@ -468,12 +468,12 @@ impl Platform {
             let ep = EndpointId(*s.get::<_, Uuid>(0).as_bytes());
             let delivery = walhook_pipeline::ids::DeliveryId::derive(event_id, ep);
             tx.execute(
-                "WITH d AS (INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, \
+                "WITH made AS (INSERT INTO walhook.deliveries (id, event_id, endpoint_id, tenant_id, event_type, \
                    event_occurred_at, endpoint_config_version, next_attempt_at, expires_at, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now() + interval '24 hours', $6) ON CONFLICT DO NOTHING \
                  RETURNING id, endpoint_id, created_at, next_attempt_at) \
                  INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at) \
-                 SELECT * FROM d",
+                 SELECT * FROM made",
                 &[
                     &Uuid::from_bytes(delivery.0),
                     &Uuid::from_bytes(event_id.0),

@@ -177,7 +177,7 @@ fn events_sql(redo: bool) -> String {
 /// gap-filling plans instead.
 static MATERIALIZE_FAST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH e AS ({}), f AS ({}) SELECT unnest(delivery_ids) FROM f",
+        "WITH stored_events AS ({}), stored_plans AS ({}) SELECT unnest(delivery_ids) FROM stored_plans",
         events_sql(false),
         plans_sql(13, false)
     )
@@ -203,10 +203,10 @@ static MATERIALIZE_EVENTS: std::sync::LazyLock<String> =
 /// an earlier run (another creation time), one claimed since (a later
 /// lease) or one nobody holds is left to the claims that handle it. The
 /// outer select reads the statement's snapshot, which does not show the
-/// plans inserted by `f`: none comes back twice.
+/// plans inserted by `stored_plans`: none comes back twice.
 static MATERIALIZE_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH f AS ({}) SELECT unnest(delivery_ids) FROM f \
+        "WITH stored_plans AS ({}) SELECT unnest(delivery_ids) FROM stored_plans \
          UNION ALL \
          SELECT t.id FROM {} AS t \
          JOIN walhook.fanouts p ON p.event_id = t.ev \

@@ -10,7 +10,10 @@ use fluvio::{Fluvio, Isolation, Offset as FluvioOffset};
 use futures::StreamExt;
 use walhook_pipeline::log::LogError;
 
-use super::{Committer, FluvioLog, broken, stored_offset, within};
+use super::committer::Committer;
+use super::connection::within;
+use super::consumer::stored_offset;
+use super::{FluvioLog, broken};
 
 /// Since when the cluster has failed to answer, if it has.
 ///

@@ -1,7 +1,7 @@
 //! The Postgres source: committed row changes become events.
 //!
 //! ```text
-//!  business Postgres ──pgoutput──▶ source.rs ──▶ pgoutput.rs (decode) ──▶ rules.rs (match, build)
+//!  business Postgres ──pgoutput──▶ source.rs ──▶ pgoutput.rs (decode) ──▶ rules/ (match, build)
 //!        ▲                             │                                      │
 //!        │  catalog.rs: wal_level,     │ hand_off(tx) ──▶ TransactionSink ◀────┘
 //!        │  slot, publication, tables  │

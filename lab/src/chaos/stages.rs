@@ -6,7 +6,8 @@
 
 use std::path::PathBuf;
 
-use super::{Rng, Walhook};
+use super::process::Walhook;
+use super::rounds::Rng;
 
 /// What a process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
