@@ -489,8 +489,30 @@ impl World {
     }
 }
 
-/// The commit this binary was built from (`WALHOOK_COMMIT` at build time),
-/// or "unknown".
+/// The commit this binary was built from ([`walhook_cli::BUILD_COMMIT`]), or
+/// "unknown".
 pub fn build_commit() -> &'static str {
-    option_env!("WALHOOK_COMMIT").unwrap_or("unknown")
+    walhook_cli::BUILD_COMMIT
+}
+
+#[cfg(test)]
+mod tests {
+    /// Built in a git checkout, the benchmarks' results name its commit:
+    /// `WALHOOK_COMMIT` is set by `cli/build.rs` for the `cli` crate only,
+    /// and a lab that read it for itself said "unknown".
+    #[test]
+    fn results_name_the_commit_of_a_git_checkout() {
+        let head = std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success());
+        let Some(head) = head else {
+            eprintln!("not a git checkout: nothing to compare the build commit with");
+            return;
+        };
+        let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+        assert_eq!(super::build_commit(), head);
+    }
 }
