@@ -295,11 +295,7 @@ impl Metrics {
                 .get(max_age, || self.read_gauges(platform))
                 .await;
         }
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
-            tracing::error!(error = %e, "metrics: cannot encode");
-        }
-        out
+        walhook_pipeline::metrics::encode(&self.registry.lock())
     }
 
     /// Counts a refusal; true when it should also be logged: the first of

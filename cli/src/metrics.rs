@@ -57,11 +57,7 @@ impl StageMetrics {
 
     /// Every metric in the text exposition format.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
-            tracing::error!(error = %e, "metrics: cannot encode");
-        }
-        out
+        walhook_pipeline::metrics::encode(&self.registry.lock())
     }
 }
 

@@ -23,6 +23,16 @@ mod observer;
 
 pub use observer::MetricsObserver;
 
+/// Every metric of `registry` in the text exposition format; a metric that
+/// cannot be encoded is logged, and the page holds what came before it.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::error!(error = %e, "metrics: cannot encode");
+    }
+    out
+}
+
 /// A family of histograms built by a function (their buckets).
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 

@@ -149,5 +149,5 @@ pub const RECONCILE_LAST_RUN: &str = "walhook_reconcile_last_run_timestamp_secon
 /// 1 when the last scrape could read the platform database (gauge).
 pub const METRICS_DATABASE_UP: &str = "walhook_metrics_database_up";
 /// Requests and connections refused before they were served, by
-/// reason (counter; see [`super::Refusal`]).
+/// reason (counter; the reasons are `walhook_api::metrics::Refusal`).
 pub const API_REFUSALS: &str = "walhook_api_refusals";

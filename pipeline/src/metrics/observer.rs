@@ -151,37 +151,17 @@ impl AttemptObserver for MetricsObserver {
 mod tests {
     use std::collections::BTreeSet;
 
-    use crate::event::EventType;
-    use crate::ids::{DeliveryId, EndpointId, EventId};
+    use crate::ids::EndpointId;
     use crate::metrics::{MAX_LABELLED, OTHER};
     use prometheus_client::registry::Registry;
 
     use super::*;
 
+    /// Job `n` of tenant `tenant-{n}` to endpoint `n`: every id distinct.
     fn job(n: u32) -> DeliveryJob {
-        let mut id = [0u8; 16];
-        id[..4].copy_from_slice(&n.to_be_bytes());
-        DeliveryJob {
-            delivery_id: DeliveryId(id),
-            event_id: EventId(id),
-            endpoint_id: EndpointId(id),
-            tenant_id: TenantId::new(format!("tenant-{n}")).unwrap(),
-            event_type: EventType::new("invoice.paid").unwrap(),
-            payload: Default::default(),
-            attempt_count: 0,
-            manual_attempt_count: 0,
-            after_unknown: false,
-            materialized: true,
-            created_at: Timestamp(0),
-            next_attempt_at: Timestamp(0),
-            expires_at: Timestamp(i64::MAX),
-            lease_version: 1,
-            endpoint_config_version: 1,
-            event_occurred_at: Timestamp(0),
-            schema_version: 1,
-            replay: None,
-            order: None,
-        }
+        let mut job = crate::dispatch::scheduler::tests::job(n, 0, &format!("tenant-{n}"), 0);
+        job.endpoint_id = EndpointId(job.delivery_id.0);
+        job
     }
 
     /// The distinct values of label `name` in `/metrics` text.
@@ -233,8 +213,7 @@ mod tests {
             observer.ended(&job, DeliveryStatus::Succeeded, 1);
             observer.throttled(&job.tenant_id, Throttle::TenantBudget, 1);
         }
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = crate::metrics::encode(&registry);
         let tenants = values(&text, "tenant_id");
         let endpoints = values(&text, "endpoint_id");
         assert_eq!(tenants.len(), MAX_LABELLED + 1, "{tenants:?}");

@@ -2,14 +2,14 @@
 //! claims of due deliveries. [`DispatchStore`] is implemented here, each
 //! method handing over to the module of its concern:
 //!
-//! - [`record`]: attempts, their tallies and the states after them;
-//! - [`first_rows`]: the first row of a delivery fan-out only planned;
-//! - [`transitions`]: ends and hand-backs outside attempts;
-//! - [`claims`]: due deliveries, lapsed nodes' work, a restart's own, replays;
-//! - [`partition`]: the same claims scoped to one partition of the
+//! - `record`: attempts, their tallies and the states after them;
+//! - `first_rows`: the first row of a delivery fan-out only planned;
+//! - `transitions`: ends and hand-backs outside attempts;
+//! - `claims`: due deliveries, lapsed nodes' work, a restart's own, replays;
+//! - `partition`: the same claims scoped to one partition of the
 //!   deliveries topic;
-//! - [`jobs`]: claimed rows read back as jobs;
-//! - [`nodes`], [`health`]: dispatcher nodes' leases, endpoints' health.
+//! - `jobs`: claimed rows read back as jobs;
+//! - `nodes`, `health`: dispatcher nodes' leases, endpoints' health.
 
 use std::time::Duration;
 
