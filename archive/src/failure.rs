@@ -30,7 +30,8 @@ impl ArchiveError {
     /// data) would fail every later day the same way. Everything about the
     /// day itself (a row the exporter refuses, a value Postgres cannot
     /// send, Parquet or Arrow refusing a part, a verification that does not
-    /// match) and anything transient stays with its day.
+    /// match, a catalog row in a state this version does not know) and
+    /// anything transient stays with its day.
     pub fn ends_the_run(&self) -> bool {
         if self.is_transient() {
             return false;
@@ -39,7 +40,8 @@ impl ArchiveError {
             ArchiveError::Shape { .. }
             | ArchiveError::Arrow(_)
             | ArchiveError::Parquet(_)
-            | ArchiveError::Verification { .. } => false,
+            | ArchiveError::Verification { .. }
+            | ArchiveError::UnknownState { .. } => false,
             ArchiveError::Query { source, .. } => !about_the_rows(source),
             ArchiveError::Db(_)
             | ArchiveError::Store(_)
@@ -197,12 +199,19 @@ mod tests {
             table: Table::Events,
             day: NaiveDate::from_ymd_opt(2026, 11, 27).unwrap(),
             object: "x".into(),
+            kind: crate::VerificationKind::Mismatch,
             problem: "y".into(),
             fix: "z".into(),
         };
         let arrow = ArchiveError::Arrow(arrow_schema::ArrowError::ComputeError("big".into()));
         let parquet = ArchiveError::Parquet(parquet::errors::ParquetError::General("bad".into()));
-        for e in [&shape, &verification, &arrow, &parquet] {
+        let unknown = ArchiveError::UnknownState {
+            table: Table::Events,
+            day: NaiveDate::from_ymd_opt(2026, 11, 27).unwrap(),
+            generation: 0,
+            unknown: crate::PartitionState::try_from("archived").unwrap_err(),
+        };
+        for e in [&shape, &verification, &arrow, &parquet, &unknown] {
             assert!(!e.ends_the_run(), "{e}");
         }
         let definite = ArchiveError::Store(ObjectStoreError::Definite {

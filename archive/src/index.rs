@@ -40,6 +40,7 @@ use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
 use crate::ArchiveError;
+use crate::catalog::PartitionState;
 use crate::cold::reader::{PartReader, Spend, load_metadata};
 use crate::dates::NaiveDateSql;
 use crate::manifest::Manifest;
@@ -259,16 +260,22 @@ pub(crate) async fn write(
         .await
         .map_err(ArchiveError::query("write the id exceptions of the day"))?;
     }
-    let sql = if verified {
-        "UPDATE walhook.archive_partitions SET indexed = true, state = 'verified', verified_at = now() \
-         WHERE table_name = $1 AND day = $2 AND generation = $3"
-    } else {
-        "UPDATE walhook.archive_partitions SET indexed = true \
-         WHERE table_name = $1 AND day = $2 AND generation = $3"
-    };
-    tx.execute(sql, &key)
+    let marked = if verified {
+        tx.execute(
+            "UPDATE walhook.archive_partitions SET indexed = true, state = $4, verified_at = now() \
+             WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &[key[0], key[1], key[2], &PartitionState::Verified.as_str()],
+        )
         .await
-        .map_err(ArchiveError::query("mark the day indexed"))?;
+    } else {
+        tx.execute(
+            "UPDATE walhook.archive_partitions SET indexed = true \
+             WHERE table_name = $1 AND day = $2 AND generation = $3",
+            &key,
+        )
+        .await
+    };
+    marked.map_err(ArchiveError::query("mark the day indexed"))?;
     walhook_sql::commit!(tx, client).map_err(ArchiveError::query("commit the id index"))?;
     Ok(())
 }

@@ -22,6 +22,8 @@
 //! - [`manifest`]: what a day's objects hold; [`part`]: one part in the
 //!   making.
 //! - [`dates`]: UTC days and Postgres `date` values.
+//! - [`catalog`]: the catalog row of each generation of a day and its
+//!   [`PartitionState`] (`written`, `verified`, `dropped`, `expired`).
 //! - [`archiver`]: the protocol above, its plan and its report; `due`:
 //!   which days a run takes.
 //! - [`failure`]: a day that fails is reported (log, incident, metric) and
@@ -44,7 +46,7 @@
 //! ([`walhook_pipeline::objstore::ObjectStore`]).
 
 pub mod archiver;
-mod catalog;
+pub mod catalog;
 pub mod cold;
 pub mod copy;
 pub mod dates;
@@ -63,6 +65,7 @@ pub mod table;
 pub mod verify;
 
 pub use archiver::{Archiver, Outcome, PartitionReport, Progress, Settings};
+pub use catalog::PartitionState;
 
 use walhook_pipeline::objstore::ObjectStoreError;
 use walhook_sql::StoreError;
@@ -131,17 +134,54 @@ pub enum ArchiveError {
         day: chrono::NaiveDate,
         /// The object (or the hot table) that does not match.
         object: String,
+        /// Whether the object is absent or present but wrong.
+        kind: VerificationKind,
         /// What does not match.
         problem: String,
         /// What the operator should do.
         fix: String,
     },
+    /// A catalog row holds a state this version does not know (a newer
+    /// version wrote it, or it was edited by hand): the day is left alone.
+    #[error(
+        "the archive catalog (walhook.archive_partitions) row of {table} {day}, generation {generation}: {unknown}"
+    )]
+    UnknownState {
+        /// The table.
+        table: Table,
+        /// The day.
+        day: chrono::NaiveDate,
+        /// The generation.
+        generation: u32,
+        /// The state found, and the ones this version knows.
+        unknown: walhook_pipeline::stored::UnknownName,
+    },
+}
+
+/// What kind of mismatch an [`ArchiveError::Verification`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VerificationKind {
+    /// An object or manifest the catalog or a manifest names is absent
+    /// from the store.
+    Missing,
+    /// Everything is there but something does not match: a SHA-256, a
+    /// size, a row count, a manifest or Parquet footer that does not parse
+    /// or is of another table or version, or hot rows the export refuses.
+    Mismatch,
 }
 
 impl ArchiveError {
     /// A mapper for `map_err` on queries.
     pub fn query(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> ArchiveError {
         move |source| ArchiveError::Query { what, source }
+    }
+
+    /// What a verification failure found (`None` for any other error).
+    pub fn verification_kind(&self) -> Option<VerificationKind> {
+        match self {
+            ArchiveError::Verification { kind, .. } => Some(*kind),
+            _ => None,
+        }
     }
 
     /// Whether retrying may help (connection trouble, a lock not granted in

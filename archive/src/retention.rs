@@ -6,6 +6,7 @@ use walhook_pipeline::objstore::ObjectStore;
 
 use crate::ArchiveError;
 use crate::archiver::{Archiver, Outcome, PartitionReport};
+use crate::catalog::PartitionState;
 use crate::dates::NaiveDateSql;
 use crate::manifest::Manifest;
 use crate::table::Table;
@@ -52,9 +53,14 @@ impl<S: ObjectStore> Archiver<S> {
                 }
                 client
                     .execute(
-                        "UPDATE walhook.archive_partitions SET state = 'expired', expired_at = now() \
+                        "UPDATE walhook.archive_partitions SET state = $4, expired_at = now() \
                          WHERE table_name = $1 AND day = $2 AND generation = $3",
-                        &[&table.name(), &NaiveDateSql(day), &(generation as i32)],
+                        &[
+                            &table.name(),
+                            &NaiveDateSql(day),
+                            &(generation as i32),
+                            &PartitionState::Expired.as_str(),
+                        ],
                     )
                     .await
                     .map_err(ArchiveError::query("mark a day expired"))?;

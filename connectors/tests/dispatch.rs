@@ -13,8 +13,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walhook_connectors::http::{EgressSettings, HttpEgress};
 use walhook_devkit::receiver::{Behaviour, Receiver};
-use walhook_pipeline::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, ObjectOrder};
+use walhook_pipeline::delivery::{
+    AttemptRecord, DeliveryJob, DeliveryStatus, ObjectOrder, OutcomeKind,
+};
 use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
+use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
 use walhook_pipeline::endpoint::{
     DeliveryOrder, Directory, EndpointConfig, EndpointSource, Loaded, RefreshSettings,
@@ -326,7 +329,11 @@ async fn a_500_then_a_200_retries_with_the_same_webhook_id() {
     let first = h.recorded(1).await;
     assert_eq!(
         (first[0].outcome, first[0].http_status, first[0].error_class),
-        ("retryable", Some(500), Some("http_5xx"))
+        (
+            OutcomeKind::Retryable,
+            Some(500),
+            Some(ErrorClass::ServerError)
+        )
     );
     assert_eq!(first[0].status, DeliveryStatus::Pending);
     // Full jitter: the first retry is within [0, base] = [0, 1 s].
@@ -356,7 +363,7 @@ async fn a_429_with_retry_after_is_honoured() {
     h.send(2).await;
     h.requests(1).await;
     let first = h.recorded(1).await;
-    assert_eq!(first[0].error_class, Some("http_429"));
+    assert_eq!(first[0].error_class, Some(ErrorClass::RateLimited));
     assert_eq!(
         first[0].next_attempt_at.since(first[0].finished_at),
         Duration::from_secs(120)
@@ -378,7 +385,7 @@ async fn a_410_fails_the_delivery_and_disables_the_endpoint() {
     let rec = h.recorded(1).await;
     assert_eq!(
         (rec[0].status, rec[0].outcome),
-        (DeliveryStatus::Failed, "gone")
+        (DeliveryStatus::Failed, OutcomeKind::Gone)
     );
     for _ in 0..100 {
         if !h.store.disabled.lock().is_empty() {
@@ -409,7 +416,11 @@ async fn a_redirect_is_not_followed() {
     let rec = h.recorded(1).await;
     assert_eq!(
         (rec[0].status, rec[0].error_class, rec[0].http_status),
-        (DeliveryStatus::Failed, Some("http_3xx"), Some(307))
+        (
+            DeliveryStatus::Failed,
+            Some(ErrorClass::Redirect),
+            Some(307)
+        )
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
@@ -433,7 +444,7 @@ async fn a_receiver_that_stalls_past_the_timeout_is_retried_as_unknown() {
     let rec = h.recorded(1).await;
     assert_eq!(
         (rec[0].status, rec[0].error_class, rec[0].http_status),
-        (DeliveryStatus::Pending, Some("timeout"), None)
+        (DeliveryStatus::Pending, Some(ErrorClass::Timeout), None)
     );
     // The floor after a timeout: not before 2 s.
     assert!(rec[0].next_attempt_at.since(rec[0].finished_at) >= Duration::from_secs(2));

@@ -9,56 +9,28 @@ use crate::ids::{AttemptId, DeliveryId, EndpointId, EventId, TenantId};
 use crate::log::{LogError, Message};
 use crate::time::Timestamp;
 
-/// Where a delivery stands. Set by dispatch (and by operators through the
-/// API for `Cancelled`); terminal states never change again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeliveryStatus {
-    /// Waiting for an attempt (first, retry, or paused by a circuit).
-    Pending,
-    /// An attempt got a 2xx.
-    Succeeded,
-    /// A permanent failure (4xx other than 408/429, 410, 3xx): no retries.
-    Failed,
-    /// Retries ran out (attempt count or the 24 h deadline).
-    Exhausted,
-    /// Stopped by an operator or because the endpoint was deleted.
-    Cancelled,
+crate::stored_names! {
+    /// Where a delivery stands. Set by dispatch (and by operators through
+    /// the API for `Cancelled`); terminal states never change again.
+    pub enum DeliveryStatus as "delivery status" {
+        /// Waiting for an attempt (first, retry, or paused by a circuit).
+        Pending = "pending",
+        /// An attempt got a 2xx.
+        Succeeded = "succeeded",
+        /// A permanent failure (4xx other than 408/429, 410, 3xx): no
+        /// retries.
+        Failed = "failed",
+        /// Retries ran out (attempt count or the 24 h deadline).
+        Exhausted = "exhausted",
+        /// Stopped by an operator or because the endpoint was deleted.
+        Cancelled = "cancelled",
+    }
 }
 
 impl DeliveryStatus {
-    /// The name stored in Postgres.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryStatus::Pending => "pending",
-            DeliveryStatus::Succeeded => "succeeded",
-            DeliveryStatus::Failed => "failed",
-            DeliveryStatus::Exhausted => "exhausted",
-            DeliveryStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => DeliveryStatus::Pending,
-            "succeeded" => DeliveryStatus::Succeeded,
-            "failed" => DeliveryStatus::Failed,
-            "exhausted" => DeliveryStatus::Exhausted,
-            "cancelled" => DeliveryStatus::Cancelled,
-            _ => return None,
-        })
-    }
-
     /// Whether nothing more will happen automatically.
     pub fn is_terminal(self) -> bool {
         self != DeliveryStatus::Pending
-    }
-}
-
-impl fmt::Display for DeliveryStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -112,7 +84,7 @@ pub struct DeliveryJob {
     pub manual_attempt_count: u32,
     /// The dispatcher that held this delivery stopped without a clean
     /// drain: an attempt may have been sent and not recorded, so the next
-    /// attempt skips a number and says so ([`ATTEMPT_NOTE_UNKNOWN`]).
+    /// attempt skips a number and says so ([`AttemptNote::PreviousOutcomeUnknown`]).
     pub after_unknown: bool,
     /// Whether the delivery has its row yet. Fan-out stores an event's plan
     /// (which endpoints get it), not a row per delivery: the row is written
@@ -162,16 +134,6 @@ pub struct Replay {
     /// attempts (automatic and manual): never 1 unless it is the first.
     pub number: u32,
 }
-
-/// The note on an attempt made after one whose outcome is unknown (sent,
-/// perhaps received, never recorded: its dispatcher stopped first).
-pub const ATTEMPT_NOTE_UNKNOWN: &str = "previous_outcome_unknown";
-
-/// The note on the first attempt of a delivery to an endpoint with
-/// per-object ordering that went out after an earlier delivery of the same
-/// object ended without success (failed, exhausted): the receiver sees this
-/// event without the one before it.
-pub const ATTEMPT_NOTE_PREDECESSOR_FAILED: &str = "previous_in_order_failed";
 
 /// What a delivery's row needs when it is written for the first time (its
 /// job was planned by fan-out and had no row yet).
@@ -227,23 +189,117 @@ impl DeliveryJob {
     }
 }
 
-/// What started an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trigger {
-    /// The automatic schedule.
-    Auto,
-    /// A replay asked for through the API.
-    Manual,
+crate::stored_names! {
+    /// What started an attempt.
+    pub enum Trigger as "attempt trigger" {
+        /// The automatic schedule.
+        Auto = "auto",
+        /// A replay asked for through the API.
+        Manual = "manual",
+    }
 }
 
-impl Trigger {
+crate::stored_names! {
+    /// An attempt's outcome as stored: what [`AttemptOutcome`] says, without
+    /// its details.
+    ///
+    /// [`AttemptOutcome`]: crate::dispatch::outcome::AttemptOutcome
+    pub enum OutcomeKind as "attempt outcome" {
+        /// A 2xx.
+        Succeeded = "succeeded",
+        /// Worth trying again (5xx, 408, 429, network, timeout).
+        Retryable = "retryable",
+        /// Will not succeed by retrying (3xx, other 4xx, a refused URL).
+        Rejected = "rejected",
+        /// 410: the receiver asked never to be called again.
+        Gone = "gone",
+    }
+}
+
+crate::stored_names! {
+    /// Why an attempt is special, when it is: what a reader of its history
+    /// must know about it.
+    pub enum AttemptNote as "attempt note" {
+        /// Made after one whose outcome is unknown (sent, perhaps received,
+        /// never recorded: its dispatcher stopped first), so the receiver
+        /// may see the event twice; the attempt skips a number.
+        PreviousOutcomeUnknown = "previous_outcome_unknown",
+        /// The first attempt of a delivery to an endpoint with per-object
+        /// ordering that went out after an earlier delivery of the same
+        /// object ended without success (failed, exhausted): the receiver
+        /// sees this event without the one before it.
+        PreviousInOrderFailed = "previous_in_order_failed",
+    }
+}
+
+crate::stored_names! {
+    /// Why a delivery ended without an attempt deciding it, stored where an
+    /// attempt's error class would be (`deliveries.last_error_class`).
+    pub enum EndReason as "delivery end reason" {
+        /// Its endpoint was deleted.
+        EndpointDeleted = "endpoint_deleted",
+        /// Its deadline passed while its endpoint was paused (disabled,
+        /// quarantined, unverified).
+        DeadlineWhilePaused = "deadline_while_paused",
+        /// Its job could not be read back from the log or the store.
+        Unreadable = "unreadable",
+        /// An operator cancelled it.
+        Cancelled = "cancelled",
+    }
+}
+
+/// A delivery's last error: the class of its last failed attempt, or the
+/// reason it ended without one. Stored as one text column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LastError {
+    /// Its last attempt failed so.
+    Attempt(crate::dispatch::outcome::ErrorClass),
+    /// It ended without an attempt.
+    Ended(EndReason),
+}
+
+impl LastError {
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Trigger::Auto => "auto",
-            Trigger::Manual => "manual",
+            LastError::Attempt(c) => c.as_str(),
+            LastError::Ended(r) => r.as_str(),
         }
+    }
+}
+
+impl TryFrom<&str> for LastError {
+    type Error = crate::stored::UnknownName;
+
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        use crate::dispatch::outcome::ErrorClass;
+        ErrorClass::try_from(value)
+            .map(LastError::Attempt)
+            .or_else(|_| EndReason::try_from(value).map(LastError::Ended))
+            .map_err(|_| crate::stored::UnknownName {
+                what: "delivery error class",
+                value: value.to_owned(),
+                known: "an attempt's error class or a delivery end reason",
+            })
+    }
+}
+
+impl fmt::Display for LastError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for LastError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for LastError {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        LastError::try_from(text.as_str()).map_err(serde::de::Error::custom)
     }
 }
 
@@ -279,10 +335,10 @@ pub struct AttemptRecord {
     pub finished_at: Timestamp,
     /// The HTTP status, if a response arrived.
     pub http_status: Option<u16>,
-    /// `succeeded`, `retryable`, `rejected`, `gone`.
-    pub outcome: &'static str,
+    /// What it came to.
+    pub outcome: OutcomeKind,
     /// Why it failed, when it did.
-    pub error_class: Option<&'static str>,
+    pub error_class: Option<crate::dispatch::outcome::ErrorClass>,
     /// SHA-256 of the first 64 KiB of the response body.
     pub response_sha256: Option<[u8; 32]>,
     /// The start of the response body, as text, for people.
@@ -300,8 +356,8 @@ pub struct AttemptRecord {
     pub hold_until: Option<Timestamp>,
     /// For a manual attempt: the replay request it answers.
     pub replay_request: Option<i64>,
-    /// Why the attempt is special, when it is ([`ATTEMPT_NOTE_UNKNOWN`]).
-    pub note: Option<&'static str>,
+    /// Why the attempt is special, when it is.
+    pub note: Option<AttemptNote>,
     /// Set when the delivery has no row yet: this record writes it.
     pub first_write: Option<Box<FirstWrite>>,
 }
@@ -511,5 +567,59 @@ mod codec {
             unordered.encode(&mut b);
             assert_eq!(DeliveryJob::decode(&b).unwrap(), unordered);
         }
+    }
+}
+
+#[cfg(test)]
+mod stored_tests {
+    use super::*;
+    use crate::dispatch::outcome::ErrorClass;
+
+    #[test]
+    fn a_last_error_reads_back_as_the_class_or_the_reason_it_was_written_from() {
+        let all = ErrorClass::ALL
+            .iter()
+            .map(|c| LastError::Attempt(*c))
+            .chain(EndReason::ALL.iter().map(|r| LastError::Ended(*r)));
+        let mut seen = std::collections::HashSet::new();
+        for e in all {
+            assert!(seen.insert(e.as_str()), "{} is spelled twice", e.as_str());
+            assert_eq!(LastError::try_from(e.as_str()), Ok(e));
+            let json = serde_json::to_string(&e).unwrap();
+            assert_eq!(serde_json::from_str::<LastError>(&json).unwrap(), e);
+        }
+        let err = LastError::try_from("http_6xx").unwrap_err();
+        assert_eq!(err.value, "http_6xx");
+        assert!(err.to_string().contains("delivery error class"), "{err}");
+    }
+
+    #[test]
+    fn stored_spellings_are_the_ones_rows_already_hold() {
+        // Rows written by earlier versions keep these words: renaming a
+        // variant must not change them.
+        assert_eq!(
+            DeliveryStatus::NAMES,
+            ["pending", "succeeded", "failed", "exhausted", "cancelled"]
+        );
+        assert_eq!(
+            OutcomeKind::NAMES,
+            ["succeeded", "retryable", "rejected", "gone"]
+        );
+        assert_eq!(Trigger::NAMES, ["auto", "manual"]);
+        assert_eq!(
+            AttemptNote::NAMES,
+            ["previous_outcome_unknown", "previous_in_order_failed"]
+        );
+        assert_eq!(
+            EndReason::NAMES,
+            [
+                "endpoint_deleted",
+                "deadline_while_paused",
+                "unreadable",
+                "cancelled"
+            ]
+        );
+        assert_eq!(ErrorClass::Shutdown.as_str(), "shutdown");
+        assert_eq!(ErrorClass::ServerError.as_str(), "http_5xx");
     }
 }

@@ -23,6 +23,8 @@
 //! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`url_policy`]: which endpoint URLs and addresses may be sent to (SSRF),
 //!   pure, for registration and for the egress's connect-time checks.
+//! - [`stored`]: enums stored as text, declared with [`stored_names!`] and
+//!   parsed back in one place at the SQL edge.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
 //!   that never print.
 //!
@@ -51,6 +53,7 @@ pub mod runtime;
 pub mod sanitize;
 pub mod signing;
 pub mod store;
+pub mod stored;
 pub mod supervise;
 pub mod time;
 pub mod url_policy;

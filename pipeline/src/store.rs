@@ -377,7 +377,7 @@ pub struct Transition {
     /// Its new (terminal) status.
     pub status: DeliveryStatus,
     /// Why, stored as the last error class.
-    pub reason: &'static str,
+    pub reason: crate::delivery::EndReason,
 }
 
 /// A held delivery handed back without an attempt.
@@ -404,8 +404,8 @@ pub struct EndpointHealth {
     pub failing_since: Option<crate::time::Timestamp>,
     /// Consecutive failures.
     pub consecutive_failures: u32,
-    /// `closed`, `open` or `half_open`.
-    pub circuit: &'static str,
+    /// Its circuit's state.
+    pub circuit: crate::dispatch::breaker::CircuitState,
     /// When an open circuit may probe.
     pub open_until: Option<crate::time::Timestamp>,
 }

@@ -27,7 +27,7 @@ use walhook_archive::table::Table;
 use walhook_pipeline::objstore::ObjectStore;
 
 use crate::ReconcileError;
-use crate::hot::{DeliveryRow, EventRow};
+use crate::hot::{DeliveryRow, EventRow, RowStatus};
 
 /// The window's archived rows, one generation per id.
 #[derive(Default)]
@@ -113,7 +113,7 @@ impl Archived {
                             c.id16("endpoint_id", i)?,
                             id,
                             t,
-                            c.text("status", i)?,
+                            RowStatus::parse(&c.text("status", i)?, id)?,
                             counted,
                             c.time("created_at", i)?,
                             at,

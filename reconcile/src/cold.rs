@@ -9,15 +9,15 @@
 
 use std::time::SystemTime;
 
-use walhook_archive::ArchiveError;
 use walhook_archive::dates::NaiveDateSql;
 use walhook_archive::table::Table;
+use walhook_archive::{ArchiveError, PartitionState, VerificationKind};
 use walhook_pipeline::objstore::ObjectStore;
 
 use crate::ReconcileError;
 use crate::archived::Archived;
 use crate::findings::{Findings, gap};
-use crate::report::{ArchiveDay, GapClass};
+use crate::report::{ArchiveDay, ArchiveDayState, GapClass};
 
 /// What the archive stage reads: the window, and the days each table's
 /// rows of it may be archived under.
@@ -81,7 +81,8 @@ pub async fn run<S: ObjectStore>(
             continue;
         }
         let generation = r.get::<_, i32>(2) as u32;
-        let state: String = r.get(3);
+        let state = PartitionState::stored(r.get(3), table, day, generation)
+            .map_err(ReconcileError::Archive)?;
         let key: String = r.get(4);
         let sha: String = r.get(5);
         progress(&format!("{name} {day} (generation {generation})"));
@@ -89,7 +90,7 @@ pub async fn run<S: ObjectStore>(
             table: name.clone(),
             day: day.to_string(),
             generation,
-            state: state.clone(),
+            state: state.into(),
             rows: r.get::<_, i64>(6) as u64,
             files: r.get::<_, i32>(7) as u64,
             verified: false,
@@ -106,7 +107,7 @@ pub async fn run<S: ObjectStore>(
             Ok(manifest) => {
                 checked.verified = true;
                 // Hot rows gone: the window's rows are read from the parts.
-                if state == "dropped" {
+                if state == PartitionState::Dropped {
                     crate::archived::read_day(
                         store,
                         table,
@@ -121,14 +122,14 @@ pub async fn run<S: ObjectStore>(
             }
             Err(ArchiveError::Verification {
                 object,
+                kind,
                 problem,
                 fix,
                 ..
             }) => {
-                let class = if problem.contains("missing") {
-                    GapClass::ArchiveObjectMissing
-                } else {
-                    GapClass::ArchiveMismatch
+                let class = match kind {
+                    VerificationKind::Missing => GapClass::ArchiveObjectMissing,
+                    VerificationKind::Mismatch => GapClass::ArchiveMismatch,
                 };
                 let subject = format!("{name}/{day}/generation-{generation}");
                 findings.gap(gap(
@@ -137,7 +138,7 @@ pub async fn run<S: ObjectStore>(
                     None,
                     format!(
                         "{name} of {day} (generation {generation}, {state}): {object}: {problem}. {}",
-                        if state == "dropped" {
+                        if state == PartitionState::Dropped {
                             "The hot rows are gone: restore the object from a copy (bucket versioning, a backup)"
                                 .to_string()
                         } else {
@@ -146,7 +147,7 @@ pub async fn run<S: ObjectStore>(
                     ),
                 ));
                 checked.problem = Some(format!("{object}: {problem}"));
-                if state == "dropped" {
+                if state == PartitionState::Dropped {
                     archived.unread.push((table, day));
                 }
             }
@@ -174,7 +175,7 @@ async fn failed_days(
             table: f.table.name().to_owned(),
             day: f.day.to_string(),
             generation: 0,
-            state: "failed".into(),
+            state: ArchiveDayState::Failed,
             rows: 0,
             files: 0,
             verified: false,

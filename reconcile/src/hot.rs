@@ -17,6 +17,7 @@ use futures::StreamExt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, RowStream};
 use uuid::Uuid;
+use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::event::EventType;
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, TenantId};
 use walhook_pipeline::time::Timestamp;
@@ -103,8 +104,8 @@ pub(crate) struct DeliveryRow {
     pub(crate) endpoint_id: [u8; 16],
     pub(crate) id: [u8; 16],
     tenant: String,
-    /// A status, or `planned` for a plan's delivery without a row.
-    status: String,
+    /// Its status, or planned.
+    status: RowStatus,
     counted: i64,
     hot_attempts: i64,
     /// Its attempts in archived days.
@@ -131,7 +132,7 @@ impl DeliveryRow {
         endpoint_id: [u8; 16],
         id: [u8; 16],
         tenant: String,
-        status: String,
+        status: RowStatus,
         counted: i64,
         created_at: SystemTime,
         event_occurred_at: SystemTime,
@@ -161,24 +162,61 @@ fn uuid_bytes(row: &Row, i: usize) -> [u8; 16] {
     *row.get::<_, Uuid>(i).as_bytes()
 }
 
-fn event_row(r: &Row) -> EventRow {
-    EventRow {
+/// Where a delivery the reconciler reads stands: its row's status, or
+/// planned (fan-out planned it; it has no row until its first attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowStatus {
+    /// A delivery row's status.
+    Row(DeliveryStatus),
+    /// A plan's delivery without a row.
+    Planned,
+}
+
+impl RowStatus {
+    const PLANNED: &'static str = "planned";
+
+    /// Parses the status column (or the plans' `planned`) of delivery `id`.
+    pub(crate) fn parse(text: &str, id: [u8; 16]) -> Result<Self, ReconcileError> {
+        if text == Self::PLANNED {
+            return Ok(RowStatus::Planned);
+        }
+        DeliveryStatus::try_from(text)
+            .map(RowStatus::Row)
+            .map_err(|source| ReconcileError::Stored {
+                row: format!("delivery {}", DeliveryId(id)),
+                source,
+            })
+    }
+}
+
+impl std::fmt::Display for RowStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RowStatus::Row(s) => s.as_str(),
+            RowStatus::Planned => Self::PLANNED,
+        })
+    }
+}
+
+fn event_row(r: &Row) -> Result<EventRow, ReconcileError> {
+    Ok(EventRow {
         id: uuid_bytes(r, 0),
         tenant: r.get(1),
         event_type: r.get(2),
         occurred_at: r.get(3),
         operational: r.get(4),
         archived: false,
-    }
+    })
 }
 
-fn delivery_row(r: &Row) -> DeliveryRow {
-    DeliveryRow {
+fn delivery_row(r: &Row) -> Result<DeliveryRow, ReconcileError> {
+    let id = uuid_bytes(r, 2);
+    Ok(DeliveryRow {
         event_id: uuid_bytes(r, 0),
         endpoint_id: uuid_bytes(r, 1),
-        id: uuid_bytes(r, 2),
+        id,
         tenant: r.get(3),
-        status: r.get(4),
+        status: RowStatus::parse(r.get(4), id)?,
         counted: i64::from(r.get::<_, i32>(5)),
         hot_attempts: r.get(6),
         cold_attempts: 0,
@@ -190,7 +228,7 @@ fn delivery_row(r: &Row) -> DeliveryRow {
         event_occurred_at: r.get(12),
         unknown_before: r.get(14),
         archived: false,
-    }
+    })
 }
 
 type Rows = Pin<Box<RowStream>>;
@@ -210,12 +248,12 @@ async fn stream(
 
 async fn next<T>(
     rows: &mut Rows,
-    decode: fn(&Row) -> T,
+    decode: fn(&Row) -> Result<T, ReconcileError>,
     what: &'static str,
 ) -> Result<Option<T>, ReconcileError> {
     match rows.next().await {
         None => Ok(None),
-        Some(Ok(r)) => Ok(Some(decode(&r))),
+        Some(Ok(r)) => decode(&r).map(Some),
         Some(Err(e)) => Err(ReconcileError::query(what)(e)),
     }
 }
@@ -224,7 +262,7 @@ async fn next<T>(
 /// smaller key first, the hot row first on a tie.
 struct Merged<T, K: Ord> {
     hot: Rows,
-    decode: fn(&Row) -> T,
+    decode: fn(&Row) -> Result<T, ReconcileError>,
     what: &'static str,
     key: fn(&T) -> K,
     next_hot: Option<T>,
@@ -234,7 +272,7 @@ struct Merged<T, K: Ord> {
 impl<T, K: Ord> Merged<T, K> {
     async fn new(
         mut hot: Rows,
-        decode: fn(&Row) -> T,
+        decode: fn(&Row) -> Result<T, ReconcileError>,
         what: &'static str,
         key: fn(&T) -> K,
         cold: Vec<T>,
@@ -561,12 +599,12 @@ fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
         if d.archived {
             f.deliveries_archived += 1;
         }
-        match d.status.as_str() {
-            "succeeded" => f.succeeded += 1,
-            "failed" => f.failed += 1,
-            "exhausted" => f.exhausted += 1,
-            "cancelled" => f.cancelled += 1,
-            _ => {}
+        match d.status {
+            RowStatus::Row(DeliveryStatus::Succeeded) => f.succeeded += 1,
+            RowStatus::Row(DeliveryStatus::Failed) => f.failed += 1,
+            RowStatus::Row(DeliveryStatus::Exhausted) => f.exhausted += 1,
+            RowStatus::Row(DeliveryStatus::Cancelled) => f.cancelled += 1,
+            RowStatus::Row(DeliveryStatus::Pending) | RowStatus::Planned => {}
         }
     });
     let attempts_comparable =
@@ -588,17 +626,18 @@ fn judge_delivery(d: &DeliveryRow, ctx: &Context<'_>, findings: &mut Findings) {
             ),
         ));
     }
-    match d.status.as_str() {
-        "succeeded" | "failed" if d.counted == 0 && recorded == 0 => {
+    use DeliveryStatus::{Cancelled, Exhausted, Failed, Pending, Succeeded};
+    match d.status {
+        RowStatus::Row(Succeeded | Failed) if d.counted == 0 && recorded == 0 => {
             findings.gap(with_ids(
                 GapClass::TerminalWithoutAttempt,
                 format!("delivery {id} is {} but was never attempted", d.status),
             ));
         }
-        "exhausted" | "cancelled" if d.counted == 0 => {
+        RowStatus::Row(Exhausted | Cancelled) if d.counted == 0 => {
             findings.explain(Explanation::EndedWithoutAttempt, Some(tenant), 1);
         }
-        "pending" | "planned" => pending(d, ctx, findings, with_ids),
+        RowStatus::Row(Pending) | RowStatus::Planned => pending(d, ctx, findings, with_ids),
         _ => {}
     }
 }
@@ -619,7 +658,7 @@ fn pending(
             f.pending_scheduled += 1
         }
     });
-    let planned = d.status == "planned";
+    let planned = d.status == RowStatus::Planned;
     let problem = if !planned && !d.has_schedule {
         Some(
             "it has no scheduling row (walhook.pending), so no dispatcher will ever claim it"

@@ -68,6 +68,15 @@ pub enum ReconcileError {
     /// A repair's write failed.
     #[error("a repair failed")]
     Repair(#[source] walhook_pipeline::store::StoreError),
+    /// A stored name (a delivery's status) this version does not know.
+    #[error("{row}: {source}")]
+    Stored {
+        /// The row (`delivery dlv_…`).
+        row: String,
+        /// The value and the names this version knows.
+        #[source]
+        source: walhook_pipeline::stored::UnknownName,
+    },
 }
 
 impl ReconcileError {
@@ -85,6 +94,7 @@ impl ReconcileError {
             }
             ReconcileError::Archive(e) => e.is_transient(),
             ReconcileError::Repair(e) => e.is_transient(),
+            ReconcileError::Stored { .. } => false,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use walhook_archive::PartitionState;
 
 /// The `format` field of every report.
 pub const FORMAT: &str = "walhook.reconcile.report";
@@ -379,8 +380,8 @@ pub struct ArchiveDay {
     pub day: String,
     /// The generation.
     pub generation: u32,
-    /// Its catalog state (`verified`, `dropped`, …).
-    pub state: String,
+    /// Its catalog state (`written`, `verified`, `dropped`), or `failed`.
+    pub state: ArchiveDayState,
     /// Rows the catalog recorded.
     pub rows: u64,
     /// Parts the catalog recorded.
@@ -389,6 +390,57 @@ pub struct ArchiveDay {
     pub verified: bool,
     /// What did not match, when something did not.
     pub problem: Option<String>,
+}
+
+/// Where an [`ArchiveDay`] stands; written as its name (`verified`,
+/// `failed`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveDayState {
+    /// A generation in the archive catalog, in this state.
+    Catalog(PartitionState),
+    /// Not archived: an archive run failed on the day (an open
+    /// `archive_day_failed` incident), and its rows are still hot.
+    Failed,
+}
+
+impl ArchiveDayState {
+    /// The name the report writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArchiveDayState::Catalog(state) => state.as_str(),
+            ArchiveDayState::Failed => "failed",
+        }
+    }
+}
+
+impl From<PartitionState> for ArchiveDayState {
+    fn from(state: PartitionState) -> Self {
+        ArchiveDayState::Catalog(state)
+    }
+}
+
+impl std::fmt::Display for ArchiveDayState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ArchiveDayState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ArchiveDayState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if text == ArchiveDayState::Failed.as_str() {
+            return Ok(ArchiveDayState::Failed);
+        }
+        PartitionState::try_from(&*text)
+            .map(ArchiveDayState::Catalog)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// What `--repair` did for one class.
@@ -554,5 +606,30 @@ pub(crate) mod tests {
                 serde_json::Value::String(class.as_str().into())
             );
         }
+    }
+
+    #[test]
+    fn archive_day_states_are_written_as_their_names() {
+        let states = PartitionState::ALL
+            .iter()
+            .map(|s| ArchiveDayState::from(*s))
+            .chain([ArchiveDayState::Failed]);
+        for state in states {
+            let json = serde_json::to_value(state).unwrap();
+            assert_eq!(json, serde_json::Value::String(state.to_string()));
+            assert_eq!(
+                serde_json::from_value::<ArchiveDayState>(json).unwrap(),
+                state
+            );
+        }
+        assert_eq!(
+            serde_json::to_value(ArchiveDayState::Catalog(PartitionState::Verified)).unwrap(),
+            "verified"
+        );
+        assert_eq!(
+            serde_json::to_value(ArchiveDayState::Failed).unwrap(),
+            "failed"
+        );
+        assert!(serde_json::from_str::<ArchiveDayState>("\"lost\"").is_err());
     }
 }

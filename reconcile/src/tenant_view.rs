@@ -153,7 +153,7 @@ mod tests {
                 table: "deliveries".into(),
                 day: "2026-11-29".into(),
                 generation: 1,
-                state: "verified".into(),
+                state: walhook_archive::PartitionState::Verified.into(),
                 rows: 9999,
                 files: 1,
                 verified: true,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use futures::FutureExt as _;
 use serde_json::json;
+use walhook_archive::PartitionState;
 use walhook_devkit::browser::{Driver, Session, tool};
 use walhook_reconcile::html;
 use walhook_reconcile::report::{
@@ -203,7 +204,7 @@ fn report() -> Report {
                 table: "events".to_owned(),
                 day: "2025-03-01".to_owned(),
                 generation: 1,
-                state: "verified".to_owned(),
+                state: PartitionState::Verified.into(),
                 rows: 5_400,
                 files: 2,
                 verified: true,
@@ -213,7 +214,7 @@ fn report() -> Report {
                 table: "attempts".to_owned(),
                 day: "2025-03-01".to_owned(),
                 generation: 1,
-                state: "verified".to_owned(),
+                state: PartitionState::Verified.into(),
                 rows: 24_930,
                 files: 4,
                 verified: false,

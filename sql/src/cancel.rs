@@ -9,10 +9,10 @@
 //! deliveries from memory, so a retry they scheduled never goes out.
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::DeliveryStatus;
+use walhook_pipeline::delivery::{DeliveryStatus, EndReason};
 use walhook_pipeline::ids::{DeliveryId, TenantId};
 
-use crate::{Platform, StoreError};
+use crate::{Platform, StoreError, stored_opt};
 
 /// What a cancel found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,11 +44,11 @@ impl Platform {
         let uid = Uuid::from_bytes(id.0);
         let cancelled = tx
             .query_opt(
-                "UPDATE walhook.deliveries SET status = 'cancelled', last_error_class = 'cancelled', \
+                "UPDATE walhook.deliveries SET status = 'cancelled', last_error_class = $3, \
                    lease_owner = NULL, lease_expires_at = NULL, lease_version = lease_version + 1, \
                    updated_at = now() \
                  WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING id",
-                &[&uid, &tenant.as_str()],
+                &[&uid, &tenant.as_str(), &EndReason::Cancelled.as_str()],
             )
             .await
             .map_err(StoreError::query("cancel a delivery"))?;
@@ -62,7 +62,8 @@ impl Platform {
                 .map_err(StoreError::query("read a delivery"))?
                 .map(|r| r.get::<_, String>(0));
             drop(tx);
-            return Ok(match status.as_deref().and_then(DeliveryStatus::parse) {
+            let status: Option<DeliveryStatus> = stored_opt(status.as_deref(), "delivery", id)?;
+            return Ok(match status {
                 Some(status) => CancelOutcome::Ended(status),
                 None if self.is_planned(tenant, id).await? => CancelOutcome::NotAttemptedYet,
                 None => CancelOutcome::NotFound,

@@ -9,11 +9,14 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::{DeliveryStatus, NewDelivery};
+use walhook_pipeline::delivery::{
+    AttemptNote, DeliveryStatus, LastError, NewDelivery, OutcomeKind, Trigger,
+};
+use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::event::Event;
 use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId, TenantId};
 
-use crate::{Platform, StoreError};
+use crate::{Platform, StoreError, stored, stored_opt};
 
 /// What to list.
 #[derive(Debug, Clone)]
@@ -59,8 +62,8 @@ pub struct DeliveryRecord {
     pub expires_at: SystemTime,
     /// The last attempt's HTTP status.
     pub last_http_status: Option<i32>,
-    /// The last failure's class.
-    pub last_error_class: Option<String>,
+    /// The last failure's class, or why it ended without an attempt.
+    pub last_error_class: Option<LastError>,
     /// The endpoint config version at fan-out.
     pub endpoint_config_version: i32,
     /// When the event occurred.
@@ -113,8 +116,8 @@ pub struct AttemptRow {
     pub id: AttemptId,
     /// Its number (manual ones are numbered apart).
     pub number: i32,
-    /// `auto` or `manual`.
-    pub trigger: String,
+    /// What started it.
+    pub trigger: Trigger,
     /// The endpoint config version used.
     pub endpoint_config_version: i32,
     /// When it started.
@@ -125,10 +128,10 @@ pub struct AttemptRow {
     pub http_status: Option<i32>,
     /// Milliseconds taken.
     pub latency_ms: i32,
-    /// `succeeded`, `retryable`, `rejected`, `gone`.
-    pub outcome: String,
+    /// What it came to.
+    pub outcome: OutcomeKind,
     /// Why it failed.
-    pub error_class: Option<String>,
+    pub error_class: Option<ErrorClass>,
     /// SHA-256 of the response body read.
     pub response_sha256: Option<Vec<u8>>,
     /// The start of the response body.
@@ -136,9 +139,8 @@ pub struct AttemptRow {
     /// The versions of the secrets that signed it, newest first (`None`
     /// for attempts recorded before walhook kept them).
     pub secret_versions: Option<Vec<i32>>,
-    /// Why the attempt is special, when it is (`previous_outcome_unknown`,
-    /// `previous_in_order_failed`).
-    pub note: Option<String>,
+    /// Why the attempt is special, when it is.
+    pub note: Option<AttemptNote>,
 }
 
 const DELIVERY_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.event_type, d.status::text, \
@@ -156,25 +158,25 @@ const PLANNED_COLUMNS: &str = "x.id, f.event_id, x.ep, f.event_type, 'pending'::
 const PLANNED_FROM: &str = "walhook.fanouts f \
     CROSS JOIN LATERAL unnest(f.delivery_ids, f.endpoint_ids, f.config_versions) AS x(id, ep, ver)";
 
-fn delivery_row(r: &tokio_postgres::Row) -> DeliveryRecord {
-    let status: String = r.get(4);
-    DeliveryRecord {
-        id: DeliveryId(*r.get::<_, Uuid>(0).as_bytes()),
+fn delivery_row(r: &tokio_postgres::Row) -> Result<DeliveryRecord, StoreError> {
+    let id = DeliveryId(*r.get::<_, Uuid>(0).as_bytes());
+    Ok(DeliveryRecord {
+        id,
         event_id: EventId(*r.get::<_, Uuid>(1).as_bytes()),
         endpoint_id: EndpointId(*r.get::<_, Uuid>(2).as_bytes()),
         event_type: r.get(3),
-        status: DeliveryStatus::parse(&status).unwrap_or(DeliveryStatus::Pending),
+        status: stored(r.get(4), "delivery", id)?,
         attempt_count: r.get(5),
         manual_attempt_count: r.get(6),
         next_attempt_at: r.get(7),
         expires_at: r.get(8),
         last_http_status: r.get(9),
-        last_error_class: r.get(10),
+        last_error_class: stored_opt(r.get(10), "delivery", id)?,
         endpoint_config_version: r.get(11),
         event_occurred_at: r.get(12),
         created_at: r.get(13),
         updated_at: r.get(14),
-    }
+    })
 }
 
 impl Platform {
@@ -293,7 +295,7 @@ impl Platform {
             .query(&stmt, &params)
             .await
             .map_err(StoreError::query("list deliveries"))?;
-        Ok(rows.iter().map(delivery_row).collect())
+        rows.iter().map(delivery_row).collect()
     }
 
     /// Delivery `id` of `tenant`.
@@ -322,7 +324,7 @@ impl Platform {
             .await
             .map_err(StoreError::query("read a delivery"))?;
         if let Some(row) = row {
-            return Ok(Some(delivery_row(&row)));
+            return delivery_row(&row).map(Some);
         }
         self.planned_delivery(client, tenant, id).await
     }
@@ -355,7 +357,7 @@ impl Platform {
             )
             .await
             .map_err(StoreError::query("read a planned delivery"))?;
-        Ok(row.as_ref().map(delivery_row))
+        row.as_ref().map(delivery_row).transpose()
     }
 
     /// Whether delivery `id` of `tenant` is planned and has no row yet.
@@ -536,23 +538,25 @@ async fn attempts_on(
         )
         .await
         .map_err(StoreError::query("read attempts"))?;
-    Ok(rows
-        .iter()
-        .map(|r| AttemptRow {
-            id: AttemptId(*r.get::<_, Uuid>(0).as_bytes()),
-            number: r.get(1),
-            trigger: r.get(2),
-            endpoint_config_version: r.get(3),
-            started_at: r.get(4),
-            finished_at: r.get(5),
-            http_status: r.get(6),
-            latency_ms: r.get(7),
-            outcome: r.get(8),
-            error_class: r.get(9),
-            response_sha256: r.get(10),
-            response_excerpt: r.get(11),
-            secret_versions: r.get(12),
-            note: r.get(13),
+    rows.iter()
+        .map(|r| {
+            let id = AttemptId(*r.get::<_, Uuid>(0).as_bytes());
+            Ok(AttemptRow {
+                id,
+                number: r.get(1),
+                trigger: stored(r.get(2), "attempt", id)?,
+                endpoint_config_version: r.get(3),
+                started_at: r.get(4),
+                finished_at: r.get(5),
+                http_status: r.get(6),
+                latency_ms: r.get(7),
+                outcome: stored(r.get(8), "attempt", id)?,
+                error_class: stored_opt(r.get(9), "attempt", id)?,
+                response_sha256: r.get(10),
+                response_excerpt: r.get(11),
+                secret_versions: r.get(12),
+                note: stored_opt(r.get(13), "attempt", id)?,
+            })
         })
-        .collect())
+        .collect()
 }

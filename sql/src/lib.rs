@@ -73,6 +73,16 @@ pub enum StoreError {
     /// The schema is older or newer than this binary.
     #[error("{0}")]
     Schema(String),
+    /// A stored name (a status, an outcome, a class) this version does not
+    /// know: the row was written by a newer version or edited by hand.
+    #[error("{row}: {source}")]
+    Stored {
+        /// The row (`delivery dlv_…`).
+        row: String,
+        /// The value and the names this version knows.
+        #[source]
+        source: walhook_pipeline::stored::UnknownName,
+    },
     /// A secret could not be sealed or opened (no keyring, an unknown
     /// master key, an altered row): the operator must act.
     #[error(transparent)]
@@ -369,6 +379,31 @@ pub(crate) fn unnested(first: usize, columns: &[(&str, &str)]) -> String {
 /// Crash tests: after a write that committed, the failpoint `point` (action
 /// `end`) loses its answer, as when the connection breaks between the two:
 /// the caller is told the write failed for a transient reason.
+/// Reads a stored name back into its enum (see `walhook_pipeline::stored`):
+/// a value this version does not know is a data error naming the row, the
+/// value and the names it knows, never a silent default.
+pub(crate) fn stored<T>(text: &str, row: &str, id: impl std::fmt::Display) -> Result<T, StoreError>
+where
+    T: for<'a> TryFrom<&'a str, Error = walhook_pipeline::stored::UnknownName>,
+{
+    T::try_from(text).map_err(|source| StoreError::Stored {
+        row: format!("{row} {id}"),
+        source,
+    })
+}
+
+/// [`stored`] for a nullable column.
+pub(crate) fn stored_opt<T>(
+    text: Option<&str>,
+    row: &str,
+    id: impl std::fmt::Display,
+) -> Result<Option<T>, StoreError>
+where
+    T: for<'a> TryFrom<&'a str, Error = walhook_pipeline::stored::UnknownName>,
+{
+    text.map(|t| stored(t, row, id)).transpose()
+}
+
 pub(crate) fn answer_lost(point: &'static str) -> Result<(), walhook_pipeline::store::StoreError> {
     if walhook_pipeline::failpoint::hit(point) {
         return Err(walhook_pipeline::store::StoreError::transient(

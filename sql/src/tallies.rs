@@ -50,8 +50,8 @@ pub struct HourTally {
 /// An endpoint's circuit, as dispatch last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitRow {
-    /// `closed`, `open`, `half_open`.
-    pub state: String,
+    /// Its state.
+    pub state: walhook_pipeline::dispatch::breaker::CircuitState,
     /// Failures in a row.
     pub consecutive_failures: i32,
     /// The first failure of the current run of failures.
@@ -152,13 +152,16 @@ impl Platform {
             )
             .await
             .map_err(StoreError::query("read an endpoint's circuit"))?
-            .map(|r| CircuitRow {
-                state: r.get(0),
-                consecutive_failures: r.get(1),
-                failing_since: r.get(2),
-                opened_at: r.get(3),
-                open_until: r.get(4),
-            });
+            .map(|r| {
+                Ok::<_, StoreError>(CircuitRow {
+                    state: crate::stored(r.get(0), "the circuit of endpoint", id)?,
+                    consecutive_failures: r.get(1),
+                    failing_since: r.get(2),
+                    opened_at: r.get(3),
+                    open_until: r.get(4),
+                })
+            })
+            .transpose()?;
         Ok(Some((hours, circuit)))
     }
 

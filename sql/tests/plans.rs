@@ -9,8 +9,10 @@ use std::time::Duration;
 use uuid::Uuid;
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_pipeline::delivery::{
-    AttemptRecord, DeliveryJob, DeliveryStatus, NewDelivery, Trigger,
+    AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, LastError, NewDelivery, OutcomeKind,
+    Trigger,
 };
+use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::event::{Event, EventKey, EventType};
 use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId, Lsn, TenantId};
 use walhook_pipeline::store::{DispatchStore, FanoutStore};
@@ -192,7 +194,7 @@ fn success(job: &DeliveryJob) -> AttemptRecord {
         started_at: now,
         finished_at: now,
         http_status: Some(200),
-        outcome: "succeeded",
+        outcome: OutcomeKind::Succeeded,
         error_class: None,
         response_sha256: None,
         response_excerpt: None,
@@ -467,8 +469,8 @@ async fn a_first_attempt_and_its_retry_in_one_batch_write_the_row_with_the_lates
     // recorder in one batch.
     let mut failed = success(job);
     failed.http_status = Some(503);
-    failed.outcome = "retryable";
-    failed.error_class = Some("http_5xx");
+    failed.outcome = OutcomeKind::Retryable;
+    failed.error_class = Some(ErrorClass::ServerError);
     failed.status = DeliveryStatus::Pending;
     failed.hold_until = Some(Timestamp::now().plus(Duration::from_secs(60)));
     let mut held = job.clone();
@@ -503,7 +505,7 @@ async fn attempts_are_tallied_once_even_when_a_batch_is_recorded_again() {
     let (mut jobs, _) = w.reclaim_as_a_restart().await;
     jobs.sort_by_key(|j| j.endpoint_id);
     let failed = AttemptRecord {
-        outcome: "rejected",
+        outcome: OutcomeKind::Rejected,
         http_status: Some(400),
         status: DeliveryStatus::Failed,
         ..success(&jobs[2])
@@ -642,8 +644,8 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
         .iter()
         .map(|j| AttemptRecord {
             http_status: Some(503),
-            outcome: "retryable",
-            error_class: Some("http_5xx"),
+            outcome: OutcomeKind::Retryable,
+            error_class: Some(ErrorClass::ServerError),
             status: DeliveryStatus::Pending,
             next_attempt_at: due,
             ..success(j)
@@ -682,8 +684,12 @@ async fn a_successful_replay_ends_the_schedule_and_a_claimed_one_holds_it_back()
             trigger: Trigger::Manual,
             replay_request: Some(replay.request_id),
             http_status: Some(if ok { 200 } else { 503 }),
-            outcome: if ok { "succeeded" } else { "retryable" },
-            error_class: (!ok).then_some("http_5xx"),
+            outcome: if ok {
+                OutcomeKind::Succeeded
+            } else {
+                OutcomeKind::Retryable
+            },
+            error_class: (!ok).then_some(ErrorClass::ServerError),
             status: DeliveryStatus::Pending,
             first_write: None,
             ..success(job)
@@ -852,8 +858,8 @@ async fn a_deliveries_partitions_dispatcher_takes_and_claims_only_its_own_delive
         .map(|id| {
             let mut r = success(&job_of(*id, &event, &deliveries));
             r.http_status = Some(503);
-            r.outcome = "retryable";
-            r.error_class = Some("http_5xx");
+            r.outcome = OutcomeKind::Retryable;
+            r.error_class = Some(ErrorClass::ServerError);
             r.status = DeliveryStatus::Pending;
             r.next_attempt_at = now;
             r.hold_until = Some(now.plus(Duration::from_secs(60)));
@@ -919,4 +925,74 @@ async fn a_deliveries_partitions_dispatcher_takes_and_claims_only_its_own_delive
         ),
         p1
     );
+}
+
+/// Stored names come back as the enums they were written from, and a value
+/// this version does not know is an error naming it (never a default).
+#[tokio::test]
+async fn stored_names_read_back_as_enums_and_an_unknown_one_is_named() {
+    let w = world().await;
+    let made = w.plan(7_000, Some("a"), Duration::ZERO).await;
+    let (jobs, _) = w.reclaim_as_a_restart().await;
+    let job = jobs.iter().find(|j| j.delivery_id == made[0]).unwrap();
+    let mut failed = success(job);
+    failed.http_status = Some(429);
+    failed.outcome = OutcomeKind::Retryable;
+    failed.error_class = Some(ErrorClass::RateLimited);
+    failed.note = Some(AttemptNote::PreviousOutcomeUnknown);
+    failed.status = DeliveryStatus::Pending;
+    assert!(w.platform.record(&[failed]).await.unwrap().is_empty());
+
+    let attempts = w.platform.attempts_of(job.delivery_id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    let a = &attempts[0];
+    assert_eq!(
+        (a.trigger, a.outcome, a.error_class, a.note),
+        (
+            Trigger::Auto,
+            OutcomeKind::Retryable,
+            Some(ErrorClass::RateLimited),
+            Some(AttemptNote::PreviousOutcomeUnknown)
+        )
+    );
+    let d = w
+        .platform
+        .delivery_of_tenant(&job.tenant_id, job.delivery_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.status, DeliveryStatus::Pending);
+    assert_eq!(
+        d.last_error_class,
+        Some(LastError::Attempt(ErrorClass::RateLimited))
+    );
+
+    // A newer version's (or a hand-edited) value is refused by name.
+    let id = Uuid::from_bytes(job.delivery_id.0);
+    w.sql
+        .execute(
+            "UPDATE walhook.attempts SET outcome = 'bounced' WHERE delivery_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let err = w.platform.attempts_of(job.delivery_id).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("\"bounced\"") && text.contains("succeeded, retryable, rejected, gone"),
+        "{text}"
+    );
+    w.sql
+        .execute(
+            "UPDATE walhook.deliveries SET last_error_class = 'mystery' WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let err = w
+        .platform
+        .delivery_of_tenant(&job.tenant_id, job.delivery_id)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\"mystery\""), "{err}");
 }

@@ -4,10 +4,35 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
-use walhook_pipeline::delivery::DeliveryStatus;
+use walhook_pipeline::delivery::{AttemptNote, DeliveryStatus, EndReason, LastError, OutcomeKind};
+use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_sql::deliveries::{AttemptRow, DeliveryRecord, EventRecord};
 
-use super::{hex, ts};
+use super::{hex, names_schema, ts};
+
+fn last_error_schema() -> utoipa::openapi::schema::Object {
+    names_schema(
+        "The last failure's class, or why the delivery ended without an attempt",
+        &[ErrorClass::NAMES, EndReason::NAMES],
+        true,
+    )
+}
+
+fn outcome_schema() -> utoipa::openapi::schema::Object {
+    names_schema("What the attempt came to", &[OutcomeKind::NAMES], false)
+}
+
+fn error_class_schema() -> utoipa::openapi::schema::Object {
+    names_schema("Why the attempt failed", &[ErrorClass::NAMES], true)
+}
+
+fn note_schema() -> utoipa::openapi::schema::Object {
+    names_schema(
+        "Why the attempt is special: previous_outcome_unknown (an earlier attempt may have reached the receiver without its outcome being recorded, so a duplicate is possible), previous_in_order_failed (the endpoint orders per object and an earlier delivery of this object ended without success)",
+        &[AttemptNote::NAMES],
+        true,
+    )
+}
 
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -89,8 +114,11 @@ pub struct Delivery {
     pub expires_at: DateTime<Utc>,
     /// The last attempt's HTTP status.
     pub last_http_status: Option<i32>,
-    /// The last failure's class (`http_5xx`, `timeout`, `connect`, …).
-    pub last_error_class: Option<String>,
+    /// The last failure's class (`http_5xx`, `timeout`, `connect`, …), or
+    /// why the delivery ended without an attempt (`endpoint_deleted`,
+    /// `cancelled`, …).
+    #[schema(schema_with = last_error_schema)]
+    pub last_error_class: Option<LastError>,
     /// The endpoint's config version when the delivery was made.
     pub endpoint_config_version: i32,
     /// When the event occurred (its commit time).
@@ -209,10 +237,12 @@ pub struct Attempt {
     pub http_status: Option<i32>,
     /// Milliseconds taken.
     pub latency_ms: i32,
-    /// `succeeded`, `retryable`, `rejected` or `gone`.
-    pub outcome: String,
+    /// What it came to.
+    #[schema(schema_with = outcome_schema)]
+    pub outcome: OutcomeKind,
     /// Why it failed.
-    pub error_class: Option<String>,
+    #[schema(schema_with = error_class_schema)]
+    pub error_class: Option<ErrorClass>,
     /// SHA-256 of the response body read, hex.
     pub response_sha256: Option<String>,
     /// The start of the response body.
@@ -227,7 +257,8 @@ pub struct Attempt {
     /// possible), `previous_in_order_failed` (the endpoint orders per
     /// object, and an earlier delivery of this object ended without
     /// success: this one went without it).
-    pub note: Option<String>,
+    #[schema(schema_with = note_schema)]
+    pub note: Option<AttemptNote>,
 }
 
 impl From<AttemptRow> for Attempt {
@@ -235,10 +266,9 @@ impl From<AttemptRow> for Attempt {
         Attempt {
             id: r.id.to_string(),
             number: r.number,
-            trigger: if r.trigger == "manual" {
-                Trigger::Manual
-            } else {
-                Trigger::Auto
+            trigger: match r.trigger {
+                walhook_pipeline::delivery::Trigger::Manual => Trigger::Manual,
+                walhook_pipeline::delivery::Trigger::Auto => Trigger::Auto,
             },
             endpoint_config_version: r.endpoint_config_version,
             started_at: ts(r.started_at),

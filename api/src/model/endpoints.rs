@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use walhook_pipeline::dispatch::breaker::CircuitState;
 use walhook_sql::endpoint_admin::{EndpointRecord, EndpointVersionRecord};
 
 use super::{RetrySchedule, double_option, ts};
@@ -387,12 +388,21 @@ pub struct HourStats {
     pub succeeded: i64,
 }
 
+fn circuit_state_schema() -> utoipa::openapi::schema::Object {
+    super::names_schema(
+        "closed (sending), open (holding deliveries until open_until), half_open (one probe decides)",
+        &[CircuitState::NAMES],
+        false,
+    )
+}
+
 /// A circuit breaker's state.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Circuit {
     /// `closed` (sending), `open` (holding deliveries until `open_until`),
     /// `half_open` (one probe decides).
-    pub state: String,
+    #[schema(schema_with = circuit_state_schema)]
+    pub state: CircuitState,
     /// Failed attempts in a row.
     pub consecutive_failures: i32,
     /// The first failure of the current run of failures.
@@ -415,7 +425,7 @@ impl Circuit {
                 open_until: c.open_until.map(ts),
             },
             None => Circuit {
-                state: "closed".into(),
+                state: CircuitState::Closed,
                 consecutive_failures: 0,
                 failing_since: None,
                 opened_at: None,

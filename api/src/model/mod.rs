@@ -15,6 +15,33 @@ use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 use walhook_pipeline::retry::RetryOverride;
 
+/// The OpenAPI schema of a stored name (see `walhook_pipeline::stored`): a
+/// string with exactly the values the domain enum has, so the document
+/// cannot drift from the code.
+pub(crate) fn names_schema(
+    description: &str,
+    names: &[&[&'static str]],
+    nullable: bool,
+) -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    let mut values: Vec<serde_json::Value> = names
+        .iter()
+        .flat_map(|n| n.iter())
+        .map(|n| serde_json::Value::from(*n))
+        .collect();
+    let ty = if nullable {
+        values.push(serde_json::Value::Null);
+        SchemaType::from_iter([Type::String, Type::Null])
+    } else {
+        SchemaType::Type(Type::String)
+    };
+    ObjectBuilder::new()
+        .schema_type(ty)
+        .description(Some(description))
+        .enum_values(Some(values))
+        .build()
+}
+
 /// A stored time as an RFC 3339 UTC value.
 pub fn ts(t: SystemTime) -> DateTime<Utc> {
     DateTime::<Utc>::from(t)

@@ -69,11 +69,12 @@ fn filter(q: &DeliveryQuery, caller: &TenantCaller) -> Result<(DeliveryFilter, S
         None => None,
     };
     let status = match &q.status {
-        Some(s) => Some(DeliveryStatus::parse(s).ok_or_else(|| {
+        Some(s) => Some(DeliveryStatus::try_from(s.as_str()).map_err(|_| {
             ApiError::field(
                 "query.status",
                 format!(
-                    "{s:?} is not a status; give pending, succeeded, failed, exhausted or cancelled"
+                    "{s:?} is not a status; give one of {}",
+                    DeliveryStatus::NAMES.join(", ")
                 ),
             )
         })?),

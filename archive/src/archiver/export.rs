@@ -9,8 +9,7 @@ use walhook_pipeline::failpoint;
 use walhook_pipeline::objstore::ObjectStore;
 
 use super::{Archiver, Progress};
-use crate::ArchiveError;
-use crate::catalog::CatalogRow;
+use crate::catalog::{CatalogRow, PartitionState};
 use crate::copy::{CopyReader, Next};
 use crate::dates::NaiveDateSql;
 use crate::encode::encode;
@@ -19,6 +18,7 @@ use crate::manifest::{FileEntry, Manifest};
 use crate::merge::Merge;
 use crate::part::PartBuilder;
 use crate::table::Table;
+use crate::{ArchiveError, VerificationKind};
 
 impl<S: ObjectStore> Archiver<S> {
     /// Writes every hot row of the day as parts and a manifest, and records
@@ -115,6 +115,7 @@ impl<S: ObjectStore> Archiver<S> {
                     table,
                     day,
                     object: "walhook.deliveries".into(),
+                    kind: VerificationKind::Mismatch,
                     problem: "a delivery of this day is still pending but has no pending entry".into(),
                     fix: "nothing was written or dropped; find it with `SELECT id FROM walhook.deliveries WHERE status = 'pending'` and report it: the dispatcher keeps every pending delivery in walhook.pending".into(),
                 });
@@ -164,13 +165,14 @@ impl<S: ObjectStore> Archiver<S> {
             .put(&key, Bytes::from(manifest.to_bytes()))
             .await?;
         failpoint::hit("archive.after_manifest");
+        let written = PartitionState::Written;
         let client = self.platform.client().await?;
         client
             .execute(
                 "INSERT INTO walhook.archive_partitions (table_name, day, generation, state, manifest_key, \
                  manifest_sha256, row_count, byte_count, file_count, store, written_at) \
-                 VALUES ($1, $2, $3, 'written', $4, $5, $6, $7, $8, $9, $10) \
-                 ON CONFLICT (table_name, day, generation) DO UPDATE SET state = 'written', \
+                 VALUES ($1, $2, $3, $11, $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (table_name, day, generation) DO UPDATE SET state = excluded.state, \
                  manifest_key = excluded.manifest_key, manifest_sha256 = excluded.manifest_sha256, \
                  row_count = excluded.row_count, byte_count = excluded.byte_count, \
                  file_count = excluded.file_count, store = excluded.store, written_at = excluded.written_at, \
@@ -186,13 +188,14 @@ impl<S: ObjectStore> Archiver<S> {
                     &(manifest.files.len() as i32),
                     &self.store.describe(),
                     &started_at,
+                    &written.as_str(),
                 ],
             )
             .await
             .map_err(ArchiveError::query("record the written day in the archive catalog"))?;
         Ok(CatalogRow {
             generation,
-            state: "written".into(),
+            state: written,
             manifest_key: key,
             manifest_sha256: receipt.sha256,
             written_at: started_at,

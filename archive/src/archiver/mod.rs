@@ -22,6 +22,7 @@ use walhook_pipeline::failpoint;
 use walhook_pipeline::objstore::ObjectStore;
 use walhook_sql::Platform;
 
+use crate::catalog::PartitionState;
 use crate::failure::failure_text;
 use crate::layout::partition_name;
 use crate::merge::Merge;
@@ -295,11 +296,18 @@ impl<S: ObjectStore> Archiver<S> {
         let pending = self.catalog(table, day).await?;
         let mut report = PartitionReport::new(table, day, Outcome::Archived);
         let resume = match pending {
-            Some(row) if row.state == "written" || row.state == "verified" => {
+            Some(row)
+                if matches!(
+                    row.state,
+                    PartitionState::Written | PartitionState::Verified
+                ) =>
+            {
                 // A written manifest that has gone from the store (removed by
                 // the operator after a failed verification) means: write the
                 // day anew, which is safe while nothing was dropped.
-                if row.state == "written" && self.store.get(&row.manifest_key).await?.is_none() {
+                if row.state == PartitionState::Written
+                    && self.store.get(&row.manifest_key).await?.is_none()
+                {
                     self.forget(table, day, row.generation).await?;
                     None
                 } else {
@@ -335,7 +343,7 @@ impl<S: ObjectStore> Archiver<S> {
             return Ok(report);
         }
         failpoint::hit("archive.before_verify");
-        let phase = if row.state == "written" {
+        let phase = if row.state == PartitionState::Written {
             Phase::Staged
         } else {
             Phase::Live
@@ -352,7 +360,7 @@ impl<S: ObjectStore> Archiver<S> {
         report.rows = manifest.row_count;
         report.bytes = manifest.byte_count;
         report.files = manifest.files.len();
-        if row.state == "written" && manifest.compaction.is_some() {
+        if row.state == PartitionState::Written && manifest.compaction.is_some() {
             // No count against the hot table here: rows that reach the day
             // or change after the export stay hot (see the drop) and go to
             // the next generation, so publication never has to be undone.
@@ -368,7 +376,7 @@ impl<S: ObjectStore> Archiver<S> {
             .await?;
             self.record_verified(table, day, row.generation, &manifest)
                 .await?;
-        } else if row.state == "written" {
+        } else if row.state == PartitionState::Written {
             let hot = self.hot_count(table, day).await?;
             if hot != manifest.row_count {
                 // Rows reached or left the day after it was exported; the
@@ -390,7 +398,7 @@ impl<S: ObjectStore> Archiver<S> {
                 // Published: the generation stands, the partition stays,
                 // and the next generation takes its rows again.
                 self.clear_staged(&manifest).await?;
-                self.set_state(table, day, row.generation, "dropped")
+                self.set_state(table, day, row.generation, PartitionState::Dropped)
                     .await?;
                 report.outcome = Outcome::Waiting(format!(
                     "the day partition holds {hot} rows at the drop, this generation took {archived} from it: rows arrived after the export; nothing was dropped and the day is archived again as generation {} on a later run",
@@ -408,7 +416,7 @@ impl<S: ObjectStore> Archiver<S> {
         };
         failpoint::hit("archive.after_drop");
         self.clear_staged(&manifest).await?;
-        self.set_state(table, day, row.generation, "dropped")
+        self.set_state(table, day, row.generation, PartitionState::Dropped)
             .await?;
         if left > 0 {
             report.outcome = Outcome::Waiting(format!(

@@ -102,7 +102,7 @@ impl<S: ObjectStore> ColdHistory<S> {
                 &d.next_attempt_at,
                 &d.expires_at,
                 &d.last_http_status,
-                &d.last_error_class,
+                &d.last_error_class.map(|e| e.as_str()),
                 &d.created_at,
                 &d.updated_at,
             ],

@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, FixedSizeBinaryArray, RecordBatch};
-use walhook_pipeline::delivery::DeliveryStatus;
 use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId};
 use walhook_sql::deliveries::{AttemptRow, DeliveryRecord, EventRecord};
 
@@ -56,6 +55,45 @@ impl<'a> Cols<'a> {
             .as_string_opt::<i32>()
             .ok_or_else(|| shape(name))?;
         Ok(a.is_valid(i).then(|| a.value(i).to_string()))
+    }
+    /// A text column holding one of a stored enum's names (see
+    /// `walhook_pipeline::stored`): a value this version does not know is
+    /// a shape error naming it, never a default.
+    fn named<T>(
+        &self,
+        table: Table,
+        name: &'static str,
+        i: usize,
+    ) -> Result<Option<T>, ArchiveError>
+    where
+        T: for<'t> TryFrom<&'t str, Error = walhook_pipeline::stored::UnknownName>,
+    {
+        self.text(name, i)?
+            .map(|v| {
+                T::try_from(v.as_str()).map_err(|e| ArchiveError::Shape {
+                    table,
+                    column: name,
+                    detail: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+    /// [`Cols::named`] for a column that may not be null.
+    fn named_required<T>(
+        &self,
+        table: Table,
+        name: &'static str,
+        i: usize,
+    ) -> Result<T, ArchiveError>
+    where
+        T: for<'t> TryFrom<&'t str, Error = walhook_pipeline::stored::UnknownName>,
+    {
+        self.named(table, name, i)?
+            .ok_or_else(|| ArchiveError::Shape {
+                table,
+                column: name,
+                detail: "the value is null in an archived row".into(),
+            })
     }
     /// A comma-separated list of integers; `None` when the value is null or
     /// the file predates the column (layout 1).
@@ -117,17 +155,13 @@ pub(crate) fn deliveries(batch: &RecordBatch) -> Result<Vec<DeliveryRecord>, Arc
                 event_id: EventId(c.id16("event_id", i)?),
                 endpoint_id: EndpointId(c.id16("endpoint_id", i)?),
                 event_type: c.text("event_type", i)?.unwrap_or_default(),
-                status: c
-                    .text("status", i)?
-                    .as_deref()
-                    .and_then(DeliveryStatus::parse)
-                    .ok_or_else(|| shape("status"))?,
+                status: c.named_required(Table::Deliveries, "status", i)?,
                 attempt_count: c.int("attempt_count", i)?.unwrap_or(0),
                 manual_attempt_count: c.int("manual_attempt_count", i)?.unwrap_or(0),
                 next_attempt_at: c.time("next_attempt_at", i)?,
                 expires_at: c.time("expires_at", i)?,
                 last_http_status: c.int("last_http_status", i)?,
-                last_error_class: c.text("last_error_class", i)?,
+                last_error_class: c.named(Table::Deliveries, "last_error_class", i)?,
                 endpoint_config_version: c.int("endpoint_config_version", i)?.unwrap_or(1),
                 event_occurred_at: c.time("event_occurred_at", i)?,
                 created_at: c.time("created_at", i)?,
@@ -174,18 +208,18 @@ pub(crate) fn attempts(
         out.push(AttemptRow {
             id: AttemptId(c.id16("id", i)?),
             number: c.int("number", i)?.unwrap_or(0),
-            trigger: c.text("trigger", i)?.unwrap_or_default(),
+            trigger: c.named_required(Table::Attempts, "trigger", i)?,
             endpoint_config_version: c.int("endpoint_config_version", i)?.unwrap_or(1),
             started_at: c.time("started_at", i)?,
             finished_at: c.time("finished_at", i)?,
             http_status: c.int("http_status", i)?,
             latency_ms: c.int("latency_ms", i)?.unwrap_or(0),
-            outcome: c.text("outcome", i)?.unwrap_or_default(),
-            error_class: c.text("error_class", i)?,
+            outcome: c.named_required(Table::Attempts, "outcome", i)?,
+            error_class: c.named(Table::Attempts, "error_class", i)?,
             response_sha256: c.bytes("response_sha256", i)?,
             response_excerpt: c.text("response_excerpt", i)?,
             secret_versions: c.int_list("secret_versions", i)?,
-            note: c.text("note", i)?,
+            note: c.named(Table::Attempts, "note", i)?,
         });
     }
     Ok(out)

@@ -262,6 +262,19 @@ impl VettingResolver {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A name the resolver could not look up, as the proxy path's client sees
+/// it: a type of its own, so that the egress classifies the failure as DNS
+/// by finding it in the error's chain, not by reading the message.
+#[derive(Debug, thiserror::Error)]
+#[error("could not resolve {name}: {source}")]
+pub struct LookupFailed {
+    /// The name.
+    pub name: String,
+    /// The lookup's error.
+    #[source]
+    pub source: io::Error,
+}
+
 impl reqwest::dns::Resolve for VettingResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let me = self.clone();
@@ -269,7 +282,14 @@ impl reqwest::dns::Resolve for VettingResolver {
         Box::pin(async move {
             let is_proxy = me.proxy.host.as_deref() == Some(name.as_str());
             let addrs = if is_proxy {
-                let addrs = me.lookup.lookup(&name).await?;
+                let addrs = me
+                    .lookup
+                    .lookup(&name)
+                    .await
+                    .map_err(|source| LookupFailed {
+                        name: name.clone(),
+                        source,
+                    })?;
                 me.proxy.addrs.lock().extend(addrs.iter().copied());
                 if !me.observer.approve(&name, &addrs) {
                     return Err(Box::new(unapproved(&name, &addrs)) as BoxError);
@@ -278,7 +298,9 @@ impl reqwest::dns::Resolve for VettingResolver {
             } else {
                 match vetted_addrs(&*me.lookup, &name, &me.policy, &*me.observer).await {
                     Ok(addrs) => addrs,
-                    Err(Vetting::Lookup(e)) => return Err(Box::new(e) as BoxError),
+                    Err(Vetting::Lookup(source)) => {
+                        return Err(Box::new(LookupFailed { name, source }) as BoxError);
+                    }
                     Err(Vetting::Refused(refusal)) => return Err(Box::new(refusal) as BoxError),
                 }
             };

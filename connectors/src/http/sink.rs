@@ -30,7 +30,7 @@ use super::config::EgressSettings;
 use super::dial::DialGuardLayer;
 use super::direct::{Direct, POOL_IDLE_TIMEOUT, Target, TlsConfigError};
 use super::observe::{EgressObserver, LogObserver};
-use super::resolve::{Lookup, SystemLookup, TrustedProxy, VettingResolver};
+use super::resolve::{Lookup, LookupFailed, SystemLookup, TrustedProxy, VettingResolver};
 use walhook_pipeline::url_policy::{Refusal, UrlPolicy, VettedHost, check_url};
 
 /// Bytes of the response body kept for the excerpt (before cleaning).
@@ -260,30 +260,37 @@ impl HttpEgress {
     }
 }
 
-/// The policy refusal somewhere in `e`'s chain of sources, if any.
-fn refusal_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refusal> {
+/// Whether an error of type `T` is somewhere in `e`'s chain of sources,
+/// including inside an `io::Error` (whose `source` skips the error it
+/// wraps: TLS failures arrive as `io::Error`s around a `rustls::Error`).
+fn found_in<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(e);
     while let Some(err) = current {
-        if let Some(r) = err.downcast_ref::<Refusal>() {
-            return Some(r);
+        if err.is::<T>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.get_ref().is_some_and(|inner| inner.is::<T>())
+        {
+            return true;
         }
         current = err.source();
     }
-    None
+    false
 }
 
+/// The class of a failure on the proxy path, from the types in the error's
+/// chain (never from its text).
 fn classify_error(e: &reqwest::Error) -> ErrorClass {
-    if refusal_in(e).is_some() {
+    if found_in::<Refusal>(e) {
         return ErrorClass::Blocked;
     }
-    let text = format!("{e:?}").to_ascii_lowercase();
     if e.is_connect() {
         if e.is_timeout() {
             ErrorClass::ConnectTimeout
-        } else if text.contains("dns error") || text.contains("failed to lookup") {
+        } else if found_in::<LookupFailed>(e) {
             ErrorClass::Dns
-        } else if text.contains("certificate") || text.contains("tls") || text.contains("handshake")
-        {
+        } else if found_in::<rustls::Error>(e) {
             ErrorClass::Tls
         } else {
             ErrorClass::Connect

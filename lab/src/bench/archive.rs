@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 '{day}'::timestamptz + (i * 86000.0 / {n}) * interval '1 second',
                 '{day}'::timestamptz + (i * 86000.0 / {n}) * interval '1 second' + ((5 + i % 37) * interval '1 ms'),
                 CASE WHEN i % 10 = 0 THEN 503 ELSE 200 END, 5 + i % 37,
-                CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'succeeded' END,
+                CASE WHEN i % 10 = 0 THEN 'retryable' ELSE 'succeeded' END,
                 CASE WHEN i % 10 = 0 THEN 'http_5xx' END,
                 sha256(CASE WHEN i % 10 = 0 THEN 'busy' ELSE 'ok' END::bytea),
                 CASE WHEN i % 10 = 0 THEN 'busy' END

@@ -87,7 +87,7 @@ fn fill_sql(day: chrono::NaiveDate, first: u64, args: &Args) -> String {
          SELECT md5(d.id::text || k)::uuid, d.id, d.endpoint_id, d.tenant_id, k, 'auto', 1,
                 d.created_at + k * interval '10 ms', d.created_at + k * interval '10 ms' + interval '5 ms',
                 CASE WHEN k < d.attempt_count THEN 503 ELSE 200 END, 5,
-                CASE WHEN k < d.attempt_count THEN 'failed' ELSE 'succeeded' END
+                CASE WHEN k < d.attempt_count THEN 'retryable' ELSE 'succeeded' END
          FROM walhook.deliveries d CROSS JOIN LATERAL generate_series(1, d.attempt_count) k
          WHERE d.created_at >= '{day}' AND d.created_at < '{day}'::date + 1;
          INSERT INTO walhook.capture_ledger (source, rule, window_start, changes, events, filtered, incidents,

@@ -14,7 +14,7 @@ use super::observe::AttemptSeen;
 use super::recorder::Record;
 use super::scheduler::Limits;
 use super::{Dispatcher, RunState, send};
-use crate::delivery::{DeliveryJob, DeliveryStatus, Trigger};
+use crate::delivery::{DeliveryJob, DeliveryStatus, EndReason, Trigger};
 use crate::retry::RetryOverride;
 use crate::signing::VersionedSecret;
 use crate::store::{DispatchStore, Transition};
@@ -129,9 +129,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     // Deleted, or paused past its deadline: it ends here.
                     state.numbering.forget(job.delivery_id);
                     let (status, reason) = if endpoint.is_none() {
-                        (DeliveryStatus::Cancelled, "endpoint_deleted")
+                        (DeliveryStatus::Cancelled, EndReason::EndpointDeleted)
                     } else {
-                        (DeliveryStatus::Exhausted, "deadline_while_paused")
+                        (DeliveryStatus::Exhausted, EndReason::DeadlineWhilePaused)
                     };
                     if status == DeliveryStatus::Exhausted {
                         self.let_next_in_order_go(state, &job);

@@ -85,13 +85,26 @@ pub enum Health {
     Neutral,
 }
 
+crate::stored_names! {
+    /// A circuit's state without its details: what is stored across
+    /// restarts and shown to operators.
+    pub enum CircuitState as "circuit state" {
+        /// Attempts go out.
+        Closed = "closed",
+        /// Attempts wait until the cool-down ends.
+        Open = "open",
+        /// One probe may go out; its result closes or reopens the circuit.
+        HalfOpen = "half_open",
+    }
+}
+
 impl Circuit {
-    /// The name stored and shown (`closed`, `open`, `half_open`).
-    pub fn name(&self) -> &'static str {
+    /// Its state as stored and shown.
+    pub fn state(&self) -> CircuitState {
         match self {
-            Circuit::Closed { .. } => "closed",
-            Circuit::Open { .. } => "open",
-            Circuit::HalfOpen { .. } => "half_open",
+            Circuit::Closed { .. } => CircuitState::Closed,
+            Circuit::Open { .. } => CircuitState::Open,
+            Circuit::HalfOpen { .. } => CircuitState::HalfOpen,
         }
     }
 

@@ -14,10 +14,7 @@ use super::egress::{Egress, EgressResult};
 use super::outcome::{AttemptOutcome, ErrorClass};
 use super::recorder::Record;
 use super::{Dispatcher, RunState, send};
-use crate::delivery::{
-    ATTEMPT_NOTE_PREDECESSOR_FAILED, ATTEMPT_NOTE_UNKNOWN, AttemptRecord, DeliveryJob,
-    DeliveryStatus, Trigger,
-};
+use crate::delivery::{AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
 use crate::ids::AttemptId;
 use crate::retry::DeliveryState;
 use crate::store::DispatchStore;
@@ -116,8 +113,8 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             started_at: f.started_at,
             finished_at: f.finished_at,
             http_status: outcome.status(),
-            outcome: outcome.name(),
-            error_class: outcome.error_class().map(ErrorClass::as_str),
+            outcome: outcome.kind(),
+            error_class: outcome.error_class(),
             response_sha256: f.result.response_sha256,
             response_excerpt: f.result.response_excerpt.clone(),
             status: DeliveryStatus::Pending,
@@ -127,9 +124,9 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             hold_until: None,
             replay_request: manual.map(|r| r.request_id),
             note: if job.after_unknown {
-                Some(ATTEMPT_NOTE_UNKNOWN)
+                Some(AttemptNote::PreviousOutcomeUnknown)
             } else if manual.is_none() && state.sched.take_after_failure(&job.delivery_id) {
-                Some(ATTEMPT_NOTE_PREDECESSOR_FAILED)
+                Some(AttemptNote::PreviousInOrderFailed)
             } else {
                 None
             },
@@ -233,7 +230,7 @@ impl<E, S> Dispatcher<E, S> {
 
     /// A delivery ended without success: when later deliveries of its
     /// object wait behind it, the next goes now (its first attempt notes
-    /// [`ATTEMPT_NOTE_PREDECESSOR_FAILED`]).
+    /// [`AttemptNote::PreviousInOrderFailed`]).
     pub(super) fn let_next_in_order_go(&self, state: &mut RunState, job: &DeliveryJob) {
         let waiting = state.sched.head_failed(&job.delivery_id);
         if waiting > 0 {

@@ -54,10 +54,11 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
             None => {}
         }
         if changed {
-            let (circuit, open_until, failures) = match report.circuit {
-                Circuit::Open { until, .. } => ("open", Some(until), 0),
-                Circuit::HalfOpen { .. } => ("half_open", None, 0),
-                Circuit::Closed { failures } => ("closed", None, failures),
+            let circuit = report.circuit.state();
+            let (open_until, failures) = match report.circuit {
+                Circuit::Open { until, .. } => (Some(until), 0),
+                Circuit::HalfOpen { .. } => (None, 0),
+                Circuit::Closed { failures } => (None, failures),
             };
             send(
                 record_tx,

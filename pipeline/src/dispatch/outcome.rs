@@ -15,63 +15,43 @@
 
 use std::time::Duration;
 
-/// Why an attempt did not succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorClass {
-    /// A 3xx: redirects are not followed.
-    Redirect,
-    /// 408 Request Timeout.
-    RequestTimeout,
-    /// 429 Too Many Requests.
-    RateLimited,
-    /// 410 Gone.
-    Gone,
-    /// Another 4xx.
-    ClientError,
-    /// A 5xx.
-    ServerError,
-    /// No connection within the connect timeout.
-    ConnectTimeout,
-    /// The connection was refused or failed.
-    Connect,
-    /// The TLS handshake failed.
-    Tls,
-    /// The name did not resolve, or resolved only to refused addresses.
-    Dns,
-    /// The egress policy refused the URL or its addresses.
-    Blocked,
-    /// The connection broke while sending or reading.
-    Reset,
-    /// No response within the request timeout after the request left.
-    Timeout,
-    /// The endpoint is disabled, deleted, or has no secret.
-    EndpointUnavailable,
-    /// The dispatcher stopped before the response arrived: the request may
-    /// have been received; the outcome is unknown and the delivery is
-    /// attempted again.
-    Shutdown,
-}
+use crate::delivery::OutcomeKind;
 
-impl ErrorClass {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Redirect => "http_3xx",
-            ErrorClass::RequestTimeout => "http_408",
-            ErrorClass::RateLimited => "http_429",
-            ErrorClass::Gone => "http_410",
-            ErrorClass::ClientError => "http_4xx",
-            ErrorClass::ServerError => "http_5xx",
-            ErrorClass::ConnectTimeout => "connect_timeout",
-            ErrorClass::Connect => "connect",
-            ErrorClass::Tls => "tls",
-            ErrorClass::Dns => "dns",
-            ErrorClass::Blocked => "blocked",
-            ErrorClass::Reset => "reset",
-            ErrorClass::Timeout => "timeout",
-            ErrorClass::EndpointUnavailable => "endpoint_unavailable",
-            ErrorClass::Shutdown => "shutdown",
-        }
+crate::stored_names! {
+    /// Why an attempt did not succeed.
+    pub enum ErrorClass as "error class" {
+        /// A 3xx: redirects are not followed.
+        Redirect = "http_3xx",
+        /// 408 Request Timeout.
+        RequestTimeout = "http_408",
+        /// 429 Too Many Requests.
+        RateLimited = "http_429",
+        /// 410 Gone.
+        Gone = "http_410",
+        /// Another 4xx.
+        ClientError = "http_4xx",
+        /// A 5xx.
+        ServerError = "http_5xx",
+        /// No connection within the connect timeout.
+        ConnectTimeout = "connect_timeout",
+        /// The connection was refused or failed.
+        Connect = "connect",
+        /// The TLS handshake failed.
+        Tls = "tls",
+        /// The name did not resolve, or resolved only to refused addresses.
+        Dns = "dns",
+        /// The egress policy refused the URL or its addresses.
+        Blocked = "blocked",
+        /// The connection broke while sending or reading.
+        Reset = "reset",
+        /// No response within the request timeout after the request left.
+        Timeout = "timeout",
+        /// The endpoint is disabled, deleted, or has no secret.
+        EndpointUnavailable = "endpoint_unavailable",
+        /// The dispatcher stopped before the response arrived: the request may
+        /// have been received; the outcome is unknown and the delivery is
+        /// attempted again.
+        Shutdown = "shutdown",
     }
 }
 
@@ -104,13 +84,13 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
-    /// The stored outcome name.
-    pub fn name(&self) -> &'static str {
+    /// What it came to, as stored.
+    pub fn kind(&self) -> OutcomeKind {
         match self {
-            AttemptOutcome::Delivered { .. } => "succeeded",
-            AttemptOutcome::Retryable { .. } => "retryable",
-            AttemptOutcome::Rejected { .. } => "rejected",
-            AttemptOutcome::Gone => "gone",
+            AttemptOutcome::Delivered { .. } => OutcomeKind::Succeeded,
+            AttemptOutcome::Retryable { .. } => OutcomeKind::Retryable,
+            AttemptOutcome::Rejected { .. } => OutcomeKind::Rejected,
+            AttemptOutcome::Gone => OutcomeKind::Gone,
         }
     }
 
@@ -268,6 +248,36 @@ fn two_digits_or_one(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_outcome_is_stored_as_its_kind_and_class() {
+        let cases = [
+            (classify_status(200, None), OutcomeKind::Succeeded, None),
+            (
+                classify_status(503, None),
+                OutcomeKind::Retryable,
+                Some(ErrorClass::ServerError),
+            ),
+            (
+                classify_status(404, None),
+                OutcomeKind::Rejected,
+                Some(ErrorClass::ClientError),
+            ),
+            (
+                classify_status(410, None),
+                OutcomeKind::Gone,
+                Some(ErrorClass::Gone),
+            ),
+            (
+                classify_failure(ErrorClass::Blocked),
+                OutcomeKind::Rejected,
+                Some(ErrorClass::Blocked),
+            ),
+        ];
+        for (outcome, kind, class) in cases {
+            assert_eq!((outcome.kind(), outcome.error_class()), (kind, class));
+        }
+    }
 
     #[test]
     fn statuses_are_classified() {

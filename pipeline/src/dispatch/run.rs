@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{Finished, InFlight};
-use super::breaker::Circuit;
+use super::breaker::{Circuit, CircuitState};
 use super::egress::Egress;
 use super::numbering::Numbering;
 use super::recorder::{self, Record};
@@ -231,7 +231,7 @@ impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
                     if let Some(since) = h.failing_since {
                         state.failing_since.insert(h.endpoint_id, since);
                     }
-                    if let (Some(until), "open") = (h.open_until, h.circuit) {
+                    if let (Some(until), CircuitState::Open) = (h.open_until, h.circuit) {
                         let cool_down =
                             until.since(self.now()).max(self.settings.breaker.cool_down);
                         state.sched.restore_circuit(

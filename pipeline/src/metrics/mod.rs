@@ -317,12 +317,17 @@ impl PipelineMetrics {
     }
 
     /// Counts one attempt.
-    pub fn attempt(&self, trigger: &str, outcome: &str, class: Option<&str>) {
+    pub fn attempt(
+        &self,
+        trigger: crate::delivery::Trigger,
+        outcome: crate::delivery::OutcomeKind,
+        class: Option<crate::dispatch::outcome::ErrorClass>,
+    ) {
         self.attempts
             .get_or_create(&AttemptLabels {
-                trigger: trigger.to_owned(),
-                outcome: outcome.to_owned(),
-                class: class.unwrap_or("none").to_owned(),
+                trigger: trigger.as_str().to_owned(),
+                outcome: outcome.as_str().to_owned(),
+                class: class.map_or("none", |c| c.as_str()).to_owned(),
             })
             .inc();
     }

@@ -99,11 +99,7 @@ impl AttemptObserver for MetricsObserver {
 
     fn finished(&self, a: &AttemptSeen<'_>, outcome: &AttemptOutcome, finished_at: Timestamp) {
         let m = &self.metrics;
-        m.attempt(
-            a.trigger.as_str(),
-            outcome.name(),
-            outcome.error_class().map(ErrorClass::as_str),
-        );
+        m.attempt(a.trigger, outcome.kind(), outcome.error_class());
         let class = status_class(outcome.status());
         m.attempts_by_status_class
             .get_or_create(&StatusClassLabel {

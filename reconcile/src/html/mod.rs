@@ -543,7 +543,7 @@ fn archive(out: &mut String, report: &Report) -> fmt::Result {
             table = Esc(&day.table),
             day = Esc(&day.day),
             generation = day.generation,
-            state = Esc(&day.state),
+            state = Esc(day.state.as_str()),
             rows = Num(day.rows),
             files = Num(day.files),
             problem = Opt(&day.problem),

@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::FirstWrite;
+use walhook_pipeline::delivery::{DeliveryStatus, FirstWrite, LastError};
 use walhook_pipeline::ids::DeliveryId;
 use walhook_pipeline::time::Timestamp;
 
@@ -102,7 +102,7 @@ pub(super) struct FreshRows<'a> {
     hold: Vec<Option<SystemTime>>,
     leases: Vec<i64>,
     http: Vec<Option<i32>>,
-    errs: Vec<Option<&'a str>>,
+    errs: Vec<Option<&'static str>>,
     holders: Vec<Option<&'a str>>,
 }
 
@@ -112,13 +112,13 @@ impl<'a> FreshRows<'a> {
         &mut self,
         id: DeliveryId,
         w: &'a FirstWrite,
-        status: &'static str,
+        status: DeliveryStatus,
         attempts: u32,
         next: Timestamp,
         hold: Option<Timestamp>,
         lease: i64,
         http: Option<u16>,
-        err: Option<&'a str>,
+        err: Option<LastError>,
     ) {
         self.ids.push(uuid16(&id.0));
         self.events.push(uuid16(&w.event_id.0));
@@ -127,7 +127,7 @@ impl<'a> FreshRows<'a> {
         self.types.push(w.event_type.as_str());
         self.occurred.push(w.event_occurred_at.to_system_time());
         self.versions.push(w.config_version);
-        self.statuses.push(status);
+        self.statuses.push(status.as_str());
         self.attempts.push(attempts as i32);
         self.next.push(next.to_system_time());
         self.expires.push(w.expires_at.to_system_time());
@@ -135,7 +135,7 @@ impl<'a> FreshRows<'a> {
         self.hold.push(hold.map(|t| t.to_system_time()));
         self.leases.push(lease);
         self.http.push(http.map(i32::from));
-        self.errs.push(err);
+        self.errs.push(err.map(LastError::as_str));
         self.holders.push(w.holder.as_deref());
     }
 

@@ -12,7 +12,7 @@ use walhook_pipeline::store::EndpointHealth;
 use walhook_pipeline::time::Timestamp;
 
 use super::uuid16;
-use crate::{Platform, StoreError};
+use crate::{Platform, StoreError, stored};
 
 /// [`DispatchStore::save_health`] on Postgres.
 pub(super) async fn save_health(
@@ -31,7 +31,7 @@ pub(super) async fn save_health(
         .map(|x| x.failing_since.map(|t| t.to_system_time()))
         .collect();
     let failures: Vec<i32> = h.iter().map(|x| x.consecutive_failures as i32).collect();
-    let circuits: Vec<&str> = h.iter().map(|x| x.circuit).collect();
+    let circuits: Vec<&str> = h.iter().map(|x| x.circuit.as_str()).collect();
     let until: Vec<Option<SystemTime>> = h
         .iter()
         .map(|x| x.open_until.map(|t| t.to_system_time()))
@@ -73,19 +73,15 @@ pub(super) async fn load_health(
         let Ok(tenant_id) = TenantId::new(r.get::<_, String>(1)) else {
             continue;
         };
-        let circuit: String = r.get(4);
+        let endpoint_id = EndpointId(*r.get::<_, Uuid>(0).as_bytes());
         out.push(EndpointHealth {
-            endpoint_id: EndpointId(*r.get::<_, Uuid>(0).as_bytes()),
+            endpoint_id,
             tenant_id,
             failing_since: r
                 .get::<_, Option<SystemTime>>(2)
                 .map(Timestamp::from_system_time),
             consecutive_failures: r.get::<_, i32>(3).max(0) as u32,
-            circuit: match circuit.as_str() {
-                "open" => "open",
-                "half_open" => "half_open",
-                _ => "closed",
-            },
+            circuit: stored(r.get(4), "the health of endpoint", endpoint_id)?,
             open_until: r
                 .get::<_, Option<SystemTime>>(5)
                 .map(Timestamp::from_system_time),

@@ -132,13 +132,17 @@ impl Platform {
             client
                 .execute(
                     "WITH ended AS ( \
-                       UPDATE walhook.deliveries d SET status = 'failed', last_error_class = 'unreadable', \
+                       UPDATE walhook.deliveries d SET status = 'failed', last_error_class = $3, \
                          lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
                        FROM unnest($1::uuid[], $2::int8[]) AS x(id, lease) \
                        WHERE d.id = x.id AND d.lease_version = x.lease AND d.status = 'pending' \
                        RETURNING d.id) \
                      DELETE FROM walhook.pending p USING ended WHERE p.delivery_id = ended.id",
-                    &[&ids, &leases],
+                    &[
+                        &ids,
+                        &leases,
+                        &walhook_pipeline::delivery::EndReason::Unreadable.as_str(),
+                    ],
                 )
                 .await
                 .map_err(StoreError::query("end unreadable deliveries"))?;

@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::time::SystemTime;
 
 use uuid::Uuid;
-use walhook_pipeline::delivery::{AttemptRecord, FirstWrite, Trigger};
+use walhook_pipeline::delivery::{
+    AttemptNote, AttemptRecord, FirstWrite, LastError, OutcomeKind, Trigger,
+};
+use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::ids::DeliveryId;
 #[cfg(doc)]
 use walhook_pipeline::store::DispatchStore;
@@ -228,14 +231,17 @@ pub(super) async fn record(
     let started: Vec<SystemTime> = a.iter().map(|x| x.started_at.to_system_time()).collect();
     let finished: Vec<SystemTime> = a.iter().map(|x| x.finished_at.to_system_time()).collect();
     let statuses: Vec<Option<i32>> = a.iter().map(|x| x.http_status.map(i32::from)).collect();
-    let outcomes: Vec<&str> = a.iter().map(|x| x.outcome).collect();
-    let errors: Vec<Option<&str>> = a.iter().map(|x| x.error_class).collect();
+    let outcomes: Vec<&str> = a.iter().map(|x| x.outcome.as_str()).collect();
+    let errors: Vec<Option<&str>> = a
+        .iter()
+        .map(|x| x.error_class.map(ErrorClass::as_str))
+        .collect();
     let shas: Vec<Option<&[u8]>> = a
         .iter()
         .map(|x| x.response_sha256.as_ref().map(|h| h.as_slice()))
         .collect();
     let excerpts: Vec<Option<&str>> = a.iter().map(|x| x.response_excerpt.as_deref()).collect();
-    let notes: Vec<Option<&str>> = a.iter().map(|x| x.note).collect();
+    let notes: Vec<Option<&str>> = a.iter().map(|x| x.note.map(AttemptNote::as_str)).collect();
     let first_latency: Vec<Option<i16>> = a
         .iter()
         .map(|x| {
@@ -301,13 +307,13 @@ pub(super) async fn record(
         first.push(
             x.delivery_id,
             first_writes[&x.delivery_id],
-            x.status.as_str(),
+            x.status,
             x.attempt_count,
             x.next_attempt_at,
             x.hold_until,
             x.lease_version,
             x.http_status,
-            x.error_class,
+            x.error_class.map(LastError::Attempt),
         );
     }
     platform
@@ -327,7 +333,10 @@ pub(super) async fn record(
         .collect();
     let u_leases: Vec<i64> = u.iter().map(|x| x.lease_version).collect();
     let u_http: Vec<Option<i32>> = u.iter().map(|x| x.http_status.map(i32::from)).collect();
-    let u_errs: Vec<Option<&str>> = u.iter().map(|x| x.error_class).collect();
+    let u_errs: Vec<Option<&str>> = u
+        .iter()
+        .map(|x| x.error_class.map(ErrorClass::as_str))
+        .collect();
     let u_created: Vec<SystemTime> = u
         .iter()
         .map(|x| x.delivery_created_at.to_system_time())
@@ -416,7 +425,10 @@ pub(super) async fn record(
             .collect();
         let att: Vec<Uuid> = manual.iter().map(|x| uuid16(&x.attempt_id.0)).collect();
         let del: Vec<Uuid> = manual.iter().map(|x| uuid16(&x.delivery_id.0)).collect();
-        let ok: Vec<bool> = manual.iter().map(|x| x.outcome == "succeeded").collect();
+        let ok: Vec<bool> = manual
+            .iter()
+            .map(|x| x.outcome == OutcomeKind::Succeeded)
+            .collect();
         let http: Vec<Option<i32>> = manual
             .iter()
             .map(|x| x.http_status.map(i32::from))

@@ -4,6 +4,7 @@
 use std::time::SystemTime;
 
 use uuid::Uuid;
+use walhook_pipeline::delivery::{DeliveryStatus, LastError};
 #[cfg(doc)]
 use walhook_pipeline::store::DispatchStore;
 use walhook_pipeline::store::{Release, Transition};
@@ -31,13 +32,13 @@ pub(super) async fn transition(
                 first.push(
                     c.delivery_id,
                     w,
-                    c.status.as_str(),
+                    c.status,
                     0,
                     now,
                     None,
                     c.lease_version,
                     None,
-                    Some(c.reason),
+                    Some(LastError::Ended(c.reason)),
                 );
             }
         }
@@ -51,7 +52,7 @@ pub(super) async fn transition(
     let ids: Vec<Uuid> = changes.iter().map(|c| uuid16(&c.delivery_id.0)).collect();
     let statuses: Vec<&str> = changes.iter().map(|c| c.status.as_str()).collect();
     let leases: Vec<i64> = changes.iter().map(|c| c.lease_version).collect();
-    let reasons: Vec<&str> = changes.iter().map(|c| c.reason).collect();
+    let reasons: Vec<&str> = changes.iter().map(|c| c.reason.as_str()).collect();
     client
         .execute(
             "WITH ended AS ( \
@@ -85,7 +86,7 @@ pub(super) async fn release(
                 first.push(
                     r.delivery_id,
                     w,
-                    "pending",
+                    DeliveryStatus::Pending,
                     0,
                     r.not_before,
                     None,

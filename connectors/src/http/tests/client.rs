@@ -438,3 +438,77 @@ async fn the_dial_guard_drops_a_connection_to_a_refused_peer() {
     assert!(server.seen().is_empty());
     assert!(recorder.connected.lock().is_empty());
 }
+
+/// A CONNECT proxy that tunnels every request to `target`, whatever it
+/// names: enough to put the proxy path's TLS in front of a test server.
+async fn tunnel_to(target: std::net::SocketAddr) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if client.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_proxy_paths_failures_are_classified_by_type() {
+    let table = Arc::new(StaticLookup::new());
+    let recorder = Arc::new(Recorder::default());
+    // A proxy whose name does not resolve: DNS.
+    let settings = EgressSettings {
+        proxy: Some(ProxyUrl("http://proxy.invalid:3128".into())),
+        ..EgressSettings::default()
+    };
+    let result = egress(settings, &table, &recorder)
+        .send(outbound("https://hooks.example.com/in"))
+        .await;
+    assert_eq!(
+        result.outcome.error_class(),
+        Some(ErrorClass::Dns),
+        "{result:?}"
+    );
+    // A tunnel to a server whose certificate does not name the URL's host:
+    // TLS (the handshake's own error, found in the chain).
+    let server = RawServer::tls(ok_response()).await;
+    let proxy = tunnel_to(server.addr()).await;
+    let settings = EgressSettings {
+        proxy: Some(ProxyUrl(format!("http://{proxy}"))),
+        allowed_ports: vec![server.port()],
+        ..EgressSettings::default()
+    };
+    let egress = egress(settings, &table, &recorder);
+    let url = format!("https://wrong.example.com:{}/in", server.port());
+    let result = egress.send(outbound(&url)).await;
+    assert_eq!(
+        result.outcome.error_class(),
+        Some(ErrorClass::Tls),
+        "{result:?}"
+    );
+    // The same tunnel to the name the certificate carries delivers: the
+    // class above came from the certificate, not from the tunnel.
+    let url = format!("https://hooks.example.com:{}/in", server.port());
+    assert_eq!(egress.send(outbound(&url)).await.outcome, delivered(200));
+    recorder.assert_only_loopback();
+}
