@@ -221,10 +221,23 @@ mod tests {
         ] {
             assert!(!json.contains(leak), "{leak} in {json}");
         }
-        let html = crate::html::render(&view);
+        let html = crate::html::render_tenant_view(&view);
         for leak in ["globex", "9,001", "9,004", "9,999"] {
             assert!(!html.contains(leak), "{leak} in the page");
         }
+        // The contents list what the page draws, and only that: the
+        // sections about capture and the archive as a whole are not the
+        // tenant's, and are neither drawn nor listed.
+        for id in ["gap-classes", "tenants", "gaps", "repairs"] {
+            assert!(html.contains(&format!("href=\"#{id}\"")), "{id} not listed");
+            assert!(html.contains(&format!("<h2 id=\"{id}\"")), "{id} not drawn");
+        }
+        for id in ["archive", "coverage", "schema-changes", "capture"] {
+            assert!(!html.contains(&format!("href=\"#{id}\"")), "{id} listed");
+            assert!(!html.contains(&format!("<h2 id=\"{id}\"")), "{id} drawn");
+        }
+        let full = crate::html::render(&report());
+        assert!(full.contains("href=\"#capture\"") && full.contains("<h2 id=\"capture\""));
     }
 
     #[test]

@@ -431,6 +431,13 @@ async fn injected_faults_are_classified_with_their_ids_and_repair_fixes_what_it_
         !acme_html.contains(&event_text) && !acme_html.contains("globex"),
         "{acme_html}"
     );
+    // Its contents list only what it draws: capture and the archive are
+    // nobody's in particular and are the operator's page only.
+    assert!(html.contains("href=\"#capture\"") && html.contains("href=\"#archive\""));
+    assert!(
+        !acme_html.contains("href=\"#capture\"") && !acme_html.contains("id=\"archive\""),
+        "{acme_html}"
+    );
     let metrics = api.metrics().await;
     assert!(
         metrics.contains("walhook_reconcile_gaps{class=\"missing_event\"} 2"),

@@ -147,9 +147,11 @@ pub async fn reconciliation_html(
                  ({e}); GET /v1/reconciliations/{n} returns it as JSON"
             ))
         })?;
-    let report = match tenant {
-        Some(t) => walhook_reconcile::tenant_view::for_tenant(&report, t),
-        None => report,
+    let page = match tenant {
+        Some(t) => walhook_reconcile::html::render_tenant_view(
+            &walhook_reconcile::tenant_view::for_tenant(&report, t),
+        ),
+        None => walhook_reconcile::html::render(&report),
     };
     Ok((
         [
@@ -159,7 +161,7 @@ pub async fn reconciliation_html(
                 "default-src 'none'; style-src 'unsafe-inline'; img-src data:",
             ),
         ],
-        walhook_reconcile::html::render(&report),
+        page,
     )
         .into_response())
 }

@@ -6,7 +6,10 @@
 //! crash, sees the old object or the new one, never a prefix. Directories
 //! that a `put` creates are fsynced into their parents too, so a durable
 //! object is never in a directory that a crash can lose. Temporary files
-//! left by a crash are skipped by `list` and replaced by the next `put`.
+//! left by a crash are skipped by `list`, and removed by the `list` that
+//! meets them once they are [`STALE_TEMPORARY`] old (a `put` in flight, in
+//! this process or another sharing the directory, is never that old); each
+//! removal is logged.
 //!
 //! A ranged `get` is one positioned read (`pread`) of the file.
 //!
@@ -25,6 +28,11 @@ use walhook_pipeline::objstore::{
 
 /// The marker in the names of temporary files (`.<name>.tmp-<random>`).
 const TMP_MARKER: &str = ".tmp-";
+
+/// How old a temporary file must be before a `list` removes it as the
+/// leftover of a `put` that a crash cut off. A `put` writes, fsyncs and
+/// renames one object: seconds, not an hour.
+pub const STALE_TEMPORARY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Objects stored as files under a root directory.
 #[derive(Debug, Clone)]
@@ -197,7 +205,11 @@ fn list_blocking(root: &Path, prefix: &str) -> io::Result<Vec<ObjectInfo>> {
                 continue;
             }
             // Symbolic links and other special files are not objects.
-            if !kind.is_file() || is_temporary(&entry.file_name().to_string_lossy()) {
+            if !kind.is_file() {
+                continue;
+            }
+            if is_temporary(&entry.file_name().to_string_lossy()) {
+                remove_if_stale(&path, &entry.metadata()?);
                 continue;
             }
             let Some(key) = path
@@ -218,6 +230,34 @@ fn list_blocking(root: &Path, prefix: &str) -> io::Result<Vec<ObjectInfo>> {
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
+}
+
+/// Removes the temporary file at `path` when it is older than
+/// [`STALE_TEMPORARY`]: what a crash left of a `put`. A failure to remove it
+/// is logged and harmless (it is never listed or read).
+fn remove_if_stale(path: &Path, meta: &std::fs::Metadata) {
+    let age = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .unwrap_or_default();
+    if age < STALE_TEMPORARY {
+        return;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(
+            path = %path.display(),
+            bytes = meta.len(),
+            age_s = age.as_secs(),
+            "removed the temporary file of an archive write that did not finish (a crash cut it off)"
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            path = %path.display(),
+            error = %e,
+            "could not remove the temporary file of an archive write that did not finish; it is never read, remove it by hand"
+        ),
+    }
 }
 
 /// The bytes of `range` of the file at `path`, cut at its end: one
@@ -369,5 +409,35 @@ mod tests {
             .map(|o| o.key)
             .collect();
         assert_eq!(keys, ["t/a"]);
+    }
+
+    #[tokio::test]
+    async fn a_crashed_puts_temporary_file_is_removed_once_stale_and_a_fresh_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::open(dir.path().join("objects")).unwrap();
+        store.put("t/a", Bytes::from_static(b"x")).await.unwrap();
+        let stale = store.root().join("t/.b.tmp-0001");
+        let fresh = store.root().join("t/.c.tmp-0002");
+        std::fs::write(&stale, b"half").unwrap();
+        std::fs::write(&fresh, b"in flight").unwrap();
+        let old =
+            std::time::SystemTime::now() - STALE_TEMPORARY - std::time::Duration::from_secs(60);
+        File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let keys: Vec<_> = store
+            .list("t/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(keys, ["t/a"]);
+        assert!(!stale.exists(), "the stale temporary file is still there");
+        assert!(fresh.exists(), "a put in flight lost its temporary file");
+        assert_eq!(store.get("t/a").await.unwrap().as_deref(), Some(&b"x"[..]));
     }
 }

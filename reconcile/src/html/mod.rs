@@ -34,9 +34,32 @@ const STYLE: &str = include_str!("style.css");
 /// The report as one self-contained HTML page.
 pub fn render(report: &Report) -> String {
     let mut out = String::with_capacity(32 * 1024);
-    page(&mut out, report).expect("writing to a String does not fail");
+    page(&mut out, report, Audience::Operator).expect("writing to a String does not fail");
     out
 }
+
+/// The page of a tenant's view ([`crate::tenant_view::for_tenant`]): the
+/// sections about no tenant in particular (archived days, capture's
+/// coverage, schema changes, capture's ledger), which the view empties,
+/// are left out, and the contents list only the sections drawn.
+pub fn render_tenant_view(view: &Report) -> String {
+    let mut out = String::with_capacity(32 * 1024);
+    page(&mut out, view, Audience::Tenant).expect("writing to a String does not fail");
+    out
+}
+
+/// Who a page is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Audience {
+    /// Every section.
+    Operator,
+    /// Without the sections [`OPERATOR_ONLY`] names.
+    Tenant,
+}
+
+/// The sections a tenant's view leaves out: they are about capture and the
+/// archive as a whole, which no tenant owns.
+const OPERATOR_ONLY: [&str; 4] = ["archive", "coverage", "schema-changes", "capture"];
 
 /// Text escaped for HTML content and double- or single-quoted attributes.
 pub(super) struct Esc<'a>(&'a str);
@@ -91,7 +114,7 @@ pub(super) fn yes_no(value: bool) -> &'static str {
     if value { "yes" } else { "no" }
 }
 
-fn page(out: &mut String, report: &Report) -> fmt::Result {
+fn page(out: &mut String, report: &Report, audience: Audience) -> fmt::Result {
     let p = &report.parameters;
     writeln!(
         out,
@@ -105,8 +128,9 @@ fn page(out: &mut String, report: &Report) -> fmt::Result {
         Esc(&p.until)
     )?;
     header(out, report)?;
+    let drawn = |id: &str| audience == Audience::Operator || !OPERATOR_ONLY.contains(&id);
     out.push_str("<nav aria-label=\"Contents\"><ol>");
-    for (id, title) in SECTIONS {
+    for (id, title) in SECTIONS.iter().filter(|(id, _)| drawn(id)) {
         write!(out, "<li><a href=\"#{id}\">{title}</a></li>")?;
     }
     out.push_str("</ol></nav>\n");
@@ -116,10 +140,12 @@ fn page(out: &mut String, report: &Report) -> fmt::Result {
     explained(out, report)?;
     gap_list(out, report)?;
     repairs(out, report)?;
-    archive(out, report)?;
-    coverage(out, report)?;
-    schema_changes(out, report)?;
-    capture(out, report)?;
+    if audience == Audience::Operator {
+        archive(out, report)?;
+        coverage(out, report)?;
+        schema_changes(out, report)?;
+        capture(out, report)?;
+    }
     out.push_str("</main>\n</body>\n</html>\n");
     Ok(())
 }
