@@ -7,7 +7,8 @@ use std::time::Duration;
 /// Arguments of `walhook chaos`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Rounds to run; the faults take turns.
+    /// Rounds to run; the faults take turns in an order the seed shuffles
+    /// (as many rounds as faults give each fault one turn).
     #[arg(long, default_value_t = 10)]
     pub rounds: u32,
     /// The seed of every random choice (when a failpoint fires, when a kill

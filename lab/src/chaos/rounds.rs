@@ -39,6 +39,21 @@ impl Rng {
     }
 }
 
+/// The order the faults take turns in: shuffled by the seed (with a
+/// generator of its own, so the rounds' other choices stay those of the
+/// seed), so that a short run samples different faults from seed to seed
+/// while any `faults.len()` consecutive rounds still give every fault one
+/// turn.
+pub(super) fn fault_order(faults: &[String], seed: u64) -> Vec<String> {
+    let mut order = faults.to_vec();
+    let mut rng = Rng(seed ^ 0x6661_756C_7473_2121);
+    for i in (1..order.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
 /// Runs the chaos rounds.
 pub(super) async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let fluvio = args.log == "fluvio";
@@ -54,8 +69,9 @@ pub(super) async fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     let mut rng = Rng(seed);
+    let faults = fault_order(&faults, seed);
     println!(
-        "walhook chaos: {} rounds, seed {seed} (repeat with --seed {seed}), faults: {}",
+        "walhook chaos: {} rounds, seed {seed} (repeat with --seed {seed}), faults in turn: {}",
         args.rounds,
         faults.join(", ")
     );
@@ -353,4 +369,31 @@ pub(super) async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fault_order;
+
+    #[test]
+    fn the_seed_shuffles_the_faults_turns_and_every_fault_keeps_one() {
+        let faults: Vec<String> = (0..20).map(|i| format!("fault-{i:02}")).collect();
+        let first_five = |seed| fault_order(&faults, seed)[..5].to_vec();
+        for seed in [1, 2, 20261201] {
+            let mut order = fault_order(&faults, seed);
+            assert_eq!(
+                order,
+                fault_order(&faults, seed),
+                "the same seed, the same order"
+            );
+            order.sort();
+            assert_eq!(order, faults, "every fault has exactly one turn");
+        }
+        assert!(
+            (2..10).any(|seed| first_five(seed) != first_five(1)),
+            "five rounds run the same faults whatever the seed"
+        );
+        assert_eq!(fault_order(&faults[..1], 7), faults[..1]);
+        assert!(fault_order(&[], 7).is_empty());
+    }
 }
