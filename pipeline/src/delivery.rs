@@ -1,7 +1,5 @@
 //! Deliveries: one event for one endpoint, and the records about them.
 
-use std::fmt;
-
 use bytes::Bytes;
 
 use crate::event::EventType;
@@ -284,24 +282,7 @@ impl TryFrom<&str> for LastError {
     }
 }
 
-impl fmt::Display for LastError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl serde::Serialize for LastError {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for LastError {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        LastError::try_from(text.as_str()).map_err(serde::de::Error::custom)
-    }
-}
+crate::stored_text!(LastError);
 
 /// One finished attempt and the delivery's state after it.
 #[derive(Debug, Clone, PartialEq, Eq)]

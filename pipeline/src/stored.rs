@@ -100,6 +100,18 @@ macro_rules! stored_names {
             }
         }
 
+        $crate::stored_text!($name);
+    };
+}
+
+/// The text forms of a type stored as one of a fixed set of names: its
+/// `FromStr`, `Display`, and serde as that name. The type has
+/// `fn as_str(self) -> &'static str` and `TryFrom<&str, Error =
+/// UnknownName>`: [`stored_names!`] uses it, and so does a type that joins
+/// stored enums (a class or an end reason, a catalog state or `failed`).
+#[macro_export]
+macro_rules! stored_text {
+    ($name:ty) => {
         impl ::std::str::FromStr for $name {
             type Err = $crate::stored::UnknownName;
 
@@ -127,7 +139,10 @@ macro_rules! stored_names {
             fn deserialize<D: $crate::stored::__serde::Deserializer<'de>>(
                 d: D,
             ) -> ::std::result::Result<Self, D::Error> {
-                let text = <::std::string::String as $crate::stored::__serde::Deserialize>::deserialize(d)?;
+                let text =
+                    <::std::string::String as $crate::stored::__serde::Deserialize>::deserialize(
+                        d,
+                    )?;
                 <$name as ::std::convert::TryFrom<&str>>::try_from(&text)
                     .map_err(<D::Error as $crate::stored::__serde::de::Error>::custom)
             }

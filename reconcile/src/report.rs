@@ -419,29 +419,18 @@ impl From<PartitionState> for ArchiveDayState {
     }
 }
 
-impl std::fmt::Display for ArchiveDayState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+impl TryFrom<&str> for ArchiveDayState {
+    type Error = walhook_pipeline::stored::UnknownName;
 
-impl Serialize for ArchiveDayState {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for ArchiveDayState {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+    fn try_from(text: &str) -> Result<Self, Self::Error> {
         if text == ArchiveDayState::Failed.as_str() {
             return Ok(ArchiveDayState::Failed);
         }
-        PartitionState::try_from(&*text)
-            .map(ArchiveDayState::Catalog)
-            .map_err(serde::de::Error::custom)
+        PartitionState::try_from(text).map(ArchiveDayState::Catalog)
     }
 }
+
+walhook_pipeline::stored_text!(ArchiveDayState);
 
 /// What `--repair` did for one class.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,26 +40,24 @@ pub fn render(report: &Report) -> String {
 
 /// The page of a tenant's view ([`crate::tenant_view::for_tenant`]): the
 /// sections about no tenant in particular (archived days, capture's
-/// coverage, schema changes, capture's ledger), which the view empties,
-/// are left out, and the contents list only the sections drawn.
+/// coverage, schema changes, capture's ledger: [`Audience::Operator`] in
+/// [`SECTIONS`]), which the view empties, are left out, and the contents list only the sections drawn.
 pub fn render_tenant_view(view: &Report) -> String {
     let mut out = String::with_capacity(32 * 1024);
     page(&mut out, view, Audience::Tenant).expect("writing to a String does not fail");
     out
 }
 
-/// Who a page is for.
+/// Who a page, or a section of it, is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Audience {
-    /// Every section.
+    /// Every section: an operator's page; for a section, the operator's
+    /// page only (it is about capture or the archive as a whole, which no
+    /// tenant owns).
     Operator,
-    /// Without the sections [`OPERATOR_ONLY`] names.
+    /// A tenant's view; for a section, every page.
     Tenant,
 }
-
-/// The sections a tenant's view leaves out: they are about capture and the
-/// archive as a whole, which no tenant owns.
-const OPERATOR_ONLY: [&str; 4] = ["archive", "coverage", "schema-changes", "capture"];
 
 /// Text escaped for HTML content and double- or single-quoted attributes.
 pub(super) struct Esc<'a>(&'a str);
@@ -128,48 +126,94 @@ fn page(out: &mut String, report: &Report, audience: Audience) -> fmt::Result {
         Esc(&p.until)
     )?;
     header(out, report)?;
-    let drawn = |id: &str| audience == Audience::Operator || !OPERATOR_ONLY.contains(&id);
+    // One list drives the contents and the body: a section is listed
+    // exactly when it is drawn.
+    let drawn: Vec<&Section> = SECTIONS
+        .iter()
+        .filter(|s| audience == Audience::Operator || s.audience == Audience::Tenant)
+        .collect();
     out.push_str("<nav aria-label=\"Contents\"><ol>");
-    for (id, title) in SECTIONS.iter().filter(|(id, _)| drawn(id)) {
-        write!(out, "<li><a href=\"#{id}\">{title}</a></li>")?;
+    for s in &drawn {
+        write!(out, "<li><a href=\"#{}\">{}</a></li>", s.id, s.title)?;
     }
     out.push_str("</ol></nav>\n");
-    gap_classes(out, report)?;
-    funnel_chart(out, report)?;
-    tenants(out, report)?;
-    explained(out, report)?;
-    gap_list(out, report)?;
-    repairs(out, report)?;
-    if audience == Audience::Operator {
-        archive(out, report)?;
-        coverage(out, report)?;
-        schema_changes(out, report)?;
-        capture(out, report)?;
+    for s in &drawn {
+        (s.draw)(out, report)?;
     }
     out.push_str("</main>\n</body>\n</html>\n");
     Ok(())
 }
 
-/// The sections after the header: id and heading.
-const SECTIONS: [(&str, &str); 10] = [
-    ("gap-classes", "Gaps by class"),
-    ("funnel-section", "Funnel"),
-    ("tenants", "Funnel per tenant"),
-    ("explained", "Explained differences"),
-    ("gaps", "Gap list"),
-    ("repairs", "Repairs"),
-    ("archive", "Archive days checked"),
-    ("coverage", "Capture's progress"),
-    ("schema-changes", "Schema changes"),
-    ("capture", "Capture ledger per rule"),
+/// A section after the header.
+struct Section {
+    id: &'static str,
+    title: &'static str,
+    /// The least page it is drawn on.
+    audience: Audience,
+    draw: fn(&mut String, &Report) -> fmt::Result,
+}
+
+const fn sec(
+    id: &'static str,
+    title: &'static str,
+    audience: Audience,
+    draw: fn(&mut String, &Report) -> fmt::Result,
+) -> Section {
+    Section {
+        id,
+        title,
+        audience,
+        draw,
+    }
+}
+
+/// The sections after the header, in page order.
+const SECTIONS: [Section; 10] = [
+    sec(
+        "gap-classes",
+        "Gaps by class",
+        Audience::Tenant,
+        gap_classes,
+    ),
+    sec("funnel-section", "Funnel", Audience::Tenant, funnel_chart),
+    sec("tenants", "Funnel per tenant", Audience::Tenant, tenants),
+    sec(
+        "explained",
+        "Explained differences",
+        Audience::Tenant,
+        explained,
+    ),
+    sec("gaps", "Gap list", Audience::Tenant, gap_list),
+    sec("repairs", "Repairs", Audience::Tenant, repairs),
+    sec(
+        "archive",
+        "Archive days checked",
+        Audience::Operator,
+        archive,
+    ),
+    sec(
+        "coverage",
+        "Capture's progress",
+        Audience::Operator,
+        coverage,
+    ),
+    sec(
+        "schema-changes",
+        "Schema changes",
+        Audience::Operator,
+        schema_changes,
+    ),
+    sec(
+        "capture",
+        "Capture ledger per rule",
+        Audience::Operator,
+        capture,
+    ),
 ];
 
 /// Opens section `id` of [`SECTIONS`] with its heading.
 pub(super) fn section(out: &mut String, id: &str) -> fmt::Result {
-    let title = SECTIONS
-        .iter()
-        .find(|(i, _)| *i == id)
-        .map_or(id, |(_, t)| t);
+    let title = SECTIONS.iter().find(|s| s.id == id).map_or(id, |s| s.title);
     writeln!(
         out,
         "<section aria-labelledby=\"{id}\">\n<h2 id=\"{id}\">{title}</h2>"
