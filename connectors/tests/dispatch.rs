@@ -1,14 +1,12 @@
 //! Dispatch scenarios against real HTTP receivers on loopback, with the real
 //! egress and a manual clock: backoffs, Retry-After and the 24 h deadline
-//! pass in milliseconds while the requests are real. The store is an
-//! in-memory implementation of the dispatch store trait (the Postgres store
-//! is proven by the end-to-end tests).
+//! pass in milliseconds while the requests are real. The store is the
+//! in-memory twin of the platform store (`walhook_pipeline::store::memory`,
+//! held to the same contract as the Postgres store), on the same clock.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walhook_connectors::http::{EgressSettings, HttpEgress};
@@ -20,134 +18,21 @@ use walhook_pipeline::dispatch::clock::{Clock, ManualClock};
 use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::dispatch::{DispatchCounters, DispatchSettings, Dispatcher};
 use walhook_pipeline::endpoint::{
-    DeliveryOrder, Directory, EndpointConfig, EndpointSource, Loaded, RefreshSettings,
-    SubscriptionCache,
+    DeliveryOrder, Directory, EndpointConfig, RefreshSettings, SubscriptionCache,
 };
 use walhook_pipeline::event::{EventKey, EventType};
 use walhook_pipeline::ids::{DeliveryId, EndpointId, EventId, Lsn, TenantId};
-use walhook_pipeline::incident::{IncidentStore, StageIncident};
 use walhook_pipeline::retry::RetryPolicy;
 use walhook_pipeline::signing::SigningSecret;
-use walhook_pipeline::store::{DispatchStore, EndpointHealth, Release, StoreError, Transition};
+use walhook_pipeline::store::memory::{MemoryEndpoints, MemoryStore};
 use walhook_pipeline::time::Timestamp;
-
-#[derive(Default)]
-struct Memory {
-    attempts: Mutex<Vec<AttemptRecord>>,
-    states: Mutex<HashMap<DeliveryId, (DeliveryStatus, u32, Timestamp)>>,
-    disabled: Mutex<Vec<(EndpointId, String)>>,
-    verifications: Mutex<Vec<(EndpointId, Result<(), String>)>>,
-    /// Deliveries the next claim hands over (as if another node planned
-    /// them).
-    due: Mutex<Vec<DeliveryJob>>,
-}
-
-impl IncidentStore for Memory {
-    async fn record_incidents(&self, _: &[StageIncident]) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
-impl DispatchStore for Memory {
-    async fn record(&self, attempts: &[AttemptRecord]) -> Result<Vec<DeliveryId>, StoreError> {
-        self.attempts.lock().extend(attempts.iter().cloned());
-        let mut states = self.states.lock();
-        for a in attempts {
-            states.insert(
-                a.delivery_id,
-                (a.status, a.attempt_count, a.next_attempt_at),
-            );
-        }
-        Ok(Vec::new())
-    }
-    async fn transition(&self, changes: &[Transition]) -> Result<(), StoreError> {
-        let mut states = self.states.lock();
-        for c in changes {
-            states
-                .entry(c.delivery_id)
-                .or_insert((c.status, 0, Timestamp(0)))
-                .0 = c.status;
-        }
-        Ok(())
-    }
-    async fn node_started(&self, _: &str, _: Duration) -> Result<bool, StoreError> {
-        Ok(true)
-    }
-    async fn node_stopped(&self, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn heartbeat(&self, _: &str, _: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn claim_due(
-        &self,
-        _: &str,
-        _: usize,
-        _: &[EndpointId],
-    ) -> Result<Vec<DeliveryJob>, StoreError> {
-        Ok(std::mem::take(&mut *self.due.lock()))
-    }
-    async fn reclaim_own(
-        &self,
-        _: &str,
-        _: Option<DeliveryId>,
-        _: usize,
-        _: bool,
-    ) -> Result<Vec<DeliveryJob>, StoreError> {
-        Ok(Vec::new())
-    }
-    async fn reclaim_plans(
-        &self,
-        _: &str,
-        _: Option<EventId>,
-        _: usize,
-        _: bool,
-        _: walhook_pipeline::time::Timestamp,
-    ) -> Result<(Vec<DeliveryJob>, Option<EventId>), StoreError> {
-        Ok((Vec::new(), None))
-    }
-    async fn tidy_plans(&self) -> Result<u64, StoreError> {
-        Ok(0)
-    }
-    async fn release(&self, _: &[Release]) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn claim_replays(
-        &self,
-        _: &str,
-        _: usize,
-        _: Duration,
-    ) -> Result<Vec<DeliveryJob>, StoreError> {
-        Ok(Vec::new())
-    }
-    async fn reject_replay(&self, _: i64, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn record_verification(
-        &self,
-        endpoint: EndpointId,
-        _: &str,
-        result: Result<(), String>,
-    ) -> Result<(), StoreError> {
-        self.verifications.lock().push((endpoint, result));
-        Ok(())
-    }
-    async fn disable_endpoint(&self, endpoint: EndpointId, reason: &str) -> Result<(), StoreError> {
-        self.disabled.lock().push((endpoint, reason.to_owned()));
-        Ok(())
-    }
-    async fn save_health(&self, _: &[EndpointHealth]) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn load_health(&self) -> Result<Vec<EndpointHealth>, StoreError> {
-        Ok(Vec::new())
-    }
-}
 
 struct Harness {
     receiver: Receiver,
     clock: Arc<ManualClock>,
-    store: Arc<Memory>,
+    store: Arc<MemoryStore>,
+    /// The dispatcher's node id: the holder of the jobs sent to it.
+    node: String,
     jobs: mpsc::Sender<DeliveryJob>,
     stop: CancellationToken,
     endpoint: EndpointId,
@@ -194,7 +79,7 @@ impl Harness {
         };
         directory.replace(Directory::new(1, vec![config.clone()]));
         let clock = ManualClock::new(Timestamp::now());
-        let store = Arc::new(Memory::default());
+        let store = Arc::new(MemoryStore::with_clock(Clock::Manual(clock.clone())));
         let egress = HttpEgress::new(EgressSettings {
             request_timeout,
             connect_timeout: Duration::from_secs(2),
@@ -221,6 +106,7 @@ impl Harness {
             ..DispatchSettings::default()
         };
         tune(&mut settings);
+        let node = settings.node_id.clone();
         let (jobs, rx) = mpsc::channel(16);
         let stop = CancellationToken::new();
         let dispatcher = Dispatcher::new(
@@ -236,6 +122,7 @@ impl Harness {
             receiver,
             clock,
             store,
+            node,
             jobs,
             stop,
             endpoint,
@@ -251,6 +138,7 @@ impl Harness {
 
     async fn send_job(&self, job: DeliveryJob) -> DeliveryId {
         let id = job.delivery_id;
+        self.store.seed(&job, Some(&self.node));
         self.jobs.send(job).await.unwrap();
         id
     }
@@ -295,14 +183,14 @@ impl Harness {
     /// Waits for the dispatcher to record `n` attempts.
     async fn recorded(&self, n: usize) -> Vec<AttemptRecord> {
         for _ in 0..500 {
-            if self.store.attempts.lock().len() >= n {
-                return self.store.attempts.lock().clone();
+            if self.store.attempt_count() >= n {
+                return self.store.attempts();
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!(
             "expected {n} recorded attempts, got {}",
-            self.store.attempts.lock().len()
+            self.store.attempt_count()
         );
     }
 
@@ -388,12 +276,12 @@ async fn a_410_fails_the_delivery_and_disables_the_endpoint() {
         (DeliveryStatus::Failed, OutcomeKind::Gone)
     );
     for _ in 0..100 {
-        if !h.store.disabled.lock().is_empty() {
+        if !h.store.disabled().is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let disabled = h.store.disabled.lock().clone();
+    let disabled = h.store.disabled();
     assert_eq!(disabled.len(), 1);
     assert!(disabled[0].1.contains("410"));
     h.clock.advance(Duration::from_secs(3600));
@@ -468,13 +356,13 @@ async fn the_24_hour_deadline_ends_retries() {
     for _ in 0..400 {
         h.clock.advance(Duration::from_secs(600));
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let done = h.store.states.lock().get(&id).map(|s| s.0);
+        let done = h.store.delivery(id).map(|r| r.status);
         if done == Some(DeliveryStatus::Exhausted) {
             break;
         }
-        last = h.store.attempts.lock().len();
+        last = h.store.attempt_count();
     }
-    let attempts = h.store.attempts.lock().clone();
+    let attempts = h.store.attempts();
     let end = attempts.last().unwrap();
     assert_eq!(
         end.status,
@@ -521,17 +409,17 @@ async fn an_endpoint_failing_for_too_long_is_disabled() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
-        h.store.disabled.lock().is_empty(),
+        h.store.disabled().is_empty(),
         "disabled before six hours of failure"
     );
     for _ in 0..30 {
         h.clock.advance(Duration::from_secs(600));
         tokio::time::sleep(Duration::from_millis(5)).await;
-        if !h.store.disabled.lock().is_empty() {
+        if !h.store.disabled().is_empty() {
             break;
         }
     }
-    let disabled = h.store.disabled.lock().clone();
+    let disabled = h.store.disabled();
     assert_eq!(disabled.len(), 1, "not disabled after six hours of failure");
     assert!(
         disabled[0].1.contains("failed without a success since"),
@@ -587,29 +475,6 @@ async fn the_first_jobs_after_ordering_is_switched_on_wait_in_order() {
     h.stop().await;
 }
 
-/// The platform database as the directory reads it: an epoch and the
-/// endpoints.
-struct Source(Mutex<(i64, Vec<EndpointConfig>)>);
-
-impl EndpointSource for Source {
-    async fn config_epoch(&self) -> Result<i64, StoreError> {
-        Ok(self.0.lock().0)
-    }
-    async fn load_endpoints(&self) -> Result<Loaded, StoreError> {
-        let endpoints = self.0.lock().1.clone();
-        Ok(Loaded {
-            tenants: vec![(TenantId::new("acme").unwrap(), true)],
-            weights: HashMap::new(),
-            budgets: HashMap::new(),
-            endpoints,
-            missing_keys: vec![],
-        })
-    }
-    async fn quarantine_sync(&self, _: &[Arc<EndpointConfig>]) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
 /// A delivery claimed from Postgres for an endpoint created after this
 /// node last read the directory (planned by another node): the directory
 /// is read again before the delivery is placed, so it goes out instead of
@@ -621,7 +486,7 @@ async fn a_claimed_delivery_of_an_endpoint_unknown_here_waits_for_the_directory(
     let mut created = h.config.clone();
     created.id = EndpointId([10; 16]);
     created.url = h.receiver.url("new");
-    let source = Source(Mutex::new((2, vec![h.config.clone(), created.clone()])));
+    let source = MemoryEndpoints::new(2, vec![h.config.clone(), created.clone()]);
     let stop = CancellationToken::new();
     let refresher = tokio::spawn({
         let (directory, stop) = (h.directory.clone(), stop.clone());
@@ -635,7 +500,7 @@ async fn a_claimed_delivery_of_an_endpoint_unknown_here_waits_for_the_directory(
     });
     let mut job = h.job(5);
     job.endpoint_id = created.id;
-    h.store.due.lock().push(job);
+    h.store.seed(&job, None);
     assert!(
         h.receiver
             .wait_until(Duration::from_secs(10), |all| all
@@ -643,7 +508,7 @@ async fn a_claimed_delivery_of_an_endpoint_unknown_here_waits_for_the_directory(
                 .any(|r| r.path == "new"))
             .await,
         "the claimed delivery did not go out: {:?}",
-        h.store.states.lock()
+        h.store.attempts()
     );
     assert_eq!(h.recorded(1).await[0].endpoint_id, created.id);
     stop.cancel();

@@ -552,3 +552,6 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,7 +23,7 @@
 //! - [`objstore`]: the object-store port that cold history is written to.
 //! - [`url_policy`]: which endpoint URLs and addresses may be sent to (SSRF),
 //!   pure, for registration and for the egress's connect-time checks.
-//! - [`stored`]: enums stored as text, declared with [`stored_names!`] and
+//! - [`stored`]: enums stored as text, declared with [`stored_names!`](crate::stored_names!) and
 //!   parsed back in one place at the SQL edge.
 //! - [`sanitize`], [`redact`]: untrusted text made storable, and secrets
 //!   that never print.

@@ -4,7 +4,7 @@
 //! Every closed set of values the platform stores as text (a delivery's
 //! status, an attempt's outcome, error class, trigger and note, a circuit's
 //! state, an archive partition's state) is declared once with
-//! [`stored_names!`]: the enum, its stored spelling, the one parser that
+//! [`stored_names!`](crate::stored_names!): the enum, its stored spelling, the one parser that
 //! turns a stored value back into the enum, and the serde form (the same
 //! spelling) the API and the reports write. Code compares enums; only the
 //! SQL edge sees the text, and a value this version does not know is an
@@ -107,7 +107,7 @@ macro_rules! stored_names {
 /// The text forms of a type stored as one of a fixed set of names: its
 /// `FromStr`, `Display`, and serde as that name. The type has
 /// `fn as_str(self) -> &'static str` and `TryFrom<&str, Error =
-/// UnknownName>`: [`stored_names!`] uses it, and so does a type that joins
+/// UnknownName>`: [`stored_names!`](crate::stored_names!) uses it, and so does a type that joins
 /// stored enums (a class or an end reason, a catalog state or `failed`).
 #[macro_export]
 macro_rules! stored_text {

@@ -5,4 +5,5 @@ mod ledger;
 mod membership;
 mod plans;
 mod routing;
+mod store_contract;
 mod tls;

@@ -3,7 +3,6 @@
 //! another node when its holder's lease lapses, and a late result under an
 //! old lease writes no state.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -13,8 +12,9 @@ use walhook_pipeline::delivery::{
     Trigger,
 };
 use walhook_pipeline::dispatch::outcome::ErrorClass;
-use walhook_pipeline::event::{Event, EventKey, EventType};
-use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId, Lsn, TenantId};
+use walhook_pipeline::event::Event;
+use walhook_pipeline::ids::{AttemptId, DeliveryId, EndpointId, EventId, TenantId};
+use walhook_pipeline::store::contract;
 use walhook_pipeline::store::{DispatchStore, FanoutStore};
 use walhook_pipeline::time::Timestamp;
 use walhook_sql::Platform;
@@ -76,44 +76,15 @@ impl World {
         made
     }
 
-    /// What fan-out passes to the store for [`World::plan`]'s event.
+    /// What fan-out passes to the store for [`World::plan`]'s event (the
+    /// contract's event, to the endpoints made in [`world`]).
     fn batch(&self, lsn: u64, owner: Option<&str>, age: Duration) -> (Event, Vec<NewDelivery>) {
-        let created = Timestamp(Timestamp::now().0 - age.as_micros() as i64);
-        let event = Event {
-            id: EventId::derive("shop", Lsn(lsn), 0, "orders"),
-            source: Arc::from("shop"),
-            key: EventKey {
-                commit_lsn: Lsn(lsn),
-                tx_ordinal: 0,
-            },
-            tenant_id: TenantId::new("acme").unwrap(),
-            event_type: EventType::new("order.created").unwrap(),
-            schema_version: 1,
-            object_id: None,
-            object_version: None,
-            // The commit time is the event's: a redo repeats it exactly.
-            occurred_at: Timestamp(1_796_000_000_000_000 + lsn as i64),
-            payload: bytes::Bytes::from_static(b"{\"n\":1}"),
-            payload_hash: [7; 32],
-        };
-        let deliveries: Vec<NewDelivery> = self
-            .endpoints
-            .iter()
-            .map(|ep| NewDelivery {
-                id: DeliveryId::derive(event.id, *ep),
-                event_id: event.id,
-                endpoint_id: *ep,
-                tenant_id: event.tenant_id.clone(),
-                event_type: event.event_type.clone(),
-                event_occurred_at: event.occurred_at,
-                endpoint_config_version: 1,
-                created_at: created,
-                expires_at: created.plus(Duration::from_secs(24 * 3600)),
-                lease_owner: owner.map(str::to_owned),
-                lease_expires_at: None,
-            })
-            .collect();
-        (event, deliveries)
+        assert_eq!(self.endpoints, contract::ENDPOINTS);
+        contract::batch(
+            lsn,
+            owner,
+            Timestamp(Timestamp::now().0 - age.as_micros() as i64),
+        )
     }
 
     /// The plans node `a` held, as a run starting now takes them back (the
@@ -178,35 +149,7 @@ fn job_of(id: DeliveryId, event: &Event, deliveries: &[NewDelivery]) -> Delivery
 
 /// The record of `job`'s next automatic attempt, succeeded.
 fn success(job: &DeliveryJob) -> AttemptRecord {
-    let number = job.next_auto_number();
-    let now = Timestamp::now();
-    AttemptRecord {
-        attempt_id: AttemptId::derive(job.delivery_id, number),
-        delivery_id: job.delivery_id,
-        endpoint_id: job.endpoint_id,
-        tenant_id: job.tenant_id.clone(),
-        number,
-        trigger: Trigger::Auto,
-        endpoint_config_version: job.endpoint_config_version,
-        secret_versions: vec![1],
-        event_occurred_at: job.event_occurred_at,
-        delivery_created_at: job.created_at,
-        started_at: now,
-        finished_at: now,
-        http_status: Some(200),
-        outcome: OutcomeKind::Succeeded,
-        error_class: None,
-        response_sha256: None,
-        response_excerpt: None,
-        status: DeliveryStatus::Succeeded,
-        attempt_count: number,
-        next_attempt_at: now,
-        lease_version: job.lease_version,
-        hold_until: None,
-        replay_request: None,
-        note: None,
-        first_write: job.first_write(),
-    }
+    contract::attempt(job, DeliveryStatus::Succeeded)
 }
 
 #[tokio::test]
@@ -392,7 +335,9 @@ async fn a_lapsed_nodes_plans_move_to_another_node_and_its_late_results_are_stal
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "succeeded");
-    assert_eq!(row.get::<_, i32>(1), 2);
+    // b counts the attempts it knows of (as the dispatcher does); a's
+    // late one is history, numbered before b's.
+    assert_eq!(row.get::<_, i32>(1), 1);
     assert_eq!(row.get::<_, i64>(2), b_first.lease_version);
     let numbers: Vec<i32> = w
         .column(

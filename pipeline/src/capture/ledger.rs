@@ -25,7 +25,9 @@
 //! Per rule and part, `changes = events + filtered + incidents`. The
 //! source's own row ([`SOURCE_RULE`]) counts each change of the part once.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod contract;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 #[cfg(test)]
 mod model;

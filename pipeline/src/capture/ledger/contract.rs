@@ -8,26 +8,9 @@ use std::future::Future;
 use super::{CaptureLedgerStore, LedgerPart, LedgerSnapshot, PartKey, RuleTally, fold};
 use crate::ids::Lsn;
 use crate::store::StoreError;
+pub use crate::store::contract::ContractError;
+use crate::store::contract::check;
 use crate::time::Timestamp;
-
-/// A broken rule of the contract, or the store's own failure.
-#[derive(Debug, thiserror::Error)]
-pub enum ContractError {
-    /// A rule did not hold.
-    #[error("capture ledger contract broken: {0}")]
-    Broken(String),
-    /// The store failed.
-    #[error("store error during the capture ledger contract")]
-    Store(#[from] StoreError),
-}
-
-fn check(ok: bool, rule: impl FnOnce() -> String) -> Result<(), ContractError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ContractError::Broken(rule()))
-    }
-}
 
 /// A part with tallies `(rule, changes, events, filtered, incidents)` in
 /// minute `minute` (of some day).

@@ -5,8 +5,17 @@
 //! `ON CONFLICT DO NOTHING`), so a stage that crashes and redoes its last
 //! batch changes nothing twice. A result is durable when the future
 //! resolves `Ok`.
+//!
+//! With the `testing` feature, [`memory`] holds an in-memory twin of the
+//! fan-out and dispatch stores and [`contract`] the rules both it and the
+//! Postgres store are checked against.
 
 use std::future::Future;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod contract;
+#[cfg(any(test, feature = "testing"))]
+pub mod memory;
 
 use crate::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, NewDelivery};
 use crate::event::Event;
