@@ -51,6 +51,8 @@ pub mod recorder;
 mod run;
 pub mod scheduler;
 pub mod sweeper;
+#[cfg(test)]
+mod takeover_tests;
 pub mod verify;
 
 use std::collections::HashMap;

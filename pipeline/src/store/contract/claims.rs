@@ -5,14 +5,12 @@
 use std::time::Duration;
 
 use super::{
-    ContractError, ENDPOINTS, Fixture, TENANT, ago, attempt, batch, check, ids, later, reclaim,
-    retry, sorted,
+    ContractError, ENDPOINTS, Fixture, TENANT, ago, attempt, batch, check, ids, later, manual,
+    reclaim, retry, sorted,
 };
-use crate::delivery::{
-    AttemptRecord, DeliveryJob, DeliveryStatus, EndReason, NewDelivery, Trigger,
-};
+use crate::delivery::{DeliveryJob, DeliveryStatus, EndReason, NewDelivery};
 use crate::dispatch::breaker::CircuitState;
-use crate::ids::{AttemptId, EndpointId, TenantId};
+use crate::ids::{EndpointId, TenantId};
 use crate::routing::{Scope, TOPIC_HELD, partition_of};
 use crate::store::{DispatchStore, EndpointHealth, FanoutStore, Release, Transition};
 use crate::time::Timestamp;
@@ -206,16 +204,7 @@ pub(super) async fn replays_are_claimed_once_and_closed<F: Fixture>(
     })?;
     store.reject_replay(held, "the endpoint is gone").await?;
 
-    let number = job.replay.map_or(0, |r| r.number);
-    let manual = AttemptRecord {
-        attempt_id: AttemptId::derive_manual(job.delivery_id, number),
-        number,
-        trigger: Trigger::Manual,
-        replay_request: job.replay.map(|r| r.request_id),
-        first_write: None,
-        ..attempt(job, DeliveryStatus::Succeeded)
-    };
-    store.record(&[manual]).await?;
+    store.record(&[manual(job, true)]).await?;
     // The node restarts: claims of its previous run are free again, but
     // closed requests stay closed.
     store.node_started("x", lease).await?;
@@ -233,6 +222,56 @@ pub(super) async fn replays_are_claimed_once_and_closed<F: Fixture>(
                 .is_some_and(|r| r.request_id == again && r.number == 3),
         || format!("a second replay numbers after the first: {second:?}"),
     )?;
+    Ok(())
+}
+
+pub(super) async fn a_replays_success_ends_the_schedule<F: Fixture>(
+    f: &F,
+) -> Result<(), ContractError> {
+    let store = f.fresh().await?;
+    let lease = Duration::from_secs(60);
+    store.node_started("a", lease).await?;
+    let (event, deliveries) = batch(6_500, Some("a"), ago(Duration::from_secs(1)));
+    store
+        .materialize(std::slice::from_ref(&event), &deliveries)
+        .await?;
+    let jobs = reclaim(&store, "a").await?;
+    // 0 handed back due now, 1 held by a for a retry.
+    store
+        .record(&[
+            retry(&jobs[0], Timestamp::now(), false),
+            retry(&jobs[1], later(Duration::from_secs(3600)), true),
+        ])
+        .await?;
+    f.request_replay(&store, jobs[0].delivery_id).await?;
+    f.request_replay(&store, jobs[1].delivery_id).await?;
+    let replays = store.claim_replays("a", 100, lease).await?;
+    check(replays.len() == 2, || {
+        format!("the holder claims both replays: {replays:?}")
+    })?;
+    let due = store.claim_due("b", 100, &[]).await?;
+    check(due.is_empty(), || {
+        format!(
+            "a due delivery whose replay is claimed and not recorded is not claimed (its success would end it): {due:?}"
+        )
+    })?;
+    store
+        .record(&replays.iter().map(|j| manual(j, true)).collect::<Vec<_>>())
+        .await?;
+    let due = store.claim_due("b", 100, &[]).await?;
+    check(due.is_empty(), || {
+        format!("a replay's success ends the automatic schedule: {due:?}")
+    })?;
+    let late = store
+        .record(&[attempt(&jobs[1], DeliveryStatus::Pending)])
+        .await?;
+    check(late == vec![jobs[1].delivery_id], || {
+        format!("the holder's later automatic result is stale once a replay succeeded: {late:?}")
+    })?;
+    let own = store.reclaim_own("a", None, 100, false).await?;
+    check(own.is_empty(), || {
+        format!("a delivery a replay ended is no longer its holder's: {own:?}")
+    })?;
     Ok(())
 }
 

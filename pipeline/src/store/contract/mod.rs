@@ -13,7 +13,8 @@
 //!   of a batch whose answer was lost hands over the same deliveries, while
 //!   a plan claimed since stays its claimant's;
 //! - a delivery's row is written with its first attempt, under its plan's
-//!   lease, and a plan whose deliveries all have rows is gone;
+//!   lease (with the latest state when a retry came in the same batch), and
+//!   a plan whose deliveries all have rows is gone;
 //! - a result under a lease that moved on is stale and changes no state;
 //! - plans and deliveries of a node whose lease lapsed move to another node,
 //!   marked `after_unknown` when that node did not stop cleanly;
@@ -21,7 +22,8 @@
 //!   node once due, an ended delivery by none;
 //! - a node's start says whether its previous run stopped cleanly;
 //! - a replay is claimed once, takes the next number of the delivery's one
-//!   sequence, and is closed by its attempt or its rejection;
+//!   sequence, and is closed by its attempt or its rejection; while it is
+//!   claimed the automatic schedule waits, and its success ends it;
 //! - cancellations are read in order, from a position;
 //! - a deliveries partition's dispatcher takes and claims its own
 //!   deliveries only, and waits while an earlier one still runs;
@@ -44,13 +46,14 @@ mod claims;
 mod plans;
 
 use claims::{
-    cancellations_are_read_from_a_position, health_reads_back_as_saved, nodes_report_a_clean_stop,
-    partitions_take_their_own, replays_are_claimed_once_and_closed,
-    retries_are_held_handed_back_and_ended,
+    a_replays_success_ends_the_schedule, cancellations_are_read_from_a_position,
+    health_reads_back_as_saved, nodes_report_a_clean_stop, partitions_take_their_own,
+    replays_are_claimed_once_and_closed, retries_are_held_handed_back_and_ended,
 };
 use plans::{
-    fanout_is_idempotent, first_attempts_write_rows_and_finish_plans,
-    lapsed_nodes_work_moves_and_late_results_are_stale, plans_nobody_holds_are_claimed_once,
+    a_first_attempt_and_its_retry_in_one_batch, fanout_is_idempotent,
+    first_attempts_write_rows_and_finish_plans, lapsed_nodes_work_moves_and_late_results_are_stale,
+    plans_nobody_holds_are_claimed_once,
 };
 
 /// The tenant a fresh store knows.
@@ -114,9 +117,11 @@ pub async fn check_all<F: Fixture>(fixture: &F) -> Result<(), ContractError> {
     first_attempts_write_rows_and_finish_plans(fixture).await?;
     lapsed_nodes_work_moves_and_late_results_are_stale(fixture).await?;
     plans_nobody_holds_are_claimed_once(fixture).await?;
+    a_first_attempt_and_its_retry_in_one_batch(fixture).await?;
     retries_are_held_handed_back_and_ended(fixture).await?;
     nodes_report_a_clean_stop(fixture).await?;
     replays_are_claimed_once_and_closed(fixture).await?;
+    a_replays_success_ends_the_schedule(fixture).await?;
     cancellations_are_read_from_a_position(fixture).await?;
     partitions_take_their_own(fixture).await?;
     health_reads_back_as_saved(fixture).await?;
@@ -197,6 +202,25 @@ pub fn attempt(job: &DeliveryJob, status: DeliveryStatus) -> AttemptRecord {
         replay_request: None,
         note: None,
         first_write: job.first_write(),
+    }
+}
+
+/// The record of `job`'s manual attempt (a claimed replay), succeeded or
+/// not.
+pub fn manual(job: &DeliveryJob, ok: bool) -> AttemptRecord {
+    let number = job.replay.map_or(0, |r| r.number);
+    let status = if ok {
+        DeliveryStatus::Succeeded
+    } else {
+        DeliveryStatus::Pending
+    };
+    AttemptRecord {
+        attempt_id: AttemptId::derive_manual(job.delivery_id, number),
+        number,
+        trigger: Trigger::Manual,
+        replay_request: job.replay.map(|r| r.request_id),
+        first_write: None,
+        ..attempt(job, status)
     }
 }
 

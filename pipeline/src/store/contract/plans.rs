@@ -236,3 +236,40 @@ pub(super) async fn plans_nobody_holds_are_claimed_once<F: Fixture>(
     check(twice.is_empty(), || format!("claimed once: {twice:?}"))?;
     Ok(())
 }
+
+pub(super) async fn a_first_attempt_and_its_retry_in_one_batch<F: Fixture>(
+    f: &F,
+) -> Result<(), ContractError> {
+    let store = f.fresh().await?;
+    store.node_started("a", Duration::from_secs(60)).await?;
+    store.node_started("b", Duration::from_secs(60)).await?;
+    let (event, deliveries) = batch(4_500, Some("a"), ago(Duration::from_secs(1)));
+    store
+        .materialize(std::slice::from_ref(&event), &deliveries[..1])
+        .await?;
+    let jobs = reclaim(&store, "a").await?;
+    let job = &jobs[0];
+    // The first attempt fails and its retry goes at once: the dispatcher
+    // marks the job as having its row when it hands the first result
+    // over, so the retry's record carries no first write; both reach the
+    // store in one batch. The retry is handed back, due now.
+    let first = retry(job, later(Duration::from_secs(3600)), true);
+    let next = DeliveryJob {
+        attempt_count: 1,
+        materialized: true,
+        ..job.clone()
+    };
+    let second = retry(&next, Timestamp::now(), false);
+    let stale = store.record(&[first, second]).await?;
+    check(stale.is_empty(), || format!("stale {stale:?}"))?;
+    let due = store.claim_due("b", 100, &[]).await?;
+    check(
+        ids(&due) == vec![job.delivery_id] && due[0].attempt_count == 2,
+        || {
+            format!(
+                "the row is written with the latest attempt's state (handed back after two attempts), not the first's (held): {due:?}"
+            )
+        },
+    )?;
+    Ok(())
+}

@@ -57,8 +57,11 @@ impl DispatchStore for MemoryStore {
                 continue;
             }
             match t.deliveries.get_mut(id) {
+                // The row is found by its id and when it was made (the
+                // day partition it lives in, in Postgres).
                 Some(row)
                     if row.lease_version == a.lease_version
+                        && row.created_at == a.delivery_created_at
                         && row.status == DeliveryStatus::Pending =>
                 {
                     row.status = a.status;
