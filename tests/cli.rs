@@ -241,3 +241,96 @@ fn chaos_faults_fit_the_log() {
         stderr(&out)
     );
 }
+
+/// `walhook migrate --check` says what an upgrade would apply and which
+/// statements lock the tables the pipeline writes, changing nothing; its
+/// exit code gates a deploy; `--version` names the schema it brings.
+#[tokio::test]
+async fn migrate_check_lists_what_is_pending_and_what_it_locks() {
+    let pg = walhook_devkit::postgres::LocalPostgres::start()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url("postgres");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[platform]\nurl = \"{url}\"\n\n[source]\nurl = \"{url}\"\n\n\
+             [[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n"
+        ),
+    );
+    let latest = walhook_sql::migrate::latest();
+    let check = || run(walhook().args(["migrate", "--check", "--config"]).arg(&cfg));
+
+    // An empty database: everything pending, nothing applied by the check.
+    let out = check();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    assert!(
+        text.contains(&format!(
+            "at version 0; this binary brings version {latest}. {latest} migrations pending"
+        )),
+        "{text}"
+    );
+    let mut sql = pg.connect("postgres").await.unwrap();
+    let status = walhook_sql::migrate::status(&sql).await.unwrap();
+    assert!(
+        status.applied.is_empty(),
+        "the check applied {:?}",
+        status.applied
+    );
+
+    // As an earlier release left it: the rest is pending, and moving
+    // deliveries into daily partitions (0024) is named with its lock.
+    walhook_sql::migrate::run_until(&mut sql, 23).await.unwrap();
+    let out = check();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("at version 23;"), "{text}");
+    assert!(
+        !text.contains("0023_"),
+        "applied ones are not listed: {text}"
+    );
+    let partitioned = text
+        .split("  0024_deliveries_by_day:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("0024 is not listed with locks: {text}"));
+    assert!(
+        partitioned.contains("ACCESS EXCLUSIVE (blocks reads and writes until it commits) on deliveries: ALTER TABLE walhook.deliveries RENAME"),
+        "{text}"
+    );
+    assert!(text.contains("blocks writes"), "{text}");
+
+    // Applied: the check passes.
+    let out = run(walhook().args(["migrate", "--config"]).arg(&cfg));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = check();
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains(&format!("is current (version {latest})")));
+
+    // A migration changed after it shipped fails the check, named.
+    sql.execute(
+        "UPDATE walhook.schema_migrations SET checksum = 'edited' WHERE version = 5",
+        &[],
+    )
+    .await
+    .unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("0005_api was changed after it was applied"),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = run(walhook().arg("--version"));
+    let version = stdout(&out);
+    assert!(
+        version.starts_with("walhook ")
+            && version.contains("(commit ")
+            && version
+                .trim_end()
+                .ends_with(&format!("schema version {latest})")),
+        "{version}"
+    );
+}

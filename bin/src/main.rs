@@ -23,7 +23,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// signed (Standard Webhooks) attempts with retries: at least once, never a
 /// silent loss.
 #[derive(Debug, Parser)]
-#[command(name = "walhook", version, about, long_about, propagate_version = true)]
+#[command(
+    name = "walhook",
+    version = walhook_cli::VERSION,
+    about,
+    long_about,
+    propagate_version = true
+)]
 struct Cli {
     /// Log format on stderr: `text` or `json`. The level comes from
     /// WALHOOK_LOG (or RUST_LOG), e.g. `info` or `walhook=debug`.

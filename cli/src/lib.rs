@@ -22,6 +22,18 @@ use clap::Subcommand;
 /// here.
 pub const BUILD_COMMIT: &str = env!("WALHOOK_COMMIT");
 
+/// What `walhook --version` prints after the name: the release, the commit
+/// it was built from and the platform schema version it brings (the
+/// migrations `walhook migrate` applies up to).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WALHOOK_COMMIT"),
+    ", schema version ",
+    env!("WALHOOK_SCHEMA_LEVEL"),
+    ")"
+);
+
 /// The production subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {

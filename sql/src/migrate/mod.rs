@@ -6,6 +6,8 @@
 //! changed after it was applied is refused (ship a new migration instead).
 //! An advisory lock serialises concurrent migrators.
 
+pub mod locks;
+
 use sha2::{Digest, Sha256};
 use tokio_postgres::GenericClient;
 
@@ -27,132 +29,132 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "capture",
-        sql: include_str!("../migrations/0001_capture.sql"),
+        sql: include_str!("../../migrations/0001_capture.sql"),
     },
     Migration {
         version: 2,
         name: "platform",
-        sql: include_str!("../migrations/0002_platform.sql"),
+        sql: include_str!("../../migrations/0002_platform.sql"),
     },
     Migration {
         version: 3,
         name: "dispatch",
-        sql: include_str!("../migrations/0003_dispatch.sql"),
+        sql: include_str!("../../migrations/0003_dispatch.sql"),
     },
     Migration {
         version: 4,
         name: "secrets",
-        sql: include_str!("../migrations/0004_secrets.sql"),
+        sql: include_str!("../../migrations/0004_secrets.sql"),
     },
     Migration {
         version: 5,
         name: "api",
-        sql: include_str!("../migrations/0005_api.sql"),
+        sql: include_str!("../../migrations/0005_api.sql"),
     },
     Migration {
         version: 6,
         name: "incidents",
-        sql: include_str!("../migrations/0006_incidents.sql"),
+        sql: include_str!("../../migrations/0006_incidents.sql"),
     },
     Migration {
         version: 7,
         name: "ordered_ids",
-        sql: include_str!("../migrations/0007_ordered_ids.sql"),
+        sql: include_str!("../../migrations/0007_ordered_ids.sql"),
     },
     Migration {
         version: 8,
         name: "pending",
-        sql: include_str!("../migrations/0008_pending.sql"),
+        sql: include_str!("../../migrations/0008_pending.sql"),
     },
     Migration {
         version: 9,
         name: "fanouts",
-        sql: include_str!("../migrations/0009_fanouts.sql"),
+        sql: include_str!("../../migrations/0009_fanouts.sql"),
     },
     Migration {
         version: 10,
         name: "archive",
-        sql: include_str!("../migrations/0010_archive.sql"),
+        sql: include_str!("../../migrations/0010_archive.sql"),
     },
     Migration {
         version: 11,
         name: "capture_ledger",
-        sql: include_str!("../migrations/0011_capture_ledger.sql"),
+        sql: include_str!("../../migrations/0011_capture_ledger.sql"),
     },
     Migration {
         version: 12,
         name: "reconcile",
-        sql: include_str!("../migrations/0012_reconcile.sql"),
+        sql: include_str!("../../migrations/0012_reconcile.sql"),
     },
     Migration {
         version: 13,
         name: "tenant_budget",
-        sql: include_str!("../migrations/0013_tenant_budget.sql"),
+        sql: include_str!("../../migrations/0013_tenant_budget.sql"),
     },
     Migration {
         version: 14,
         name: "cancellations",
-        sql: include_str!("../migrations/0014_cancellations.sql"),
+        sql: include_str!("../../migrations/0014_cancellations.sql"),
     },
     Migration {
         version: 15,
         name: "secret_versions",
-        sql: include_str!("../migrations/0015_secret_versions.sql"),
+        sql: include_str!("../../migrations/0015_secret_versions.sql"),
     },
     Migration {
         version: 16,
         name: "retry_overrides",
-        sql: include_str!("../migrations/0016_retry_overrides.sql"),
+        sql: include_str!("../../migrations/0016_retry_overrides.sql"),
     },
     Migration {
         version: 17,
         name: "endpoint_verification",
-        sql: include_str!("../migrations/0017_endpoint_verification.sql"),
+        sql: include_str!("../../migrations/0017_endpoint_verification.sql"),
     },
     Migration {
         version: 18,
         name: "event_schemas",
-        sql: include_str!("../migrations/0018_event_schemas.sql"),
+        sql: include_str!("../../migrations/0018_event_schemas.sql"),
     },
     Migration {
         version: 19,
         name: "delivery_order",
-        sql: include_str!("../migrations/0019_delivery_order.sql"),
+        sql: include_str!("../../migrations/0019_delivery_order.sql"),
     },
     Migration {
         version: 20,
         name: "attempt_tallies",
-        sql: include_str!("../migrations/0020_attempt_tallies.sql"),
+        sql: include_str!("../../migrations/0020_attempt_tallies.sql"),
     },
     Migration {
         version: 21,
         name: "archive_id_index",
-        sql: include_str!("../migrations/0021_archive_id_index.sql"),
+        sql: include_str!("../../migrations/0021_archive_id_index.sql"),
     },
     Migration {
         version: 22,
         name: "deliveries_by_day_prepare",
-        sql: include_str!("../migrations/0022_deliveries_by_day_prepare.sql"),
+        sql: include_str!("../../migrations/0022_deliveries_by_day_prepare.sql"),
     },
     Migration {
         version: 23,
         name: "deliveries_by_day_validate",
-        sql: include_str!("../migrations/0023_deliveries_by_day_validate.sql"),
+        sql: include_str!("../../migrations/0023_deliveries_by_day_validate.sql"),
     },
     Migration {
         version: 24,
         name: "deliveries_by_day",
-        sql: include_str!("../migrations/0024_deliveries_by_day.sql"),
+        sql: include_str!("../../migrations/0024_deliveries_by_day.sql"),
     },
     Migration {
         version: 25,
         name: "stage_members",
-        sql: include_str!("../migrations/0025_stage_members.sql"),
+        sql: include_str!("../../migrations/0025_stage_members.sql"),
     },
     Migration {
         version: 26,
         name: "delivery_partition",
-        sql: include_str!("../migrations/0026_delivery_partition.sql"),
+        sql: include_str!("../../migrations/0026_delivery_partition.sql"),
     },
 ];
 
@@ -194,6 +196,49 @@ async fn applied<C: GenericClient>(client: &C) -> Result<Vec<(i32, String)>, Sto
         .await
         .map_err(StoreError::query("read walhook.schema_migrations"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The latest schema version this binary knows.
+pub fn latest() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// What the database holds against what this binary brings.
+#[derive(Debug, Default)]
+pub struct Status {
+    /// Versions applied, in order.
+    pub applied: Vec<i32>,
+    /// Migrations of this binary not applied yet, in order.
+    pub pending: Vec<&'static Migration>,
+    /// Applied migrations whose SQL is not this binary's (changed after
+    /// they shipped): `walhook migrate` refuses to go on.
+    pub changed: Vec<&'static Migration>,
+    /// Applied versions this binary does not know: a newer walhook
+    /// migrated the database.
+    pub unknown: Vec<i32>,
+}
+
+/// Reads which migrations the database holds, changing nothing.
+pub async fn status<C: GenericClient>(client: &C) -> Result<Status, StoreError> {
+    let done = applied(client).await?;
+    let mut status = Status {
+        applied: done.iter().map(|(v, _)| *v).collect(),
+        ..Status::default()
+    };
+    for m in MIGRATIONS {
+        match done.iter().find(|(v, _)| *v == m.version) {
+            None => status.pending.push(m),
+            Some((_, sum)) if *sum != checksum(m.sql) => status.changed.push(m),
+            Some(_) => {}
+        }
+    }
+    status.unknown = status
+        .applied
+        .iter()
+        .copied()
+        .filter(|v| !MIGRATIONS.iter().any(|m| m.version == *v))
+        .collect();
+    Ok(status)
 }
 
 /// Applies every pending migration.
