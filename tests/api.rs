@@ -1291,30 +1291,111 @@ async fn the_seeds_metrics_are_served_and_the_dashboard_uses_only_them() {
     let mut used = std::collections::BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().unwrap();
-            let mut rest = expr;
-            while let Some(at) = rest.find("walhook_") {
-                let name: String = rest[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                rest = &rest[at + name.len()..];
-                used.insert(name);
-            }
+            used.extend(metrics_in(target["expr"].as_str().unwrap()));
         }
     }
     assert!(used.len() >= 12, "{used:?}");
     for name in &used {
-        let base = ["_bucket", "_sum", "_count", "_total"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
+        let base = base_name(name);
         assert!(
             metrics.contains(&format!("# TYPE {base} ")),
             "the dashboard uses {name}, which /metrics does not serve"
         );
     }
     assert!(child.terminate().success());
+}
+
+/// The `walhook_` metric names a PromQL expression reads.
+fn metrics_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("walhook_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.push(name);
+    }
+    out
+}
+
+/// A series' metric name without the suffix its type adds.
+fn base_name(name: &str) -> &str {
+    ["_bucket", "_sum", "_count", "_total"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name)
+}
+
+/// The alerting rules of docs/operations.md parse as Prometheus rule files
+/// do (YAML: groups of rules, each with a name, an expression, a severity
+/// and a summary), and every metric they read is one walhook declares
+/// (pipeline/src/metrics/names.rs, the authoritative list: some are served
+/// only on Fluvio, so they cannot all be checked against one run).
+#[test]
+fn the_alerting_rules_parse_and_read_only_walhooks_metrics() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let script = "import json, sys, yaml\n\
+                  print(json.dumps(yaml.safe_load(open(sys.argv[1]))))\n";
+    let out = std::process::Command::new(crate::support::python())
+        .args(["-c", script, &format!("{root}/docs/prometheus-alerts.yml")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let declared =
+        std::fs::read_to_string(format!("{root}/pipeline/src/metrics/names.rs")).unwrap();
+    let mut alerts = std::collections::BTreeSet::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        assert!(group["name"].is_string(), "{group}");
+        for rule in group["rules"].as_array().expect("rules") {
+            let alert = rule["alert"].as_str().expect("every rule is an alert");
+            assert!(alerts.insert(alert.to_owned()), "{alert} twice");
+            let expr = rule["expr"].as_str().expect("an expression");
+            assert!(
+                ["info", "warning", "critical"]
+                    .contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+                "{alert}: severity"
+            );
+            assert!(
+                rule["annotations"]["summary"].is_string(),
+                "{alert}: summary"
+            );
+            if let Some(d) = rule["for"].as_str() {
+                assert!(
+                    d.ends_with('m') || d.ends_with('s') || d.ends_with('h'),
+                    "{alert}: for {d}"
+                );
+            }
+            let names = metrics_in(expr);
+            assert!(!names.is_empty(), "{alert} reads no walhook metric");
+            for name in names {
+                assert!(
+                    declared.contains(&format!("\"{}\"", base_name(&name))),
+                    "{alert} reads {name}, which walhook does not declare"
+                );
+            }
+            assert_eq!(
+                expr.matches('(').count(),
+                expr.matches(')').count(),
+                "{alert}: unbalanced parentheses"
+            );
+        }
+    }
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    // Each alert is explained in the operations guide.
+    let guide = std::fs::read_to_string(format!("{root}/docs/operations.md")).unwrap();
+    for alert in &alerts {
+        assert!(
+            guide.contains(&format!("`{alert}`")),
+            "{alert} is not in docs/operations.md"
+        );
+    }
 }
 
 /// Validates `instances` against `schema` with a standard JSON Schema
