@@ -334,3 +334,142 @@ async fn migrate_check_lists_what_is_pending_and_what_it_locks() {
         "{version}"
     );
 }
+
+/// `walhook doctor` names every problem of a source that is not ready,
+/// each with a fix; once the printed fixes are applied it passes.
+#[tokio::test]
+async fn doctor_names_each_problem_with_its_fix_and_passes_once_they_are_applied() {
+    let mut pg = walhook_devkit::postgres::LocalPostgres::builder()
+        .setting("wal_level", "replica")
+        .start()
+        .await
+        .unwrap();
+    let platform_url = pg.create_database("walhook").await.unwrap();
+    let mut platform = pg.connect("walhook").await.unwrap();
+    walhook_sql::migrate::run(&mut platform).await.unwrap();
+    pg.create_database("shop").await.unwrap();
+    let shop = pg.connect("shop").await.unwrap();
+    shop.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text);
+         CREATE TABLE items (id bigint PRIMARY KEY, tenant_id text NOT NULL, note text);
+         CREATE PUBLICATION walhook FOR TABLE orders WITH (publish_via_partition_root = true);
+         CREATE ROLE capture LOGIN;
+         GRANT SELECT ON orders, items TO capture;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let source_url = format!("postgres://capture@127.0.0.1:{}/shop", pg.port());
+    // `items_noted` reads the old note, which the WAL carries only with
+    // REPLICA IDENTITY FULL.
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[platform]\nurl = \"{platform_url}\"\n\n\
+             [source]\nurl = \"{source_url}\"\nslot = \"walhook_shop\"\npublication = \"walhook\"\n\
+             create_slot = true\ncreate_publication = false\n\n\
+             [[rules]]\nname = \"orders\"\ntable = \"public.orders\"\nevent_type = \"order.changed\"\n\
+             tenant_column = \"tenant_id\"\noperations = [\"insert\", \"update\"]\n\n\
+             [[rules]]\nname = \"items_noted\"\ntable = \"public.items\"\nevent_type = \"item.noted\"\n\
+             tenant_column = \"tenant_id\"\noperations = [\"update\"]\n\
+             when = [{{ column = \"note\", changed = true }}]\n"
+        ),
+    );
+    let key = walhook_sql::secrets::MasterKey::generate_text();
+    let doctor = |json: bool| {
+        let mut cmd = walhook();
+        cmd.args(["doctor", "--config"])
+            .arg(&cfg)
+            .env("WALHOOK_MASTER_KEY", &key);
+        if json {
+            cmd.arg("--json");
+        }
+        run(&mut cmd)
+    };
+
+    let out = doctor(false);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    assert!(!text.is_empty(), "{}", stderr(&out));
+    for (check, fix) in [
+        ("source.wal_level", "ALTER SYSTEM SET wal_level = logical"),
+        ("source.role", "ALTER ROLE \"capture\" REPLICATION;"),
+        (
+            "source.publication",
+            "ALTER PUBLICATION \"walhook\" ADD TABLE \"public\".\"items\";",
+        ),
+        (
+            "rule.items_noted",
+            "ALTER TABLE public.items REPLICA IDENTITY FULL",
+        ),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("FAIL") && l.contains(check)),
+            "{check} is not named as failing:\n{text}"
+        );
+        assert!(text.contains(fix), "no fix {fix:?} for {check}:\n{text}");
+    }
+    // A rule that fits does not fail (a warning may advise on TOAST).
+    assert!(
+        text.lines()
+            .any(|l| !l.starts_with("FAIL") && l.contains("rule.orders")),
+        "{text}"
+    );
+    assert!(text.contains("4 checks failed"), "{text}");
+
+    // `walhook run` runs the same checks before capture prepares anything
+    // and names the first that fails, with its fix.
+    let mut child = walhook()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("WALHOOK_MASTER_KEY", &key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("walhook run started on a source that is not ready");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("capture cannot start: wal_level = replica")
+            && err.contains("fix: ALTER SYSTEM SET wal_level = logical"),
+        "{err}"
+    );
+
+    // Apply what it printed: the fix of each failing check, as SQL (the
+    // rule's is quoted in its message), then restart for wal_level.
+    let out = doctor(true);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    for f in report["findings"].as_array().unwrap() {
+        if f["verdict"] != "fail" {
+            continue;
+        }
+        let fix = f["fix"].as_str().unwrap();
+        assert!(fix.starts_with("ALTER "), "{f}");
+        shop.batch_execute(fix.split(';').next().unwrap())
+            .await
+            .unwrap();
+    }
+    pg.crash_and_restart(std::time::Duration::from_millis(100))
+        .await
+        .unwrap();
+
+    let out = doctor(false);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.contains("everything walhook run needs holds"),
+        "{text}"
+    );
+    assert!(!text.contains("FAIL"), "{text}");
+}

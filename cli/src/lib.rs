@@ -39,6 +39,11 @@ pub const VERSION: &str = concat!(
 pub enum Command {
     /// Create or upgrade the platform schema `walhook` (idempotent).
     Migrate(commands::migrate::Args),
+    /// Check every precondition of `walhook run` at once, changing nothing:
+    /// the captured database (wal_level, the role, slots, the publication,
+    /// each rule against its table), the platform schema, the master key
+    /// and the clock; each problem with its fix; exit 1 if one fails.
+    Doctor(commands::doctor::Args),
     /// Run every stage in one process (capture, fan-out, dispatch), and the
     /// REST API when the config has [api].
     Run(commands::run::Args),
@@ -121,6 +126,7 @@ pub fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Doctor(args) => commands::doctor::run(args).await,
         Command::Run(args) => commands::run::run(args).await,
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,

@@ -5,6 +5,7 @@ pub mod archive;
 pub mod capture;
 pub mod check_url;
 pub mod dispatch;
+pub mod doctor;
 pub mod fanout;
 pub mod migrate;
 pub mod reconcile;

@@ -364,6 +364,27 @@ pub async fn start_roles(
     }
 }
 
+/// `walhook doctor`'s checks of the captured database, read-only, before
+/// capture prepares anything: the first that fails stops the start, named
+/// with its fix (capture's own checks would stop at a later point, some
+/// only once the stream opened).
+async fn preflight(cfg: &Config) -> anyhow::Result<()> {
+    use walhook_connectors::postgres::preflight::{Verdict, check_source};
+    let findings = check_source(&cfg.source, &cfg.rules).await;
+    if let Some(f) = findings.iter().find(|f| f.verdict == Verdict::Fail) {
+        anyhow::bail!(
+            "capture cannot start: {} ({}){}; `walhook doctor --config FILE` checks everything at once",
+            f.detail,
+            f.check,
+            f.fix
+                .as_deref()
+                .map(|fix| format!("; fix: {fix}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 /// The capture source, resuming from the platform's checkpoint: a slot
 /// that is gone after this source read from it stops capture, unless the
 /// operator accepted the loss (`--accept-slot-loss`), which records the gap
@@ -412,6 +433,7 @@ async fn start_on<L: Log + Closable>(
         "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
     )?;
     let source = if roles.capture {
+        preflight(cfg).await?;
         let source = prepare_source(cfg, &platform)
             .await?
             .with_schema_catalog(Arc::new(platform.schema_catalog(&cfg.source.name)));

@@ -12,7 +12,9 @@
 //!   database.
 //! - [`connect`]: the SQL session and the replication stream under the
 //!   `[source]` TLS policy (`sslmode`, `sslrootcert`).
-//! - [`catalog`]: start-up checks, slot and publication management.
+//! - [`catalog`]: start-up checks, slot and publication management;
+//!   [`preflight`]: every precondition checked at once, read-only
+//!   (`walhook doctor`).
 //! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
 //! - [`types`]: domains and arrays mapped to the type they are written as.
 //! - [`value`]: Postgres text values as typed canonical JSON.
@@ -26,6 +28,7 @@ pub mod connect;
 pub mod declared;
 pub mod error;
 pub mod pgoutput;
+pub mod preflight;
 pub mod rules;
 pub mod schema;
 pub mod source;

@@ -1,0 +1,354 @@
+//! `walhook doctor`: every precondition of `walhook run` checked in one
+//! run, changing nothing, each with its verdict and the exact fix: the
+//! captured database (`wal_level`, the role's rights, slots and senders,
+//! the slot, the publication, each rule against its table), the platform
+//! database (reachable, the schema's migrations), the master key (it
+//! opens every sealed secret), the clocks, the egress proxy and the Fluvio
+//! cluster (they accept connections) and the archive's store (a probe
+//! object written, read back and removed).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use walhook_connectors::postgres::preflight::{self, Finding, Verdict};
+
+use crate::config::Config;
+
+/// Arguments of `walhook doctor`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The config file to check against the databases it names.
+    #[arg(long, short, env = "WALHOOK_CONFIG")]
+    pub config: PathBuf,
+
+    /// Print the findings as JSON (`{"ok": bool, "findings": [{"check",
+    /// "verdict", "detail", "fix"}]}`) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs every check; exit 0 when none fails (warnings allowed), 1
+/// otherwise.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(&args.config)?;
+    let mut findings = preflight::check_source(&cfg.source, &cfg.rules).await;
+    findings.extend(check_platform(&cfg).await);
+    findings.extend(check_reachable(&cfg).await);
+    findings.push(check_archive(&cfg).await);
+    let ok = findings.iter().all(|f| f.verdict != Verdict::Fail);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "ok": ok, "findings": findings }))?
+        );
+    } else {
+        print!("{}", render(&findings));
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn finding(check: &str, verdict: Verdict, detail: String, fix: Option<&str>) -> Finding {
+    Finding {
+        check: check.to_owned(),
+        verdict,
+        detail,
+        fix: fix.map(str::to_owned),
+    }
+}
+
+/// The platform database, the master key and the clock.
+async fn check_platform(cfg: &Config) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let keyring = match cfg.secrets.keyring() {
+        Ok(k) => {
+            out.push(finding(
+                "secrets.master_key",
+                Verdict::Ok,
+                format!("master key {} is readable", k.current_id()),
+                None,
+            ));
+            Some(k)
+        }
+        Err(e) => {
+            out.push(finding(
+                "secrets.master_key",
+                Verdict::Fail,
+                format!("{e:#}"),
+                Some("set [secrets].master_key_file or WALHOOK_MASTER_KEY (`walhook secrets generate-key` makes one)"),
+            ));
+            None
+        }
+    };
+    let connected = async {
+        let options = cfg.platform()?.connect_options()?;
+        let (client, conn) = options.config().connect(options.connector()?).await?;
+        tokio::spawn(conn);
+        let platform = cfg.platform()?.platform()?;
+        anyhow::Ok((client, platform))
+    };
+    let (client, platform) = match connected.await {
+        Ok(c) => c,
+        Err(e) => {
+            out.push(finding(
+                "platform.connect",
+                Verdict::Fail,
+                format!("{e:#}"),
+                Some("check [platform].url and that Postgres runs there"),
+            ));
+            return out;
+        }
+    };
+    out.push(finding(
+        "platform.connect",
+        Verdict::Ok,
+        "the platform database answers".into(),
+        None,
+    ));
+    match walhook_sql::migrate::status(&client).await {
+        Ok(s) if s.pending.is_empty() && s.changed.is_empty() && s.unknown.is_empty() => {
+            out.push(finding(
+                "platform.schema",
+                Verdict::Ok,
+                format!(
+                    "schema walhook is current (version {})",
+                    walhook_sql::migrate::latest()
+                ),
+                None,
+            ));
+        }
+        Ok(s) => out.push(finding(
+            "platform.schema",
+            Verdict::Fail,
+            format!(
+                "schema walhook: {} pending, {} changed after they were applied, {} newer than this binary",
+                s.pending.len(),
+                s.changed.len(),
+                s.unknown.len()
+            ),
+            Some("`walhook migrate --config FILE --check` says which and what they lock; `walhook migrate --config FILE` applies them"),
+        )),
+        Err(e) => out.push(finding(
+            "platform.schema",
+            Verdict::Fail,
+            e.to_string(),
+            Some("run `walhook migrate --config FILE`"),
+        )),
+    }
+    // Sealed secrets under keys this process does not hold.
+    if let Some(keyring) = keyring {
+        let platform = platform.with_keyring(keyring);
+        match platform.secret_key_counts().await {
+            Ok(counts) => {
+                let keyring = platform.keyring();
+                let held: Vec<String> = keyring
+                    .as_ref()
+                    .map(|k| k.key_ids().iter().map(|s| s.to_string()).collect())
+                    .unwrap_or_default();
+                let missing: Vec<String> = counts
+                    .iter()
+                    .filter(|(id, _)| {
+                        id.as_str() != walhook_sql::secrets::PLAIN_KEY_ID && !held.contains(id)
+                    })
+                    .map(|(id, n)| format!("{id} ({n} rows)"))
+                    .collect();
+                out.push(if missing.is_empty() {
+                    finding(
+                        "secrets.sealed",
+                        Verdict::Ok,
+                        format!(
+                            "the configured keys open every sealed secret ({} rows)",
+                            counts.iter().map(|(_, n)| n).sum::<i64>()
+                        ),
+                        None,
+                    )
+                } else {
+                    finding(
+                        "secrets.sealed",
+                        Verdict::Fail,
+                        format!("secrets sealed under keys not configured: {}", missing.join(", ")),
+                        Some("add those keys to [secrets].old_key_files (or WALHOOK_OLD_MASTER_KEYS), then run `walhook secrets rotate`"),
+                    )
+                });
+            }
+            Err(e) => out.push(finding(
+                "secrets.sealed",
+                Verdict::Warn,
+                format!("could not count sealed secrets: {e}"),
+                None,
+            )),
+        }
+    }
+    // The clock: leases and retry times compare this host's time with
+    // the database's.
+    match client
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+    {
+        Ok(row) => {
+            let theirs: f64 = row.get(0);
+            let ours = walhook_pipeline::time::Timestamp::now().0 as f64 / 1e6;
+            let skew = ours - theirs;
+            out.push(if skew.abs() > 1.0 {
+                finding(
+                    "clock",
+                    Verdict::Warn,
+                    format!("this host's clock is {skew:+.1} s off the platform database's"),
+                    Some(
+                        "synchronise both hosts' clocks (NTP): leases and retry times compare them",
+                    ),
+                )
+            } else {
+                finding(
+                    "clock",
+                    Verdict::Ok,
+                    format!(
+                        "within {:.0} ms of the platform database's",
+                        skew.abs() * 1000.0
+                    ),
+                    None,
+                )
+            });
+        }
+        Err(e) => out.push(finding(
+            "clock",
+            Verdict::Warn,
+            format!("could not read the database's clock: {e}"),
+            None,
+        )),
+    }
+    out
+}
+
+/// How long a connection to a proxy or a cluster may take.
+const REACH: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `host:port` accepts a TCP connection within [`REACH`].
+async fn reachable(host: &str, port: u16) -> Result<(), String> {
+    match tokio::time::timeout(REACH, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {REACH:?}")),
+    }
+}
+
+/// The egress proxy and the Fluvio cluster, when the config names them.
+async fn check_reachable(cfg: &Config) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some(proxy) = &cfg.egress.proxy {
+        out.push(match proxy.parsed() {
+            Err(e) => finding("egress.proxy", Verdict::Fail, e, Some("correct [egress].proxy")),
+            Ok(url) => {
+                let host = url.host_str().unwrap_or_default().to_owned();
+                let port = url.port_or_known_default().unwrap_or(80);
+                match reachable(&host, port).await {
+                    Ok(()) => finding(
+                        "egress.proxy",
+                        Verdict::Ok,
+                        format!("the egress proxy {host}:{port} accepts connections"),
+                        None,
+                    ),
+                    Err(e) => finding(
+                        "egress.proxy",
+                        Verdict::Fail,
+                        format!("the egress proxy {host}:{port} does not accept connections: {e}"),
+                        Some("start the proxy, or correct [egress].proxy: every attempt goes through it"),
+                    ),
+                }
+            }
+        });
+    }
+    if cfg.log.kind == crate::config::LogKind::Fluvio {
+        let endpoint = cfg.log.endpoint.as_str();
+        let (host, port) = match endpoint.rsplit_once(':') {
+            Some((h, p)) => (h.trim_matches(['[', ']']), p.parse::<u16>().unwrap_or(9003)),
+            None => (endpoint, 9003),
+        };
+        out.push(match reachable(host, port).await {
+            Ok(()) => finding(
+                "log.fluvio",
+                Verdict::Ok,
+                format!("the Fluvio cluster at {endpoint} accepts connections (its topics are created or checked at start)"),
+                None,
+            ),
+            Err(e) => finding(
+                "log.fluvio",
+                Verdict::Fail,
+                format!("the Fluvio cluster at {endpoint} does not accept connections: {e}"),
+                Some("start the cluster (its SC), or correct [log].endpoint"),
+            ),
+        });
+    }
+    out
+}
+
+/// Writes a probe object to the archive's store, reads it back and
+/// removes it.
+async fn check_archive(cfg: &Config) -> Finding {
+    use walhook_pipeline::objstore::ObjectStore;
+    let probe = async {
+        let store = cfg.archive.open_store().await?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let key = format!("walhook-doctor-probe-{nanos}-{}", std::process::id());
+        let body = bytes::Bytes::from_static(b"walhook doctor probe");
+        store.put(&key, body.clone()).await?;
+        let back = store.get(&key).await?;
+        store.delete(&key).await?;
+        anyhow::ensure!(
+            back.as_ref() == Some(&body),
+            "the probe object read back differs from what was written"
+        );
+        anyhow::Ok(store.describe())
+    };
+    match probe.await {
+        Ok(at) => finding(
+            "archive.store",
+            Verdict::Ok,
+            format!("{at}: a probe object was written, read back and removed"),
+            None,
+        ),
+        Err(e) => finding(
+            "archive.store",
+            Verdict::Fail,
+            format!("{e:#}"),
+            Some(
+                "check [archive] (the directory's rights, or the bucket, its endpoint and credentials)",
+            ),
+        ),
+    }
+}
+
+/// The findings as text: one line each, the fix under a failing or
+/// warning one, and a last line with the verdict.
+fn render(findings: &[Finding]) -> String {
+    let mut out = String::new();
+    for f in findings {
+        let mark = match f.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        };
+        out.push_str(&format!("{mark} {:<22} {}\n", f.check, f.detail));
+        if let (Some(fix), true) = (&f.fix, f.verdict != Verdict::Ok) {
+            out.push_str(&format!("     {:<22} fix: {fix}\n", ""));
+        }
+    }
+    let failed = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Fail)
+        .count();
+    if failed == 0 {
+        out.push_str("everything walhook run needs holds\n");
+    } else {
+        out.push_str(&format!(
+            "{failed} check{} failed: apply the fixes above, then run walhook doctor again\n",
+            if failed == 1 { "" } else { "s" }
+        ));
+    }
+    out
+}
