@@ -17,7 +17,8 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 /// The commit this binary was built from (`git rev-parse --short=12 HEAD`
-/// when `cli/build.rs` ran), or "unknown" outside a git checkout. The
+/// when `cli/build.rs` ran, followed by "-dirty" when a source of the
+/// binary differed from it), or "unknown" outside a git checkout. The
 /// environment variable is set for this crate only: other crates read it
 /// here.
 pub const BUILD_COMMIT: &str = env!("WALHOOK_COMMIT");
