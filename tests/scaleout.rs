@@ -1610,3 +1610,86 @@ async fn walhook_run_on_fluvio_dispatches_by_endpoint_in_one_process_and_stops_c
     assert_eq!(nodes, 3, "a dispatcher per deliveries partition");
     assert!(second.terminate().success());
 }
+
+/// `walhook doctor` on Fluvio: a topic the first start will create is
+/// fine; one that exists with another partition count is named with the
+/// fix, as the start would refuse it; nothing is created by the check.
+#[tokio::test]
+async fn doctor_reads_the_fluvio_topics_without_creating_them() {
+    let Some(cluster) =
+        FluvioCluster::start("doctor_reads_the_fluvio_topics_without_creating_them")
+    else {
+        return;
+    };
+    let w = World::new().await;
+    let (log, events) = fluvio_log_named(&cluster);
+    let cfg = w.config(&log);
+    let doctor = || {
+        crate::support::run(
+            crate::support::walhook()
+                .args(["doctor", "--json", "--config"])
+                .arg(&cfg),
+        )
+    };
+    let out = doctor();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", crate::support::stderr(&out)));
+    let topic = |report: &serde_json::Value| {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == format!("log.topic.{events}"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no finding for {events}: {report}"))
+    };
+    assert_eq!(report["ok"], true, "{report}");
+    let found = topic(&report);
+    assert_eq!(found["verdict"], "ok");
+    assert!(
+        found["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist yet"),
+        "{found}"
+    );
+
+    // The topic made with 2 partitions where the config asks for 4.
+    let settings = walhook_connectors::fluvio::FluvioSettings::new(cluster.endpoint().to_owned());
+    walhook_connectors::fluvio::FluvioLog::connect(
+        settings.clone(),
+        vec![walhook_pipeline::log::TopicSpec {
+            name: events.clone(),
+            partitions: 2,
+            capacity: 1024,
+            durable_groups: vec![],
+        }],
+    )
+    .await
+    .unwrap();
+    let out = doctor();
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = topic(&report);
+    assert_eq!(found["verdict"], "fail", "{found}");
+    assert!(
+        found["detail"]
+            .as_str()
+            .unwrap()
+            .contains("has 2 partitions but the configuration asks for 4"),
+        "{found}"
+    );
+    // Still 2: the check changed nothing.
+    let reports = walhook_connectors::fluvio::FluvioLog::inspect(
+        settings,
+        vec![walhook_pipeline::log::TopicSpec {
+            name: events.clone(),
+            partitions: 2,
+            capacity: 1024,
+            durable_groups: vec![],
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(reports[0].verdict.is_ok(), "{reports:?}");
+}

@@ -3,9 +3,10 @@
 //! captured database (`wal_level`, the role's rights, slots and senders,
 //! the slot, the publication, each rule against its table), the platform
 //! database (reachable, the schema's migrations), the master key (it
-//! opens every sealed secret), the clocks, the egress proxy and the Fluvio
-//! cluster (they accept connections) and the archive's store (a probe
-//! object written, read back and removed).
+//! opens every sealed secret), the clocks, the egress proxy (it accepts
+//! connections), the Fluvio cluster and its topics (partitions, retention,
+//! leaders) and the archive's store (a probe object written, read back and
+//! removed).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -235,7 +236,8 @@ async fn reachable(host: &str, port: u16) -> Result<(), String> {
     }
 }
 
-/// The egress proxy and the Fluvio cluster, when the config names them.
+/// The egress proxy and the Fluvio cluster's topics, when the config
+/// names them.
 async fn check_reachable(cfg: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     if let Some(proxy) = &cfg.egress.proxy {
@@ -262,25 +264,38 @@ async fn check_reachable(cfg: &Config) -> Vec<Finding> {
         });
     }
     if cfg.log.kind == crate::config::LogKind::Fluvio {
-        let endpoint = cfg.log.endpoint.as_str();
-        let (host, port) = match endpoint.rsplit_once(':') {
-            Some((h, p)) => (h.trim_matches(['[', ']']), p.parse::<u16>().unwrap_or(9003)),
-            None => (endpoint, 9003),
-        };
-        out.push(match reachable(host, port).await {
-            Ok(()) => finding(
-                "log.fluvio",
-                Verdict::Ok,
-                format!("the Fluvio cluster at {endpoint} accepts connections (its topics are created or checked at start)"),
-                None,
-            ),
-            Err(e) => finding(
+        let topics = crate::pipeline::log_topics(cfg);
+        let endpoint = cfg.log.endpoint.clone();
+        match walhook_connectors::fluvio::FluvioLog::inspect(cfg.log.fluvio_settings(), topics)
+            .await
+        {
+            Err(e) => out.push(finding(
                 "log.fluvio",
                 Verdict::Fail,
-                format!("the Fluvio cluster at {endpoint} does not accept connections: {e}"),
-                Some("start the cluster (its SC), or correct [log].endpoint"),
-            ),
-        });
+                walhook_pipeline::supervise::error_chain(&e),
+                Some("start the cluster, or correct [log] (endpoint, TLS)"),
+            )),
+            Ok(reports) => {
+                out.push(finding(
+                    "log.fluvio",
+                    Verdict::Ok,
+                    format!("the Fluvio cluster at {endpoint} answers"),
+                    None,
+                ));
+                for r in reports {
+                    let check = format!("log.topic.{}", r.name);
+                    out.push(match r.verdict {
+                        Ok(detail) => finding(&check, Verdict::Ok, detail, None),
+                        Err(why) => finding(
+                            &check,
+                            Verdict::Fail,
+                            format!("topic {:?} {why}", r.name),
+                            Some("as the message says: the [log] settings, or new topic names ([log] topic_prefix)"),
+                        ),
+                    });
+                }
+            }
+        }
     }
     out
 }

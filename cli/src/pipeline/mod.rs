@@ -320,6 +320,26 @@ impl std::fmt::Debug for DispatchRole {
     }
 }
 
+/// The topics of `[log]`: the events topic, then the deliveries topic when
+/// dispatch goes by endpoint (Fluvio only).
+pub fn log_topics(cfg: &Config) -> Vec<walhook_pipeline::log::TopicSpec> {
+    let mut topics = vec![runtime::events_topic(
+        &cfg.log.events_topic(),
+        cfg.log.events_partitions,
+        cfg.log.capacity,
+    )];
+    if cfg.log.kind == LogKind::Fluvio && cfg.log.dispatch == crate::config::LogDispatch::ByEndpoint
+    {
+        topics.push(walhook_pipeline::log::TopicSpec {
+            name: cfg.log.deliveries_topic(),
+            partitions: cfg.log.deliveries_partitions,
+            capacity: cfg.log.capacity,
+            durable_groups: vec![walhook_pipeline::routing::DISPATCH_GROUP.into()],
+        });
+    }
+    topics
+}
+
 /// Starts the stages of `roles` on the log `[log] kind` names.
 pub async fn start_roles(
     cfg: &Config,
@@ -328,32 +348,19 @@ pub async fn start_roles(
     metrics: Option<Arc<PipelineMetrics>>,
     roles: Roles,
 ) -> anyhow::Result<Running> {
-    let events = runtime::events_topic(
-        &cfg.log.events_topic(),
-        cfg.log.events_partitions,
-        cfg.log.capacity,
-    );
+    let mut topics = log_topics(cfg);
     match cfg.log.kind {
         LogKind::Embedded => {
             anyhow::ensure!(
                 roles.capture && roles.workers.is_some(),
                 "the embedded log lives inside one process: run every stage with `walhook run`"
             );
-            let log = EmbeddedLog::new([events]);
+            let log = EmbeddedLog::new([topics.remove(0)]);
             start_on(cfg, platform, shutdown, metrics, roles, log).await
         }
         LogKind::Fluvio => {
             if let Some(warning) = cfg.log.exposure() {
                 tracing::warn!("{warning}");
-            }
-            let mut topics = vec![events];
-            if cfg.log.dispatch == crate::config::LogDispatch::ByEndpoint {
-                topics.push(walhook_pipeline::log::TopicSpec {
-                    name: cfg.log.deliveries_topic(),
-                    partitions: cfg.log.deliveries_partitions,
-                    capacity: cfg.log.capacity,
-                    durable_groups: vec![walhook_pipeline::routing::DISPATCH_GROUP.into()],
-                });
             }
             let log = FluvioLog::connect(cfg.log.fluvio_settings(), topics)
                 .await

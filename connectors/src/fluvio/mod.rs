@@ -94,6 +94,7 @@ use consumer::{Place, stored_position};
 pub use producer::FluvioProducer;
 use reader::{FETCH_MAX_BYTES, open_stream, read};
 pub use tls::{ClientIdentity, FluvioTls, TlsVerify, check_domain};
+pub use topics::TopicReport;
 use watch::Health;
 pub use watch::{ConsumerLag, Reachability, Watermarks};
 

@@ -157,6 +157,90 @@ fn retention_secs(retention: Duration) -> u32 {
 /// keeps its records for less time than `[log] retention` is refused (a
 /// consumer down for longer than the topic keeps records would find them
 /// gone); one that keeps them longer, or other segments, is only noted.
+/// What [`FluvioLog::inspect`] found of one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicReport {
+    /// The topic.
+    pub name: String,
+    /// What was found when it is usable as configured, or why it is not
+    /// (with the fix).
+    pub verdict: Result<String, String>,
+}
+
+impl FluvioLog {
+    /// Reads the cluster's view of `topics` without changing anything
+    /// (`walhook doctor`): a topic that exists with another partition
+    /// count, a shorter retention, or partitions without a leader is
+    /// refused as [`FluvioLog::connect`] would refuse it; one that does not
+    /// exist yet is fine (the start creates it).
+    pub async fn inspect(
+        settings: FluvioSettings,
+        topics: Vec<TopicSpec>,
+    ) -> Result<Vec<TopicReport>, LogError> {
+        let client = tokio::time::timeout(settings.connect_timeout, open_client(&settings))
+            .await
+            .map_err(|_| {
+                broken(format!(
+                    "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
+                    settings.endpoint,
+                    settings.connect_timeout,
+                    tls_hint(&settings)
+                ))
+            })?
+            .map_err(broken)?;
+        let admin = client.admin().await;
+        let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
+        let existing = admin
+            .list::<FluvioTopicSpec, String>(names)
+            .await
+            .map_err(backend)?;
+        Ok(topics
+            .iter()
+            .map(|spec| {
+                let verdict = match existing.iter().find(|m| m.name == spec.name) {
+                    None => Ok(format!(
+                        "does not exist yet; the first start creates it with {} partitions",
+                        spec.partitions
+                    )),
+                    Some(found) => {
+                        let have = found.spec.partitions();
+                        if have != spec.partitions {
+                            Err(format!(
+                                "has {have} partitions but the configuration asks for {}: set the [log] \
+                                 partition count back to {have}, or use new topic names ([log] topic_prefix)",
+                                spec.partitions
+                            ))
+                        } else if found.spec.retention_secs()
+                            < retention_secs(settings.retention)
+                        {
+                            Err(format!(
+                                "keeps its records for {} s, less than [log] retention = {:?}: set [log] \
+                                 retention to at most \"{}s\", or use new topics ([log] topic_prefix)",
+                                found.spec.retention_secs(),
+                                settings.retention,
+                                found.spec.retention_secs()
+                            ))
+                        } else if !matches!(found.status.resolution, TopicResolution::Provisioned) {
+                            Err("is not provisioned (a partition has no leader): check that the cluster \
+                                 has an SPU online (`fluvio cluster spu list`)"
+                                .into())
+                        } else {
+                            Ok(format!(
+                                "{have} partitions, records kept {} s, provisioned",
+                                found.spec.retention_secs()
+                            ))
+                        }
+                    }
+                };
+                TopicReport {
+                    name: spec.name.clone(),
+                    verdict,
+                }
+            })
+            .collect())
+    }
+}
+
 fn check_retention(
     name: &str,
     found: &FluvioTopicSpec,
