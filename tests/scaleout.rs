@@ -1655,18 +1655,16 @@ async fn doctor_reads_the_fluvio_topics_without_creating_them() {
     );
 
     // The topic made with 2 partitions where the config asks for 4.
+    let two_partitions = vec![walhook_pipeline::log::TopicSpec {
+        name: events.clone(),
+        partitions: 2,
+        capacity: 1024,
+        durable_groups: vec![],
+    }];
     let settings = walhook_connectors::fluvio::FluvioSettings::new(cluster.endpoint().to_owned());
-    walhook_connectors::fluvio::FluvioLog::connect(
-        settings.clone(),
-        vec![walhook_pipeline::log::TopicSpec {
-            name: events.clone(),
-            partitions: 2,
-            capacity: 1024,
-            durable_groups: vec![],
-        }],
-    )
-    .await
-    .unwrap();
+    walhook_connectors::fluvio::FluvioLog::connect(settings.clone(), two_partitions.clone())
+        .await
+        .unwrap();
     let out = doctor();
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -1680,16 +1678,8 @@ async fn doctor_reads_the_fluvio_topics_without_creating_them() {
         "{found}"
     );
     // Still 2: the check changed nothing.
-    let reports = walhook_connectors::fluvio::FluvioLog::inspect(
-        settings,
-        vec![walhook_pipeline::log::TopicSpec {
-            name: events.clone(),
-            partitions: 2,
-            capacity: 1024,
-            durable_groups: vec![],
-        }],
-    )
-    .await
-    .unwrap();
+    let reports = walhook_connectors::fluvio::FluvioLog::inspect(settings, two_partitions.clone())
+        .await
+        .unwrap();
     assert!(reports[0].verdict.is_ok(), "{reports:?}");
 }

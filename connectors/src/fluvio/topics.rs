@@ -30,17 +30,7 @@ impl FluvioLog {
         topics: Vec<TopicSpec>,
     ) -> Result<FluvioLog, LogError> {
         let deadline = Instant::now() + settings.connect_timeout;
-        let client = tokio::time::timeout(settings.connect_timeout, open_client(&settings))
-            .await
-            .map_err(|_| {
-                broken(format!(
-                    "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
-                    settings.endpoint,
-                    settings.connect_timeout,
-                    tls_hint(&settings)
-                ))
-            })?
-            .map_err(broken)?;
+        let client = open_within(&settings).await?;
         let admin = client.admin().await;
         let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
         let existing = admin
@@ -157,6 +147,22 @@ fn retention_secs(retention: Duration) -> u32 {
 /// keeps its records for less time than `[log] retention` is refused (a
 /// consumer down for longer than the topic keeps records would find them
 /// gone); one that keeps them longer, or other segments, is only noted.
+/// A client of the cluster, or an error naming the endpoint once
+/// `connect_timeout` passed without an answer.
+async fn open_within(settings: &FluvioSettings) -> Result<fluvio::Fluvio, LogError> {
+    tokio::time::timeout(settings.connect_timeout, open_client(settings))
+        .await
+        .map_err(|_| {
+            broken(format!(
+                "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
+                settings.endpoint,
+                settings.connect_timeout,
+                tls_hint(settings)
+            ))
+        })?
+        .map_err(broken)
+}
+
 /// What [`FluvioLog::inspect`] found of one topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicReport {
@@ -177,17 +183,7 @@ impl FluvioLog {
         settings: FluvioSettings,
         topics: Vec<TopicSpec>,
     ) -> Result<Vec<TopicReport>, LogError> {
-        let client = tokio::time::timeout(settings.connect_timeout, open_client(&settings))
-            .await
-            .map_err(|_| {
-                broken(format!(
-                    "no Fluvio cluster answered at {} within {:?}: check [log] endpoint and that the cluster runs{}",
-                    settings.endpoint,
-                    settings.connect_timeout,
-                    tls_hint(&settings)
-                ))
-            })?
-            .map_err(broken)?;
+        let client = open_within(&settings).await?;
         let admin = client.admin().await;
         let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
         let existing = admin
