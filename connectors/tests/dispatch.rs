@@ -58,24 +58,11 @@ impl Harness {
         let endpoint = EndpointId([9; 16]);
         let directory = Arc::new(SubscriptionCache::default());
         let config = EndpointConfig {
-            id: endpoint,
-            tenant_id: TenantId::new("acme").unwrap(),
-            url: receiver.url(path),
-            event_types: vec![],
-            enabled: true,
-            config_version: 1,
-            rate_limit_per_sec: None,
-            max_in_flight: None,
             secrets: std::sync::Arc::from([walhook_pipeline::signing::VersionedSecret {
                 version: 1,
                 secret,
             }]),
-            retry: Default::default(),
-            verification: None,
-            ordering: Default::default(),
-            created_at: Timestamp(0),
-            quarantine: None,
-            history: vec![],
+            ..EndpointConfig::for_tests(endpoint, "acme", receiver.url(path))
         };
         directory.replace(Directory::new(1, vec![config.clone()]));
         let clock = ManualClock::new(Timestamp::now());

@@ -123,6 +123,17 @@ pub struct ObjectOrder {
     pub key: crate::event::EventKey,
 }
 
+impl ObjectOrder {
+    /// The object `event` is about and its place in commit order, when the
+    /// event names an object.
+    pub fn of(event: &crate::event::Event) -> Option<Self> {
+        event.object_id.as_deref().map(|object| ObjectOrder {
+            object_id: object.into(),
+            key: event.key,
+        })
+    }
+}
+
 /// A manual attempt's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replay {
@@ -161,6 +172,38 @@ pub struct FirstWrite {
 }
 
 impl DeliveryJob {
+    /// The job fan-out hands dispatch for `delivery`, planned for `event`:
+    /// no attempt yet, no row yet, the plan's first lease, due at once;
+    /// `order` is [`ObjectOrder::of`] the event (made once per event, shared
+    /// by its deliveries).
+    pub fn planned(
+        event: &crate::event::Event,
+        delivery: &NewDelivery,
+        order: Option<ObjectOrder>,
+    ) -> Self {
+        DeliveryJob {
+            delivery_id: delivery.id,
+            event_id: event.id,
+            endpoint_id: delivery.endpoint_id,
+            tenant_id: delivery.tenant_id.clone(),
+            event_type: delivery.event_type.clone(),
+            payload: event.payload.clone(),
+            attempt_count: 0,
+            manual_attempt_count: 0,
+            after_unknown: false,
+            materialized: false,
+            created_at: delivery.created_at,
+            next_attempt_at: delivery.created_at,
+            expires_at: delivery.expires_at,
+            lease_version: 1,
+            endpoint_config_version: delivery.endpoint_config_version,
+            event_occurred_at: event.occurred_at,
+            schema_version: event.schema_version,
+            replay: None,
+            order,
+        }
+    }
+
     /// What writing this job's row for the first time needs, when it has
     /// none yet.
     pub fn first_write(&self) -> Option<Box<FirstWrite>> {

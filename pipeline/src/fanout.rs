@@ -404,16 +404,12 @@ where
         let mut deliveries = Vec::new();
         let mut jobs = Vec::new();
         for event in events {
-            let order = event.object_id.as_deref().map(|object| ObjectOrder {
-                object_id: object.into(),
-                key: event.key,
-            });
+            let order = ObjectOrder::of(event);
             for (endpoint, config_version) in
                 directory.subscribers(&event.tenant_id, &event.event_type, event.occurred_at)
             {
-                let id = DeliveryId::derive(event.id, endpoint.id);
-                deliveries.push(NewDelivery {
-                    id,
+                let delivery = NewDelivery {
+                    id: DeliveryId::derive(event.id, endpoint.id),
                     event_id: event.id,
                     endpoint_id: endpoint.id,
                     tenant_id: event.tenant_id.clone(),
@@ -424,28 +420,9 @@ where
                     expires_at,
                     lease_owner: self.settings.lease_owner.clone(),
                     lease_expires_at,
-                });
-                jobs.push(DeliveryJob {
-                    delivery_id: id,
-                    event_id: event.id,
-                    endpoint_id: endpoint.id,
-                    tenant_id: event.tenant_id.clone(),
-                    event_type: event.event_type.clone(),
-                    payload: event.payload.clone(),
-                    attempt_count: 0,
-                    manual_attempt_count: 0,
-                    after_unknown: false,
-                    materialized: false,
-                    created_at: now,
-                    next_attempt_at: now,
-                    expires_at,
-                    lease_version: 1,
-                    endpoint_config_version: config_version,
-                    event_occurred_at: event.occurred_at,
-                    schema_version: event.schema_version,
-                    replay: None,
-                    order: order.clone(),
-                });
+                };
+                jobs.push(DeliveryJob::planned(event, &delivery, order.clone()));
+                deliveries.push(delivery);
             }
         }
         (deliveries, jobs)

@@ -8,8 +8,8 @@ use std::time::Duration;
 use uuid::Uuid;
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_pipeline::delivery::{
-    AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, LastError, NewDelivery, OutcomeKind,
-    Trigger,
+    AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, LastError, NewDelivery, ObjectOrder,
+    OutcomeKind, Trigger,
 };
 use walhook_pipeline::dispatch::outcome::ErrorClass;
 use walhook_pipeline::event::Event;
@@ -124,27 +124,7 @@ impl World {
 /// (first lease, no row yet).
 fn job_of(id: DeliveryId, event: &Event, deliveries: &[NewDelivery]) -> DeliveryJob {
     let d = deliveries.iter().find(|d| d.id == id).unwrap();
-    DeliveryJob {
-        delivery_id: d.id,
-        event_id: d.event_id,
-        endpoint_id: d.endpoint_id,
-        tenant_id: d.tenant_id.clone(),
-        event_type: d.event_type.clone(),
-        payload: event.payload.clone(),
-        attempt_count: 0,
-        manual_attempt_count: 0,
-        after_unknown: false,
-        materialized: false,
-        created_at: d.created_at,
-        next_attempt_at: d.created_at,
-        expires_at: d.expires_at,
-        lease_version: 1,
-        endpoint_config_version: d.endpoint_config_version,
-        event_occurred_at: d.event_occurred_at,
-        schema_version: event.schema_version,
-        replay: None,
-        order: None,
-    }
+    DeliveryJob::planned(event, d, ObjectOrder::of(event))
 }
 
 /// The record of `job`'s next automatic attempt, succeeded.

@@ -395,20 +395,24 @@ mod tests {
         assert!(validate_local_key("a/.b").is_ok());
     }
 
+    /// The keys `list(prefix)` gives.
+    async fn keys(store: &LocalDirStore, prefix: &str) -> Vec<String> {
+        store
+            .list(prefix)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect()
+    }
+
     #[tokio::test]
     async fn leftover_temporary_files_are_not_listed() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirStore::open(dir.path().join("objects")).unwrap();
         store.put("t/a", Bytes::from_static(b"x")).await.unwrap();
         std::fs::write(store.root().join("t/.a.tmp-1234"), b"half").unwrap();
-        let keys: Vec<_> = store
-            .list("")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| o.key)
-            .collect();
-        assert_eq!(keys, ["t/a"]);
+        assert_eq!(keys(&store, "").await, ["t/a"]);
     }
 
     #[tokio::test]
@@ -428,14 +432,7 @@ mod tests {
             .unwrap()
             .set_modified(old)
             .unwrap();
-        let keys: Vec<_> = store
-            .list("t/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| o.key)
-            .collect();
-        assert_eq!(keys, ["t/a"]);
+        assert_eq!(keys(&store, "t/").await, ["t/a"]);
         assert!(!stale.exists(), "the stale temporary file is still there");
         assert!(fresh.exists(), "a put in flight lost its temporary file");
         assert_eq!(store.get("t/a").await.unwrap().as_deref(), Some(&b"x"[..]));

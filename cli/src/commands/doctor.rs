@@ -52,21 +52,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn finding(check: &str, verdict: Verdict, detail: String, fix: Option<&str>) -> Finding {
-    Finding {
-        check: check.to_owned(),
-        verdict,
-        detail,
-        fix: fix.map(str::to_owned),
-    }
-}
-
 /// The platform database, the master key and the clock.
 async fn check_platform(cfg: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     let keyring = match cfg.secrets.keyring() {
         Ok(k) => {
-            out.push(finding(
+            out.push(Finding::new(
                 "secrets.master_key",
                 Verdict::Ok,
                 format!("master key {} is readable", k.current_id()),
@@ -75,7 +66,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
             Some(k)
         }
         Err(e) => {
-            out.push(finding(
+            out.push(Finding::new(
                 "secrets.master_key",
                 Verdict::Fail,
                 format!("{e:#}"),
@@ -94,7 +85,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
     let (client, platform) = match connected.await {
         Ok(c) => c,
         Err(e) => {
-            out.push(finding(
+            out.push(Finding::new(
                 "platform.connect",
                 Verdict::Fail,
                 format!("{e:#}"),
@@ -103,7 +94,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
             return out;
         }
     };
-    out.push(finding(
+    out.push(Finding::new(
         "platform.connect",
         Verdict::Ok,
         "the platform database answers".into(),
@@ -111,7 +102,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
     ));
     match walhook_sql::migrate::status(&client).await {
         Ok(s) if s.pending.is_empty() && s.changed.is_empty() && s.unknown.is_empty() => {
-            out.push(finding(
+            out.push(Finding::new(
                 "platform.schema",
                 Verdict::Ok,
                 format!(
@@ -121,7 +112,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                 None,
             ));
         }
-        Ok(s) => out.push(finding(
+        Ok(s) => out.push(Finding::new(
             "platform.schema",
             Verdict::Fail,
             format!(
@@ -132,7 +123,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
             ),
             Some("`walhook migrate --config FILE --check` says which and what they lock; `walhook migrate --config FILE` applies them"),
         )),
-        Err(e) => out.push(finding(
+        Err(e) => out.push(Finding::new(
             "platform.schema",
             Verdict::Fail,
             e.to_string(),
@@ -157,7 +148,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                     .map(|(id, n)| format!("{id} ({n} rows)"))
                     .collect();
                 out.push(if missing.is_empty() {
-                    finding(
+                    Finding::new(
                         "secrets.sealed",
                         Verdict::Ok,
                         format!(
@@ -167,7 +158,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                         None,
                     )
                 } else {
-                    finding(
+                    Finding::new(
                         "secrets.sealed",
                         Verdict::Fail,
                         format!("secrets sealed under keys not configured: {}", missing.join(", ")),
@@ -175,7 +166,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                     )
                 });
             }
-            Err(e) => out.push(finding(
+            Err(e) => out.push(Finding::new(
                 "secrets.sealed",
                 Verdict::Warn,
                 format!("could not count sealed secrets: {e}"),
@@ -194,7 +185,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
             let ours = walhook_pipeline::time::Timestamp::now().0 as f64 / 1e6;
             let skew = ours - theirs;
             out.push(if skew.abs() > 1.0 {
-                finding(
+                Finding::new(
                     "clock",
                     Verdict::Warn,
                     format!("this host's clock is {skew:+.1} s off the platform database's"),
@@ -203,7 +194,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                     ),
                 )
             } else {
-                finding(
+                Finding::new(
                     "clock",
                     Verdict::Ok,
                     format!(
@@ -214,7 +205,7 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
                 )
             });
         }
-        Err(e) => out.push(finding(
+        Err(e) => out.push(Finding::new(
             "clock",
             Verdict::Warn,
             format!("could not read the database's clock: {e}"),
@@ -242,18 +233,18 @@ async fn check_reachable(cfg: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     if let Some(proxy) = &cfg.egress.proxy {
         out.push(match proxy.parsed() {
-            Err(e) => finding("egress.proxy", Verdict::Fail, e, Some("correct [egress].proxy")),
+            Err(e) => Finding::new("egress.proxy", Verdict::Fail, e, Some("correct [egress].proxy")),
             Ok(url) => {
                 let host = url.host_str().unwrap_or_default().to_owned();
                 let port = url.port_or_known_default().unwrap_or(80);
                 match reachable(&host, port).await {
-                    Ok(()) => finding(
+                    Ok(()) => Finding::new(
                         "egress.proxy",
                         Verdict::Ok,
                         format!("the egress proxy {host}:{port} accepts connections"),
                         None,
                     ),
-                    Err(e) => finding(
+                    Err(e) => Finding::new(
                         "egress.proxy",
                         Verdict::Fail,
                         format!("the egress proxy {host}:{port} does not accept connections: {e}"),
@@ -269,14 +260,14 @@ async fn check_reachable(cfg: &Config) -> Vec<Finding> {
         match walhook_connectors::fluvio::FluvioLog::inspect(cfg.log.fluvio_settings(), topics)
             .await
         {
-            Err(e) => out.push(finding(
+            Err(e) => out.push(Finding::new(
                 "log.fluvio",
                 Verdict::Fail,
                 walhook_pipeline::supervise::error_chain(&e),
                 Some("start the cluster, or correct [log] (endpoint, TLS)"),
             )),
             Ok(reports) => {
-                out.push(finding(
+                out.push(Finding::new(
                     "log.fluvio",
                     Verdict::Ok,
                     format!("the Fluvio cluster at {endpoint} answers"),
@@ -285,8 +276,8 @@ async fn check_reachable(cfg: &Config) -> Vec<Finding> {
                 for r in reports {
                     let check = format!("log.topic.{}", r.name);
                     out.push(match r.verdict {
-                        Ok(detail) => finding(&check, Verdict::Ok, detail, None),
-                        Err(why) => finding(
+                        Ok(detail) => Finding::new(&check, Verdict::Ok, detail, None),
+                        Err(why) => Finding::new(
                             &check,
                             Verdict::Fail,
                             format!("topic {:?} {why}", r.name),
@@ -321,13 +312,13 @@ async fn check_archive(cfg: &Config) -> Finding {
         anyhow::Ok(store.describe())
     };
     match probe.await {
-        Ok(at) => finding(
+        Ok(at) => Finding::new(
             "archive.store",
             Verdict::Ok,
             format!("{at}: a probe object was written, read back and removed"),
             None,
         ),
-        Err(e) => finding(
+        Err(e) => Finding::new(
             "archive.store",
             Verdict::Fail,
             format!("{e:#}"),

@@ -35,12 +35,13 @@ pub struct Finding {
 }
 
 impl Finding {
-    fn new(check: &str, verdict: Verdict, detail: String, fix: Option<String>) -> Self {
+    /// A finding of `check`; `fix` says what to run or change.
+    pub fn new(check: &str, verdict: Verdict, detail: String, fix: Option<&str>) -> Self {
         Finding {
             check: check.to_owned(),
             verdict,
             detail,
-            fix,
+            fix: fix.map(str::to_owned),
         }
     }
 
@@ -49,7 +50,7 @@ impl Finding {
     }
 
     fn fail(check: &str, detail: String, fix: String) -> Self {
-        Finding::new(check, Verdict::Fail, detail, Some(fix))
+        Finding::new(check, Verdict::Fail, detail, Some(&fix))
     }
 }
 
@@ -216,7 +217,7 @@ async fn checks(
                     "source.slot",
                     Verdict::Warn,
                     format!("{detail}; max_slot_wal_keep_size is unlimited, so a stopped capture lets WAL fill the disk"),
-                    Some("ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; (a bound you can afford); then SELECT pg_reload_conf();".into()),
+                    Some("ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; (a bound you can afford); then SELECT pg_reload_conf();"),
                 )
             } else {
                 Finding::ok(

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::egress::{EgressResult, Outbound};
 use super::outcome::{AttemptOutcome, ErrorClass};
 use super::{DispatchCounters, DispatchSettings, Dispatcher, egress::Egress};
-use crate::delivery::{AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, Trigger};
+use crate::delivery::{
+    AttemptNote, AttemptRecord, DeliveryJob, DeliveryStatus, ObjectOrder, Trigger,
+};
 use crate::endpoint::{Directory, EndpointConfig, SubscriptionCache};
 use crate::ids::DeliveryId;
 use crate::retry::RetryPolicy;
@@ -87,24 +89,15 @@ fn directory() -> Arc<SubscriptionCache> {
     let endpoints = ENDPOINTS
         .iter()
         .map(|id| EndpointConfig {
-            id: *id,
-            tenant_id: crate::ids::TenantId::new(crate::store::contract::TENANT).unwrap(),
-            url: format!("https://127.0.0.1/{}", id.0[0]),
-            event_types: vec![],
-            enabled: true,
-            config_version: 1,
-            rate_limit_per_sec: None,
-            max_in_flight: None,
             secrets: Arc::from([VersionedSecret {
                 version: 1,
                 secret: SigningSecret::generate(),
             }]),
-            retry: Default::default(),
-            verification: None,
-            ordering: Default::default(),
-            created_at: Timestamp(0),
-            quarantine: None,
-            history: vec![],
+            ..EndpointConfig::for_tests(
+                *id,
+                crate::store::contract::TENANT,
+                format!("https://127.0.0.1/{}", id.0[0]),
+            )
         })
         .collect();
     cache.replace(Directory::new(1, endpoints));
@@ -201,28 +194,7 @@ async fn planned(store: &MemoryStore) -> DeliveryJob {
         .materialize(std::slice::from_ref(&event), &deliveries[..1])
         .await
         .unwrap();
-    let d = &deliveries[0];
-    DeliveryJob {
-        delivery_id: d.id,
-        event_id: event.id,
-        endpoint_id: d.endpoint_id,
-        tenant_id: d.tenant_id.clone(),
-        event_type: d.event_type.clone(),
-        payload: event.payload.clone(),
-        attempt_count: 0,
-        manual_attempt_count: 0,
-        after_unknown: false,
-        materialized: false,
-        created_at: d.created_at,
-        next_attempt_at: d.created_at,
-        expires_at: d.expires_at,
-        lease_version: 1,
-        endpoint_config_version: 1,
-        event_occurred_at: event.occurred_at,
-        schema_version: 1,
-        replay: None,
-        order: None,
-    }
+    DeliveryJob::planned(&event, &deliveries[0], ObjectOrder::of(&event))
 }
 
 async fn recorded(store: &MemoryStore, n: usize) -> Vec<AttemptRecord> {

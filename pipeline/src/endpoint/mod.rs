@@ -132,6 +132,33 @@ impl SubscriptionVersion {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
+impl EndpointConfig {
+    /// An enabled endpoint of `tenant` at `url` that receives every type:
+    /// config version 1, no secret, no limit, the default retries and
+    /// order, made at the epoch. Tests set what they are about with struct
+    /// update syntax.
+    pub fn for_tests(id: EndpointId, tenant: &str, url: impl Into<String>) -> Self {
+        EndpointConfig {
+            id,
+            tenant_id: TenantId::new(tenant).expect("a valid tenant"),
+            url: url.into(),
+            event_types: vec![],
+            enabled: true,
+            config_version: 1,
+            rate_limit_per_sec: None,
+            max_in_flight: None,
+            secrets: Arc::from([]),
+            retry: RetryOverride::default(),
+            verification: None,
+            ordering: Default::default(),
+            created_at: crate::time::Timestamp(0),
+            quarantine: None,
+            history: vec![],
+        }
+    }
+}
+
 impl EndpointConfig {
     /// Whether the endpoint, as it is now, receives events of `event_type`.
     pub fn subscribes_to(&self, event_type: &EventType) -> bool {
@@ -371,21 +398,14 @@ mod tests {
 
     fn ep(id: u8, tenant: &str, types: &[&str], enabled: bool) -> EndpointConfig {
         EndpointConfig {
-            id: EndpointId([id; 16]),
-            tenant_id: TenantId::new(tenant).unwrap(),
-            url: format!("https://example.com/{id}"),
             event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
             enabled,
-            config_version: 1,
-            rate_limit_per_sec: None,
-            max_in_flight: None,
-            secrets: Arc::from([]),
-            retry: RetryOverride::default(),
-            verification: None,
-            ordering: Default::default(),
             created_at: crate::time::Timestamp(id as i64),
-            quarantine: None,
-            history: vec![],
+            ..EndpointConfig::for_tests(
+                EndpointId([id; 16]),
+                tenant,
+                format!("https://example.com/{id}"),
+            )
         }
     }
 

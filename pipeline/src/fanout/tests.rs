@@ -23,21 +23,14 @@ const NODE: &str = "node-1";
 
 fn endpoint(n: u8, tenant: &str, types: &[&str], enabled: bool) -> EndpointConfig {
     EndpointConfig {
-        id: EndpointId([n; 16]),
-        tenant_id: TenantId::new(tenant).unwrap(),
-        url: format!("https://127.0.0.1/{n}"),
         event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
         enabled,
         config_version: i32::from(n),
-        rate_limit_per_sec: None,
-        max_in_flight: None,
-        secrets: Arc::from([]),
-        retry: Default::default(),
-        verification: None,
-        ordering: Default::default(),
-        created_at: Timestamp(0),
-        quarantine: None,
-        history: vec![],
+        ..EndpointConfig::for_tests(
+            EndpointId([n; 16]),
+            tenant,
+            format!("https://127.0.0.1/{n}"),
+        )
     }
 }
 

@@ -5,27 +5,20 @@
 use std::time::Duration;
 
 use super::{
-    ContractError, ENDPOINTS, Fixture, TENANT, ago, attempt, batch, check, ids, later, manual,
-    reclaim, retry, sorted,
+    ContractError, ENDPOINTS, Fixture, TENANT, ago, attempt, batch, check, hand_back, held_by_a,
+    ids, later, manual, retry, sorted,
 };
 use crate::delivery::{DeliveryJob, DeliveryStatus, EndReason, NewDelivery};
 use crate::dispatch::breaker::CircuitState;
 use crate::ids::{EndpointId, TenantId};
 use crate::routing::{Scope, TOPIC_HELD, partition_of};
-use crate::store::{DispatchStore, EndpointHealth, FanoutStore, Release, Transition};
+use crate::store::{DispatchStore, EndpointHealth, FanoutStore, Transition};
 use crate::time::Timestamp;
 
 pub(super) async fn retries_are_held_handed_back_and_ended<F: Fixture>(
     f: &F,
 ) -> Result<(), ContractError> {
-    let store = f.fresh().await?;
-    store.node_started("a", Duration::from_secs(60)).await?;
-    store.node_started("b", Duration::from_secs(60)).await?;
-    let (event, deliveries) = batch(5_000, Some("a"), ago(Duration::from_secs(1)));
-    store
-        .materialize(std::slice::from_ref(&event), &deliveries)
-        .await?;
-    let jobs = reclaim(&store, "a").await?;
+    let (store, _, jobs) = held_by_a(f, 5_000, &["a", "b"]).await?;
     let soon = later(Duration::from_secs(1));
     let stale = store
         .record(&[
@@ -68,14 +61,7 @@ pub(super) async fn retries_are_held_handed_back_and_ended<F: Fixture>(
     })?;
 
     // Handed back, not before `soon`: claimed once due.
-    store
-        .release(&[Release {
-            first_write: None,
-            delivery_id: r.delivery_id,
-            lease_version: r.lease_version,
-            not_before: soon,
-        }])
-        .await?;
+    store.release(&[hand_back(r, soon)]).await?;
     let early = store.claim_due("b", 100, &[]).await?;
     check(early.is_empty(), || {
         format!("a delivery handed back is not due before its time: {early:?}")
@@ -97,12 +83,7 @@ pub(super) async fn retries_are_held_handed_back_and_ended<F: Fixture>(
     };
     store.transition(&[end(&due[0], r.lease_version)]).await?;
     store
-        .release(&[Release {
-            first_write: None,
-            delivery_id: due[0].delivery_id,
-            lease_version: due[0].lease_version,
-            not_before: Timestamp::now(),
-        }])
+        .release(&[hand_back(&due[0], Timestamp::now())])
         .await?;
     let back = store.claim_due("a", 100, &[]).await?;
     check(ids(&back) == vec![due[0].delivery_id], || {
@@ -119,14 +100,7 @@ pub(super) async fn retries_are_held_handed_back_and_ended<F: Fixture>(
         || "a planned delivery ended before an attempt gets its row".into(),
     )?;
     for d in [&back[0], &b[0]] {
-        store
-            .release(&[Release {
-                first_write: None,
-                delivery_id: d.delivery_id,
-                lease_version: d.lease_version,
-                not_before: Timestamp::now(),
-            }])
-            .await?;
+        store.release(&[hand_back(d, Timestamp::now())]).await?;
     }
     let left = store.claim_due("a", 100, &[]).await?;
     check(ids(&left) == vec![b[0].delivery_id], || {
@@ -161,15 +135,8 @@ pub(super) async fn nodes_report_a_clean_stop<F: Fixture>(f: &F) -> Result<(), C
 pub(super) async fn replays_are_claimed_once_and_closed<F: Fixture>(
     f: &F,
 ) -> Result<(), ContractError> {
-    let store = f.fresh().await?;
     let lease = Duration::from_secs(60);
-    store.node_started("a", lease).await?;
-    store.node_started("h", lease).await?;
-    let (event, deliveries) = batch(6_000, Some("a"), ago(Duration::from_secs(1)));
-    store
-        .materialize(std::slice::from_ref(&event), &deliveries)
-        .await?;
-    let jobs = reclaim(&store, "a").await?;
+    let (store, _, jobs) = held_by_a(f, 6_000, &["a", "h"]).await?;
     // 0 succeeded; 1 is held by a (live) for a retry.
     store
         .record(&[
@@ -228,14 +195,8 @@ pub(super) async fn replays_are_claimed_once_and_closed<F: Fixture>(
 pub(super) async fn a_replays_success_ends_the_schedule<F: Fixture>(
     f: &F,
 ) -> Result<(), ContractError> {
-    let store = f.fresh().await?;
     let lease = Duration::from_secs(60);
-    store.node_started("a", lease).await?;
-    let (event, deliveries) = batch(6_500, Some("a"), ago(Duration::from_secs(1)));
-    store
-        .materialize(std::slice::from_ref(&event), &deliveries)
-        .await?;
-    let jobs = reclaim(&store, "a").await?;
+    let (store, _, jobs) = held_by_a(f, 6_500, &["a"]).await?;
     // 0 handed back due now, 1 held by a for a retry.
     store
         .record(&[
@@ -278,16 +239,11 @@ pub(super) async fn a_replays_success_ends_the_schedule<F: Fixture>(
 pub(super) async fn cancellations_are_read_from_a_position<F: Fixture>(
     f: &F,
 ) -> Result<(), ContractError> {
-    let store = f.fresh().await?;
+    let (store, _, jobs) = held_by_a(f, 7_000, &[]).await?;
     let (start_list, start) = store.cancellations_after(None, 10).await?;
     check(start_list.is_empty(), || {
         "with no position, none and the current last position".into()
     })?;
-    let (event, deliveries) = batch(7_000, Some("a"), ago(Duration::from_secs(1)));
-    store
-        .materialize(std::slice::from_ref(&event), &deliveries)
-        .await?;
-    let jobs = reclaim(&store, "a").await?;
     let next = later(Duration::from_secs(3600));
     store
         .record(&[retry(&jobs[0], next, false), retry(&jobs[1], next, false)])

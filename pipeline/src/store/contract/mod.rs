@@ -253,6 +253,37 @@ fn ago(d: Duration) -> Timestamp {
     Timestamp(Timestamp::now().0 - d.as_micros() as i64)
 }
 
+/// A fresh store on which `nodes` started (with a minute's lease) and node
+/// `a` planned the event committed at `lsn` for every endpoint, then took
+/// its plans back as a restart does: the event, its deliveries and the
+/// jobs.
+async fn held_by_a<F: Fixture>(
+    f: &F,
+    lsn: u64,
+    nodes: &[&str],
+) -> Result<(F::Store, (Event, Vec<NewDelivery>), Vec<DeliveryJob>), ContractError> {
+    let store = f.fresh().await?;
+    for node in nodes {
+        store.node_started(node, Duration::from_secs(60)).await?;
+    }
+    let (event, deliveries) = batch(lsn, Some("a"), ago(Duration::from_secs(1)));
+    store
+        .materialize(std::slice::from_ref(&event), &deliveries)
+        .await?;
+    let jobs = reclaim(&store, "a").await?;
+    Ok((store, (event, deliveries), jobs))
+}
+
+/// `job` handed back, due no earlier than `not_before`.
+fn hand_back(job: &DeliveryJob, not_before: Timestamp) -> super::Release {
+    super::Release {
+        first_write: None,
+        delivery_id: job.delivery_id,
+        lease_version: job.lease_version,
+        not_before,
+    }
+}
+
 /// This run's plans of `node` (the whole first page).
 async fn reclaim<S: DispatchStore>(store: &S, node: &str) -> Result<Vec<DeliveryJob>, StoreError> {
     Ok(store

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    ContractError, Fixture, ago, attempt, batch, check, ids, later, reclaim, retry, sorted,
+    ContractError, Fixture, ago, attempt, batch, check, held_by_a, ids, later, reclaim, retry,
+    sorted,
 };
 use crate::delivery::{DeliveryJob, DeliveryStatus};
 use crate::store::{DispatchStore, FanoutStore};
@@ -55,12 +56,7 @@ pub(super) async fn fanout_is_idempotent<F: Fixture>(f: &F) -> Result<(), Contra
 pub(super) async fn first_attempts_write_rows_and_finish_plans<F: Fixture>(
     f: &F,
 ) -> Result<(), ContractError> {
-    let store = f.fresh().await?;
-    let (event, deliveries) = batch(2_000, Some("a"), ago(Duration::from_secs(1)));
-    store
-        .materialize(std::slice::from_ref(&event), &deliveries)
-        .await?;
-    let jobs = reclaim(&store, "a").await?;
+    let (store, (event, deliveries), jobs) = held_by_a(f, 2_000, &[]).await?;
     check(jobs.len() == 3, || {
         format!("a restart takes back its three planned deliveries: {jobs:?}")
     })?;

@@ -174,7 +174,7 @@ impl Tables {
                 request_id,
                 number: row.attempt_count + row.manual_attempt_count,
             }),
-            order: event.and_then(order_of),
+            order: event.and_then(ObjectOrder::of),
         }
     }
 
@@ -212,7 +212,7 @@ impl Tables {
                 event_occurred_at: event.occurred_at,
                 schema_version: event.schema_version.max(1),
                 replay: None,
-                order: order_of(event),
+                order: ObjectOrder::of(event),
             })
             .collect()
     }
@@ -366,11 +366,4 @@ pub(super) struct FirstState {
     pub(super) lease: i64,
     pub(super) http: Option<u16>,
     pub(super) error: Option<LastError>,
-}
-
-pub(super) fn order_of(event: &Event) -> Option<ObjectOrder> {
-    event.object_id.as_ref().map(|object| ObjectOrder {
-        object_id: object.as_str().into(),
-        key: event.key,
-    })
 }
