@@ -5,4 +5,5 @@ mod capture;
 mod dispatch;
 mod fluvio;
 mod ledger;
+mod source_contract;
 mod tls;

@@ -10,8 +10,11 @@
 //! Each transaction part also carries what every rule did with its changes;
 //! [`ledger::sink::LedgerSink`] records that in the capture [`ledger`] once
 //! the part's events are durable, exactly once per part.
+//!
+//! Where the transactions come from is the [`source::ChangeSource`] port.
 
 pub mod ledger;
+pub mod source;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,6 +26,9 @@ use crate::time::Timestamp;
 
 pub use ledger::sink::LedgerSink;
 pub use ledger::{CaptureLedgerStore, RuleTally};
+pub use source::{
+    CaptureObserver, ChangeSource, LogObserver, RunOptions, RunStats, SourceError, SourceErrorKind,
+};
 
 /// Something capture saw that did not become an event, kept so that nothing
 /// is dropped silently: counted, logged, stored and shown by reconciliation.

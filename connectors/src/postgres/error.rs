@@ -1,5 +1,6 @@
 //! Capture's errors, each transient (retry) or definite (the operator acts).
 
+use walhook_pipeline::capture::{SourceError, SourceErrorKind};
 use walhook_pipeline::store::ErrorKind;
 
 use super::config::RuleError;
@@ -84,6 +85,22 @@ impl CaptureError {
     /// from the SQLSTATE of a server error (see
     /// [`ErrorKind::of_sqlstate`]), or from the kind of a connection error.
     pub fn is_transient(&self) -> bool {
+        self.kind() == SourceErrorKind::Transient
+    }
+}
+
+impl SourceError for CaptureError {
+    fn kind(&self) -> SourceErrorKind {
+        if self.transient() {
+            SourceErrorKind::Transient
+        } else {
+            SourceErrorKind::Definite
+        }
+    }
+}
+
+impl CaptureError {
+    fn transient(&self) -> bool {
         match self {
             CaptureError::Query { source, .. } => {
                 // A certificate that does not verify stays so until the

@@ -38,4 +38,8 @@ pub mod value;
 
 pub use config::{RuleConfig, SourceConfig};
 pub use error::CaptureError;
-pub use source::{CaptureObserver, PostgresSource, RunOptions, RunStats, rule_event_types};
+pub use source::{PostgresSource, rule_event_types};
+// The capture port's types, where callers of the Postgres source looked for them.
+pub use walhook_pipeline::capture::{
+    CaptureObserver, ChangeSource, LogObserver, RunOptions, RunStats,
+};

@@ -21,7 +21,9 @@ use std::time::Duration;
 use pgwire_replication::ReplicationClient;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use walhook_pipeline::capture::{CapturedTransaction, Incident, TransactionSink};
+use walhook_pipeline::capture::{
+    CaptureObserver, ChangeSource, RunOptions, RunStats, TransactionSink,
+};
 use walhook_pipeline::failpoint;
 use walhook_pipeline::ids::Lsn;
 use walhook_pipeline::log::Receipt;
@@ -39,49 +41,6 @@ pub const HEARTBEAT_PREFIX: &str = "walhook.heartbeat";
 /// Session settings that fix the text form of values (see `value.rs`).
 const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=iso_8601 \
                                -c extra_float_digits=3 -c bytea_output=hex";
-
-/// Observes capture for checkpoints, incidents and metrics. Called on the
-/// capture task: implementations must not block.
-pub trait CaptureObserver: Send + Sync {
-    /// The slot now confirms `lsn`.
-    fn confirmed(&self, _lsn: Lsn) {}
-    /// A transaction was read (before hand-off).
-    fn transaction(&self, _tx: &CapturedTransaction) {}
-    /// Something did not become an event.
-    fn incident(&self, _incident: &Incident) {}
-    /// The slot's lag, read periodically.
-    fn slot_lag(&self, _lag_bytes: i64) {}
-}
-
-/// An observer that only logs.
-#[derive(Debug, Default)]
-pub struct LogObserver;
-
-impl CaptureObserver for LogObserver {}
-
-/// How a capture run behaves.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Confirm durable positions to the slot (off for dry runs).
-    pub confirm: bool,
-    /// Stop once everything committed before the run started was read.
-    pub stop_when_caught_up: bool,
-}
-
-/// Counters of one run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunStats {
-    /// Transactions read.
-    pub transactions: u64,
-    /// Row changes read.
-    pub changes: u64,
-    /// Events handed off.
-    pub events: u64,
-    /// Incidents recorded.
-    pub incidents: u64,
-    /// The last confirmed position.
-    pub confirmed: Lsn,
-}
 
 /// A validated source, ready to run.
 pub struct PostgresSource {
@@ -345,20 +304,30 @@ impl PostgresSource {
                     }
                 }
             };
-            if tokio::time::timeout(Duration::from_secs(10), drain)
+            let all_durable = if tokio::time::timeout(Duration::from_secs(10), drain)
                 .await
                 .is_err()
             {
                 tracing::warn!(
                     "in-flight transactions were not durable within 10 s; they will be read again"
                 );
-            }
-            let _ = acker.await;
+                acker.abort();
+                true
+            } else {
+                // False when a receipt failed: the run ends with an error
+                // even though it reached its end.
+                acker.await.unwrap_or(false)
+            };
             let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
             // The worker does not report a last position when it stops (nor
             // after a stop LSN), so move the slot to what is durable now.
             if options.confirm {
                 advance_slot(&sql, &self.cfg.slot, stats.confirmed).await?;
+            }
+            if !all_durable {
+                return Err(CaptureError::Sink(
+                    walhook_pipeline::capture::SinkError::Closed,
+                ));
             }
         } else {
             acker.abort();
@@ -390,6 +359,24 @@ impl PostgresSource {
             }
         }
         CaptureError::Stream(e)
+    }
+}
+
+impl ChangeSource for PostgresSource {
+    type Error = CaptureError;
+
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    fn run<S: TransactionSink + 'static>(
+        &self,
+        sink: S,
+        observer: Arc<dyn CaptureObserver>,
+        options: RunOptions,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = Result<RunStats, CaptureError>> + Send {
+        PostgresSource::run(self, sink, observer, options, shutdown)
     }
 }
 
@@ -434,16 +421,17 @@ async fn emit_heartbeat(sql: &tokio_postgres::Client) -> Result<(), CaptureError
     Ok(())
 }
 
-/// Awaits receipts in order and publishes the confirmed position.
+/// Awaits receipts in order and publishes the confirmed position; false
+/// once a receipt failed (it then stops).
 async fn acker(
     mut rx: mpsc::Receiver<(Lsn, Receipt)>,
     confirmed: watch::Sender<Lsn>,
     observer: Arc<dyn CaptureObserver>,
-) {
+) -> bool {
     while let Some((lsn, receipt)) = rx.recv().await {
         if let Err(e) = receipt.await {
             tracing::error!(error = %e, %lsn, "events were not made durable; capture stops and will read them again");
-            return;
+            return false;
         }
         if lsn > *confirmed.borrow() {
             // Durable downstream, not yet confirmed to the server: a crash
@@ -454,6 +442,7 @@ async fn acker(
             observer.confirmed(lsn);
         }
     }
+    true
 }
 
 /// The event types `rules` produce or declare (`event_type`, `event_types`),

@@ -24,8 +24,9 @@ use walhook_pipeline::time::Timestamp;
 use super::error::CaptureError;
 use super::pgoutput::{self, Message};
 use super::rules::{Change, CompiledRule, Outcome, TableInfo, TxContext, compile};
-use super::source::{CaptureObserver, HEARTBEAT_PREFIX, PostgresSource};
+use super::source::{HEARTBEAT_PREFIX, PostgresSource};
 use super::types::TypeMap;
+use walhook_pipeline::capture::CaptureObserver;
 
 /// Events handed off per chunk of a large transaction.
 const CHUNK_EVENTS: usize = 4096;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
-use walhook_connectors::postgres::source::LogObserver;
+use walhook_connectors::postgres::LogObserver;
 use walhook_connectors::postgres::{PostgresSource, RuleConfig, RunOptions, SourceConfig};
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_pipeline::capture::{CapturedTransaction, SinkError, TransactionSink};
