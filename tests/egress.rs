@@ -7,6 +7,9 @@
 //! makes (`WALHOOK_PYTHON`); without them these tests fail and say how to
 //! install them.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! platform database, one cluster here) killed with SIGKILL while walhook
 //! streams and producers write, then started again.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;

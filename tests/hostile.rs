@@ -1,6 +1,9 @@
 //! Hostile receivers and producers, and a broken endpoint: none of them
 //! stops or blinds the platform for anyone else, and each leaves a trace.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use serde_json::json;

@@ -1,6 +1,9 @@
 //! The whole path on the embedded default: business writes become verified
 //! webhooks.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 

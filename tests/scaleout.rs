@@ -3,6 +3,9 @@
 //! and around a broker crash. Skipped, saying why, where no cluster can be
 //! had (`scripts/test.sh` makes that a failure on machines with the tools).
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 

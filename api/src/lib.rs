@@ -44,6 +44,9 @@
 //! `walhook run` start it in-process; [`serve_metrics`] serves `/metrics`
 //! alone on a listener of its own (`[api].metrics_listen`).
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod auth;
 pub mod cache;
 pub mod client;
@@ -290,6 +293,7 @@ pub enum ServeError {
 
 /// Serves the API on `listener` until `shutdown`, then finishes the
 /// requests in progress. Also purges old idempotency records hourly.
+#[allow(clippy::disallowed_methods)] // bare spawn: the purge task ends with the server, which awaits it
 pub async fn serve(
     listener: TcpListener,
     state: ApiState,

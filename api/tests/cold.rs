@@ -5,6 +5,9 @@
 //! is read; a tenant over its archive reads at once gets a 429 naming the
 //! limit, and another tenant does not.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,6 +4,9 @@
 //! endpoint-labelled series are served only with a token on the public
 //! listener, or without one on the loopback metrics listener.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::BTreeSet;
 use std::time::Instant;
 

@@ -4,6 +4,9 @@
 //! (Request timeouts and the concurrency limit are unit-tested in
 //! `limits.rs` with handlers that hold.)
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

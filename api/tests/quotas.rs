@@ -1,6 +1,9 @@
 //! Per-tenant quotas: clear 429 problem documents naming the limit, and a
 //! refused request changes nothing.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use reqwest::Method;
 use serde_json::json;
 use walhook_api::ApiLimits;

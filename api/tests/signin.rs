@@ -6,6 +6,9 @@
 //! `__Host-` and HSTS follows `[api].public_url`. Clients use distinct
 //! loopback addresses (127.0.0.x) to be distinct clients.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::net::IpAddr;
 
 use reqwest::StatusCode;

@@ -3,6 +3,9 @@
 //! one is taken), and an authenticated body that does not arrive within
 //! `[api].body_read_timeout` is answered 408.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

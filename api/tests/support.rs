@@ -1,6 +1,8 @@
 //! A running API on a throwaway Postgres, and HTTP helpers.
 
 #![allow(dead_code)]
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
 

@@ -45,6 +45,9 @@
 //! The archive is generic over the object-store port
 //! ([`walhook_pipeline::objstore::ObjectStore`]).
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod archiver;
 pub mod catalog;
 pub mod cold;

@@ -49,6 +49,7 @@ pub enum Round {
 /// each day's outcome and hands the round to `seen`. A failed round is
 /// logged and the next one runs; the hot rows stay until a round
 /// succeeds.
+#[allow(clippy::disallowed_methods)] // bare spawn: each round in a task of its own so that a panic is logged; the schedule awaits it
 pub async fn run_every<S, O, F>(
     every: Duration,
     settings: Settings,

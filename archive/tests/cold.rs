@@ -4,6 +4,9 @@
 //! reads one day's objects; a tenant's reads at once are capped; the cache
 //! of manifests and footers stays within its bound.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! partition, the archive empties it day by day and drops it once empty,
 //! and from then on every day has a partition of its own.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -6,6 +6,9 @@
 //! the default build, the lab's commands (`walhook-lab`: bench, chaos,
 //! demo), which a production build leaves out.
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod commands;
 pub mod config;
 pub mod metrics;

@@ -7,6 +7,9 @@
 //!   Fluvio cluster, so that the stages run as separate processes.
 //! - [`http`]: the egress that sends signed attempts.
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 #[cfg(feature = "fluvio")]
 pub mod fluvio;
 pub mod http;

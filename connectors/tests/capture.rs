@@ -1,5 +1,8 @@
 //! Capture against a real Postgres with `wal_level = logical`.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

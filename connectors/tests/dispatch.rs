@@ -4,6 +4,9 @@
 //! in-memory twin of the platform store (`walhook_pipeline::store::memory`,
 //! held to the same contract as the Postgres store), on the same clock.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -17,6 +17,10 @@
 //!   answer as a test tells them to, and verify Standard Webhooks signatures
 //!   with code of their own (not the code that signed).
 
+// Throwaway clusters and lab tools: their tasks live as long as the test
+// or the command that made them.
+#![allow(clippy::disallowed_methods)]
+
 pub mod browser;
 pub mod faultproxy;
 pub mod fluvio;

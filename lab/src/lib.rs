@@ -6,6 +6,10 @@
 //! `lab` feature, and `cargo build --release --no-default-features -p
 //! walhook` builds walhook without it (docs/architecture.md).
 
+// Throwaway clusters and lab tools: their tasks live as long as the test
+// or the command that made them.
+#![allow(clippy::disallowed_methods)]
+
 pub mod bench;
 pub mod chaos;
 pub mod demo;

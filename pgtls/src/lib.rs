@@ -27,6 +27,9 @@
 //! replication stream gives the same [`TlsOptions`] to pgwire-replication
 //! (which cannot bind SCRAM to TLS: see [`ConnectOptions::channel_binding`]).
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod binding;
 pub mod connector;
 pub mod error;

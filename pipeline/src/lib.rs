@@ -31,6 +31,9 @@
 //! This crate has no network dependencies; connectors, the platform store and
 //! the binary depend on it, never the other way.
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod canonical;
 pub mod capture;
 pub mod delivery;

@@ -98,6 +98,7 @@ impl Supervisor {
     /// Spawns `fut` as task `name`. Its end is watched: an error fails the
     /// group; returning `Ok` or panicking fails it too unless the group is
     /// stopping. The handle resolves when the task and its watch are done.
+    #[allow(clippy::disallowed_methods)] // bare spawn: the supervisor itself
     pub fn spawn<F, E>(&self, name: impl Into<String>, fut: F) -> JoinHandle<()>
     where
         F: Future<Output = Result<(), E>> + Send + 'static,

@@ -29,6 +29,9 @@
 //! - [`report`] and [`html`]: the results; [`tenant_view`]: what one
 //!   tenant may read of a report over every tenant.
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod archived;
 pub mod cold;
 pub mod coverage;

@@ -334,3 +334,15 @@ impl CaptureLedgerStore for Platform {
         Ok(self.record_ledger(source, parts).await?)
     }
 }
+
+impl walhook_pipeline::runtime::CheckpointStore for Platform {
+    async fn save_checkpoint(
+        &self,
+        source: &str,
+        slot: &str,
+        lsn: Lsn,
+        lag_bytes: Option<i64>,
+    ) -> Result<(), walhook_pipeline::store::StoreError> {
+        Ok(Platform::save_checkpoint(self, source, slot, lsn, lag_bytes).await?)
+    }
+}

@@ -17,6 +17,9 @@
 //! - [`secrets`]: endpoint signing secrets sealed at rest (AES-256-GCM)
 //!   under the [`Keyring`] given to [`Platform::with_keyring`].
 
+// Tests spawn freely; production code spawns through the supervisor.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod audit;
 pub mod cancel;
 pub mod capture;

@@ -2,6 +2,9 @@
 //! partition, the fence, lapsed leases; and members run by
 //! `hold_partitions` sharing the partitions as they join, leave and die.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! headers, a header with a control byte, a response cut off mid-body.
 //! Loopback only.
 
+// Test code spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -48,6 +48,7 @@ pub fn platform(cfg: &Config) -> anyhow::Result<Platform> {
 /// serves until `shutdown`, in a task, on `platform` (the API's own pool:
 /// [`platform`]). Both addresses are bound before anything is served, so a
 /// busy port is a start error naming its setting.
+#[allow(clippy::disallowed_methods)] // bare spawn: the API server's task is awaited by the command that starts it
 pub async fn spawn(
     cfg: &Config,
     platform: Platform,

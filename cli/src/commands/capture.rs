@@ -76,6 +76,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             capture: true,
             workers: None,
             dispatch: None,
+            tasks: Vec::new(),
         };
         let platform = cfg.platform()?.platform()?;
         return super::run_stages(

@@ -3,15 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
-use tokio_util::sync::CancellationToken;
-use walhook_connectors::http::HttpEgress;
-use walhook_pipeline::dispatch::Dispatcher;
-use walhook_pipeline::endpoint::RefreshSettings;
 
 use crate::config::Config;
+use crate::pipeline::DispatchRole;
 
 /// Arguments of `walhook dispatch`.
 #[derive(Debug, clap::Args)]
@@ -53,100 +49,52 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     cfg.warn_unauthenticated_databases(false);
-    if let Some(routes) = cfg.log.routes()? {
-        return run_member(&cfg, &args, routes).await;
-    }
-    let mut settings = crate::pipeline::dispatch_settings(&cfg);
-    if let Some(id) = args.node_id {
-        settings.node_id = super::fanout::check_node_id(&id)?;
-    }
-    let keyring = cfg
-        .secrets
-        .keyring()
-        .context("walhook dispatch needs the master key that seals endpoint secrets")?;
-    let platform = Arc::new(cfg.platform()?.platform()?.with_keyring(keyring));
-    platform.check().await.context(
-        "the platform database is not ready: check that Postgres runs at [platform].url and that `walhook migrate` was run",
-    )?;
-    let directory = crate::pipeline::load_directory(&platform).await?;
-    let shutdown = super::shutdown_on_signals();
-    let refresh_stop = CancellationToken::new();
-    let refresher = {
-        let (directory, platform, stop) =
-            (directory.clone(), (*platform).clone(), refresh_stop.clone());
-        tokio::spawn(async move {
-            directory
-                .refresh(platform, RefreshSettings::default(), stop)
-                .await
-        })
-    };
-    let node = settings.node_id.clone();
-    let counters = Arc::new(crate::pipeline::Counters::default());
-    let metrics = super::stage_metrics(args.metrics_listen.as_deref(), &shutdown).await?;
-    let mut dispatcher = Dispatcher::new(
-        Arc::new(HttpEgress::new(cfg.egress.clone())?),
-        platform,
-        directory.clone(),
-        settings,
-        counters.dispatch.clone(),
-    );
-    if let Some(m) = &metrics {
-        dispatcher = dispatcher.with_observer(Arc::new(
-            walhook_pipeline::metrics::MetricsObserver::new(m.pipeline.clone()),
-        ));
-        m.register_collector(Box::new(crate::metrics::PipelineCollector::new(
-            counters, directory,
-        )));
-    }
-    // No log feeds this node: everything it sends it claims from Postgres.
-    // The sender stays open, or the dispatcher would take its close for
-    // the end of its work.
-    let (_jobs, jobs_rx) = tokio::sync::mpsc::channel(1);
-    tracing::info!(node = %node, "dispatcher node running");
-    let result = dispatcher.run(jobs_rx, shutdown).await;
-    refresh_stop.cancel();
-    let _ = refresher.await;
-    result.context("dispatch stopped")?;
-    tracing::info!(node = %node, "dispatcher node stopped");
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `[log] dispatch = "by-endpoint"`: joins the dispatch group of the
-/// deliveries topic and runs a dispatcher for each partition it holds.
-async fn run_member(
-    cfg: &Config,
-    args: &Args,
-    routes: Arc<walhook_pipeline::routing::Routes>,
-) -> anyhow::Result<ExitCode> {
     let keyring = cfg
         .secrets
         .keyring()
         .context("walhook dispatch needs the master key that seals endpoint secrets")?;
     let platform = cfg.platform()?.platform()?.with_keyring(keyring);
-    let leased = crate::pipeline::join_group(
-        cfg,
-        &platform,
-        &cfg.log.deliveries_topic(),
-        walhook_pipeline::routing::DISPATCH_GROUP,
-        cfg.log.deliveries_partitions,
-    )
-    .await?;
-    let node_id = match &args.node_id {
-        Some(id) => super::fanout::check_node_id(id)?,
-        None => format!("{}-dispatch-{}", cfg.dispatch.node_id, leased.member.slot),
+    let node_id = args
+        .node_id
+        .as_deref()
+        .map(super::fanout::check_node_id)
+        .transpose()?;
+    let role = match cfg.log.routes()? {
+        // `[log] dispatch = "by-endpoint"`: a member of the dispatch group
+        // of the deliveries topic, a dispatcher for each partition it holds.
+        Some(routes) => {
+            let leased = crate::pipeline::join_group(
+                &cfg,
+                &platform,
+                &cfg.log.deliveries_topic(),
+                walhook_pipeline::routing::DISPATCH_GROUP,
+                cfg.log.deliveries_partitions,
+            )
+            .await?;
+            let node_id = node_id.unwrap_or_else(|| {
+                format!("{}-dispatch-{}", cfg.dispatch.node_id, leased.member.slot)
+            });
+            tracing::info!(node = %node_id, slot = leased.member.slot, "dispatch member starting");
+            DispatchRole::Member {
+                leased,
+                node_id,
+                routes,
+            }
+        }
+        None => {
+            let node_id = node_id.unwrap_or_else(|| cfg.dispatch.node_id.clone());
+            tracing::info!(node = %node_id, "dispatcher node starting");
+            DispatchRole::Node { node_id }
+        }
     };
-    tracing::info!(node = %node_id, slot = leased.member.slot, "dispatch member starting");
     let roles = crate::pipeline::Roles {
         capture: false,
         workers: None,
-        dispatch: Some(crate::pipeline::DispatchRole {
-            leased,
-            node_id,
-            routes,
-        }),
+        dispatch: Some(role),
+        tasks: Vec::new(),
     };
     super::run_stages(
-        cfg,
+        &cfg,
         platform,
         roles,
         args.metrics_listen.as_deref(),

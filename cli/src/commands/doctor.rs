@@ -53,6 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The platform database, the master key and the clock.
+#[allow(clippy::disallowed_methods)] // bare spawn: a connection's driver
 async fn check_platform(cfg: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     let keyring = match cfg.secrets.keyring() {

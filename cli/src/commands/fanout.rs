@@ -151,6 +151,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             route,
         }),
         dispatch: None,
+        tasks: Vec::new(),
     };
     super::run_stages(
         &cfg,

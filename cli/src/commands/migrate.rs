@@ -29,6 +29,7 @@ pub struct Args {
 }
 
 /// Applies pending migrations and reports what it did, or checks.
+#[allow(clippy::disallowed_methods)] // bare spawn: a connection's driver
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(&args.config)?;
     let options = cfg.platform()?.connect_options()?;

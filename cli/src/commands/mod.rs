@@ -62,6 +62,7 @@ pub async fn run_stages(
     Ok(std::process::ExitCode::SUCCESS)
 }
 /// A token cancelled by SIGINT or SIGTERM.
+#[allow(clippy::disallowed_methods)] // bare spawn: the signal listener lives as long as the process
 pub fn shutdown_on_signals() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();

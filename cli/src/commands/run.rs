@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use walhook_api::Metrics;
+use walhook_pipeline::runtime::Task;
 
 use crate::config::Config;
 use crate::metrics::PipelineCollector;
@@ -45,11 +46,25 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let platform = p.platform()?.with_keyring(keyring);
     let shutdown = super::shutdown_on_signals();
     let metrics = cfg.api.as_ref().map(|_| Arc::new(Metrics::new()));
+    let mut tasks = Vec::new();
+    if !cfg.archive.every.is_zero() {
+        let (archive, platform) = (cfg.archive.clone(), platform.clone());
+        tasks.push(Task::new("the archive schedule", move |stop| {
+            scheduled_archive(archive, platform, stop)
+        }));
+    }
+    if !cfg.reconcile.every.is_zero() {
+        let (cfg, platform) = (cfg.clone(), platform.clone());
+        tasks.push(Task::new("the reconcile schedule", move |stop| {
+            scheduled_reconcile(cfg, platform, stop)
+        }));
+    }
     let running = crate::pipeline::start_observed(
         &cfg,
         platform.clone(),
         shutdown.clone(),
         metrics.as_ref().map(|m| m.pipeline.clone()),
+        tasks,
     )
     .await
     .context("walhook could not start")?;
@@ -81,28 +96,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let archive = (!cfg.archive.every.is_zero()).then(|| {
-        tokio::spawn(scheduled_archive(
-            cfg.archive.clone(),
-            platform.clone(),
-            shutdown.clone(),
-        ))
-    });
-    let reconcile = (!cfg.reconcile.every.is_zero()).then(|| {
-        tokio::spawn(scheduled_reconcile(
-            cfg.clone(),
-            platform.clone(),
-            shutdown.clone(),
-        ))
-    });
     tracing::info!(source = %cfg.source.name, slot = %cfg.source.slot, "walhook is running");
     let result = running.wait().await;
-    if let Some(archive) = archive {
-        archive.abort();
-    }
-    if let Some(reconcile) = reconcile {
-        reconcile.abort();
-    }
     // A stage that failed for good stops the process, API included.
     shutdown.cancel();
     if let Some(api) = api {
@@ -114,7 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// `[archive] every`: archives due days a minute after start, then at that
-/// interval, until shutdown (`walhook_archive::schedule`). A failed round
+/// interval, until the process stops (`walhook_archive::schedule`). A failed round
 /// is logged and retried at the next one; the hot rows stay until a round
 /// succeeds (see `walhook_archive::archiver`).
 async fn scheduled_archive(
@@ -143,6 +138,7 @@ async fn scheduled_archive(
 /// that interval, until shutdown. Each run is stored (GET
 /// /v1/reconciliations, the `walhook_reconcile_*` metrics); gaps are logged
 /// as errors; `repair = true` repairs what it can.
+#[allow(clippy::disallowed_methods)] // bare spawn: each round in a task of its own so that a panic is logged; the schedule awaits it
 async fn scheduled_reconcile(
     cfg: Config,
     platform: walhook_sql::Platform,

@@ -82,6 +82,7 @@ use walhook_pipeline::log::{Log, LogError, Message};
 mod committer;
 mod connection;
 mod consumer;
+mod control;
 mod producer;
 mod reader;
 mod tls;
@@ -196,6 +197,7 @@ impl Log for FluvioLog {
         })
     }
 
+    #[allow(clippy::disallowed_methods)] // bare spawn: the reader and committer end with their consumer, which owns them
     async fn consumer<M: Message>(
         &self,
         topic: &str,

@@ -33,6 +33,7 @@ pub const STREAM_CLIENT: &str =
     "capture's replication stream (pgwire-replication 0.5 logs in with SCRAM-SHA-256 only)";
 
 /// Connects a plain SQL session to the captured database.
+#[allow(clippy::disallowed_methods)] // bare spawn: a connection's driver
 pub async fn connect_sql(options: &ConnectOptions) -> Result<tokio_postgres::Client, CaptureError> {
     let connector = options.connector()?;
     let (client, conn) = options

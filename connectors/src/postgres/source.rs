@@ -179,6 +179,7 @@ impl PostgresSource {
 
     /// Streams until `shutdown`, a definite error, or (with
     /// `stop_when_caught_up`) the position current at the start.
+    #[allow(clippy::disallowed_methods)] // bare spawn: the acker's end is awaited (or it is aborted) by the run
     pub async fn run<S: TransactionSink>(
         &self,
         mut sink: S,

@@ -142,7 +142,7 @@ impl Deployment {
             let _ = c.wait();
         }
         shutdown.cancel();
-        self.running.wait().await
+        Ok(self.running.wait().await?)
     }
 }
 
@@ -205,6 +205,7 @@ async fn start(args: &Args) -> anyhow::Result<(World, CancellationToken, Deploym
             capture: true,
             workers: None,
             dispatch: None,
+            tasks: Vec::new(),
         };
         let running = walhook_cli::pipeline::start_roles(
             &cfg,

@@ -176,6 +176,7 @@ impl World {
             self.platform.clone(),
             shutdown.clone(),
             Some(metrics.pipeline.clone()),
+            Vec::new(),
         )
         .await?;
         metrics.register_collector(Box::new(walhook_cli::metrics::PipelineCollector::new(

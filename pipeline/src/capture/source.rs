@@ -115,3 +115,23 @@ pub trait ChangeSource: Send + Sync + 'static {
         shutdown: CancellationToken,
     ) -> impl Future<Output = Result<RunStats, Self::Error>> + Send;
 }
+
+/// A shared source reads as the source it shares (a test keeps a handle on
+/// the twin the process runs).
+impl<C: ChangeSource> ChangeSource for Arc<C> {
+    type Error = C::Error;
+
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn run<S: TransactionSink + 'static>(
+        &self,
+        sink: S,
+        observer: Arc<dyn CaptureObserver>,
+        options: RunOptions,
+        shutdown: CancellationToken,
+    ) -> impl Future<Output = Result<RunStats, Self::Error>> + Send {
+        (**self).run(sink, observer, options, shutdown)
+    }
+}

@@ -19,6 +19,16 @@ pub struct Outbound {
     pub body: Bytes,
 }
 
+impl Outbound {
+    /// The value of header `name` (lower case), if set.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// What the egress saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressResult {

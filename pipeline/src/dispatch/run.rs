@@ -26,6 +26,7 @@ use crate::store::DispatchStore;
 impl<E: Egress, S: DispatchStore> Dispatcher<E, S> {
     /// Runs until `shutdown`: stops taking work, waits for attempts in
     /// flight (up to the drain timeout) and records their results.
+    #[allow(clippy::disallowed_methods)] // bare spawn: the recorder, sweeper and verifier are awaited by the dispatcher's run
     pub async fn run(
         self,
         mut jobs: mpsc::Receiver<DeliveryJob>,

@@ -65,12 +65,7 @@ impl Scripted {
 
 impl Egress for Scripted {
     async fn send(&self, request: Outbound) -> EgressResult {
-        let id = request
-            .headers
-            .iter()
-            .find(|(name, _)| *name == "webhook-id")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default();
+        let id = request.header("webhook-id").unwrap_or_default().to_owned();
         self.seen.lock().push(id);
         match self.answer {
             Answer::Hang => std::future::pending().await,

@@ -392,6 +392,25 @@ pub trait EndpointSource: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
+/// A shared source reads as the source it shares (the directory's
+/// refresher holds the process's store this way).
+impl<T: EndpointSource> EndpointSource for Arc<T> {
+    fn config_epoch(&self) -> impl Future<Output = Result<i64, StoreError>> + Send {
+        (**self).config_epoch()
+    }
+
+    fn load_endpoints(&self) -> impl Future<Output = Result<Loaded, StoreError>> + Send {
+        (**self).load_endpoints()
+    }
+
+    fn quarantine_sync(
+        &self,
+        quarantined: &[Arc<EndpointConfig>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).quarantine_sync(quarantined)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

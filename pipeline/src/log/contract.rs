@@ -6,6 +6,9 @@
 //! suite in its unit tests; the Fluvio adapter runs it against a cluster when
 //! one is configured.
 
+// Contract code is test code: it spawns freely.
+#![allow(clippy::disallowed_methods)]
+
 use std::future::Future;
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! An in-memory [`CaptureLedgerStore`]: the model the Postgres one is held
-//! to by the [contract](super::contract), and the store of unit tests.
+//! to by the [contract](super::contract), and the store of unit tests. It
+//! keeps capture's incidents and checkpoints too, so that capture can run
+//! on it alone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,6 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::{CaptureLedgerStore, LedgerPart, LedgerSnapshot, fold};
+use crate::capture::{CaptureIncidentStore, Incident};
+use crate::ids::Lsn;
+use crate::runtime::CheckpointStore;
 use crate::store::StoreError;
 
 /// Keeps the ledger in memory. [`MemoryLedgerStore::fail_next`] makes
@@ -16,6 +21,8 @@ pub struct MemoryLedgerStore {
     sources: Mutex<HashMap<String, LedgerSnapshot>>,
     failures: Mutex<u32>,
     writes: AtomicUsize,
+    incidents: Mutex<Vec<Incident>>,
+    checkpoints: Mutex<HashMap<String, Lsn>>,
 }
 
 impl MemoryLedgerStore {
@@ -34,9 +41,48 @@ impl MemoryLedgerStore {
         self.writes.load(Ordering::Relaxed)
     }
 
+    /// The capture incidents stored, in order.
+    pub fn incidents(&self) -> Vec<Incident> {
+        self.incidents.lock().clone()
+    }
+
+    /// The last checkpoint saved for `source`.
+    pub fn checkpoint(&self, source: &str) -> Option<Lsn> {
+        self.checkpoints.lock().get(source).copied()
+    }
+
     /// What is recorded for `source`.
     pub fn snapshot(&self, source: &str) -> LedgerSnapshot {
         self.sources.lock().get(source).cloned().unwrap_or_default()
+    }
+}
+
+impl CaptureIncidentStore for MemoryLedgerStore {
+    async fn record_capture_incidents(
+        &self,
+        _source: &str,
+        incidents: &[Incident],
+    ) -> Result<(), StoreError> {
+        let mut stored = self.incidents.lock();
+        for incident in incidents {
+            if !stored.contains(incident) {
+                stored.push(incident.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointStore for MemoryLedgerStore {
+    async fn save_checkpoint(
+        &self,
+        source: &str,
+        _slot: &str,
+        lsn: Lsn,
+        _lag_bytes: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.checkpoints.lock().insert(source.to_owned(), lsn);
+        Ok(())
     }
 }
 

@@ -120,6 +120,7 @@ impl<S> LedgerSink<S> {
 
     /// [`LedgerSink::new`], retrying transient store failures as `backoff`
     /// says.
+    #[allow(clippy::disallowed_methods)] // bare spawn: the ledger writer ends when its sink is dropped, after its queue is done
     pub fn with_backoff<L: CaptureLedgerStore>(inner: S, store: Arc<L>, backoff: Backoff) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE_PARTS);
         tokio::spawn(write_ledger(rx, store, backoff));

@@ -30,6 +30,7 @@ use crate::capture::{CapturedTransaction, SinkError, TransactionSink};
 use crate::event::Event;
 use crate::ids::Lsn;
 use crate::log::{LogError, Receipt};
+use crate::supervise::error_chain;
 
 /// Makes the sources the contract is checked on.
 pub trait SourceFixture: Sync {
@@ -183,18 +184,7 @@ async fn caught_up<C: ChangeSource>(
 ) -> Result<RunStats, Broken> {
     catch_up(source, sink, confirm)
         .await?
-        .map_err(|e| Broken(format!("{what}: the run failed: {}", chain(&e))))
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
+        .map_err(|e| Broken(format!("{what}: the run failed: {}", error_chain(&e))))
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -292,7 +282,10 @@ async fn fails_transiently_and_repeats<F: SourceFixture>(
     match catch_up(&source, &failing, true).await? {
         Ok(_) => return Err(Broken(format!("{what}: the run ended without an error"))),
         Err(e) => check(e.kind() == SourceErrorKind::Transient, || {
-            format!("{what}: the run's failure is transient: {}", chain(&e))
+            format!(
+                "{what}: the run's failure is transient: {}",
+                error_chain(&e)
+            )
         })?,
     }
     let retry = Collect::new(Answer::Durable);
@@ -353,7 +346,7 @@ async fn a_live_run_streams_and_stops_on_shutdown<F: SourceFixture>(f: &F) -> Re
     let stats = ran.map_err(|e| {
         Broken(format!(
             "a live run stopped by shutdown ends cleanly: {}",
-            chain(&e)
+            error_chain(&e)
         ))
     })?;
     let end = sink.with_events().last().map_or(Lsn::ZERO, |t| t.end_lsn);
@@ -403,7 +396,7 @@ async fn one_run_at_a_time<F: SourceFixture>(f: &F) -> Result<(), Broken> {
                 "a second run of a source that another run reads fails".into(),
             )),
             Err(e) => check(e.kind() == SourceErrorKind::Transient, || {
-                format!("a second run's failure is transient: {}", chain(&e))
+                format!("a second run's failure is transient: {}", error_chain(&e))
             }),
         }
     };
@@ -414,7 +407,7 @@ async fn one_run_at_a_time<F: SourceFixture>(f: &F) -> Result<(), Broken> {
     first.map(|_| ()).map_err(|e| {
         Broken(format!(
             "the first run ends cleanly on shutdown: {}",
-            chain(&e)
+            error_chain(&e)
         ))
     })
 }

@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{FanoutStore, StoreError};
+use crate::capture::ledger::memory::MemoryLedgerStore;
 use crate::delivery::{AttemptRecord, DeliveryJob, DeliveryStatus, LastError, NewDelivery};
 use crate::dispatch::clock::Clock;
 use crate::event::{Event, EventKey, EventType};
@@ -29,6 +30,7 @@ use crate::time::Timestamp;
 
 mod dispatch;
 mod endpoints;
+mod platform;
 mod tables;
 
 pub use endpoints::MemoryEndpoints;
@@ -80,6 +82,10 @@ pub struct DeliveryRow {
 pub struct MemoryStore {
     tables: Mutex<Tables>,
     clock: Clock,
+    /// Capture's side: incidents, the ledger, checkpoints.
+    capture: MemoryLedgerStore,
+    /// The endpoints the directory loads.
+    endpoints: MemoryEndpoints,
 }
 
 impl MemoryStore {
@@ -91,8 +97,8 @@ impl MemoryStore {
     /// An empty store whose "now" is `clock`.
     pub fn with_clock(clock: Clock) -> Self {
         MemoryStore {
-            tables: Mutex::default(),
             clock,
+            ..MemoryStore::default()
         }
     }
 

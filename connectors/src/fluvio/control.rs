@@ -1,50 +1,28 @@
-//! The log as the runtime sees it: closed after a failure so that nothing
-//! waits for receipts that will never come, and, for a Fluvio cluster,
-//! watched (reachability, consumer lag) so that a cluster gone for longer
-//! than `[log] give_up_after` stops the process with an error naming it.
+//! The runtime's control of a Fluvio log: nothing to close after a failure
+//! (receipts resolve when the cluster stored the records; nothing waits for
+//! a consumer), and a watch of the cluster that publishes its reachability
+//! and every consumer group's lag, and fails once the cluster has been gone
+//! for longer than `[log] give_up_after`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
-use walhook_connectors::fluvio::{FluvioLog, Reachability};
-use walhook_pipeline::log::embedded::EmbeddedLog;
 use walhook_pipeline::metrics::{LogLagLabels, PipelineMetrics};
+use walhook_pipeline::runtime::LogControl;
 use walhook_pipeline::supervise::Stopped;
 
-/// A log the runtime can close after a failure, so that nothing waits on
-/// receipts that will never come, and whose cluster it may watch.
-pub(super) trait Closable {
-    fn close_after_failure(&self);
+use super::{FluvioLog, Reachability};
 
-    /// A task that watches the log's cluster until `stop`, failing once the
-    /// cluster has not answered for longer than the configured limit;
-    /// `None` for a log inside the process.
-    fn watch(
-        &self,
-        _metrics: Option<Arc<PipelineMetrics>>,
-        _stop: CancellationToken,
-    ) -> Option<futures::future::BoxFuture<'static, Result<(), Stopped>>> {
-        None
-    }
-}
-
-impl Closable for EmbeddedLog {
-    fn close_after_failure(&self) {
-        self.close();
-    }
-}
-
-impl Closable for FluvioLog {
-    // Receipts resolve when the cluster stored the records; nothing here
-    // waits for a consumer.
+impl LogControl for FluvioLog {
     fn close_after_failure(&self) {}
 
     fn watch(
         &self,
         metrics: Option<Arc<PipelineMetrics>>,
         stop: CancellationToken,
-    ) -> Option<futures::future::BoxFuture<'static, Result<(), Stopped>>> {
+    ) -> Option<BoxFuture<'static, Result<(), Stopped>>> {
         Some(Box::pin(watch_cluster(self.clone(), metrics, stop)))
     }
 }

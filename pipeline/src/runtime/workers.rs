@@ -1,4 +1,5 @@
-//! The runtime that wires fan-out and dispatch, shared by every deployment.
+//! Fan-out and its dispatcher: a group of workers on a share of the
+//! events partitions.
 //!
 //! ```text
 //!  events log (embedded or Fluvio) ──▶ fan-out ×P ──▶ deliveries (in-process) ──▶ forwarders ──▶ dispatcher
