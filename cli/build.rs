@@ -30,6 +30,7 @@ fn main() {
         "pgtls",
         "devkit",
         "cli",
+        "config",
         "lab",
         "bin",
         "api",

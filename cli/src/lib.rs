@@ -1,7 +1,7 @@
 //! The production commands of `walhook`: a thin composition root.
 //!
-//! It loads the config, wires the stages from the library crates and runs
-//! them. Each subcommand is a module of [`commands`]; the binary (package
+//! It loads the config (`walhook-config`, re-exported as [`config`]),
+//! maps it onto the runtime of `walhook-pipeline` and runs it. Each subcommand is a module of [`commands`]; the binary (package
 //! `walhook`, in `bin/`) parses the command line into [`Command`] and, in
 //! the default build, the lab's commands (`walhook-lab`: bench, chaos,
 //! demo), which a production build leaves out.
@@ -10,10 +10,11 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod commands;
-pub mod config;
 pub mod metrics;
 pub mod pipeline;
 pub mod progress;
+
+pub use walhook_config as config;
 
 use std::process::ExitCode;
 

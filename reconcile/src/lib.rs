@@ -43,7 +43,9 @@ pub mod ledger;
 pub mod reconciler;
 pub mod repair;
 pub mod report;
+pub mod schedule;
 pub mod tenant_view;
+pub mod text;
 pub mod window;
 
 pub use reconciler::{Progress, Reconciler, Request, Settings};

@@ -43,7 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             serde_json::to_string_pretty(&serde_json::json!({ "ok": ok, "findings": findings }))?
         );
     } else {
-        print!("{}", render(&findings));
+        print!("{}", preflight::render(&findings));
     }
     Ok(if ok {
         ExitCode::SUCCESS
@@ -328,34 +328,4 @@ async fn check_archive(cfg: &Config) -> Finding {
             ),
         ),
     }
-}
-
-/// The findings as text: one line each, the fix under a failing or
-/// warning one, and a last line with the verdict.
-fn render(findings: &[Finding]) -> String {
-    let mut out = String::new();
-    for f in findings {
-        let mark = match f.verdict {
-            Verdict::Ok => "ok  ",
-            Verdict::Warn => "WARN",
-            Verdict::Fail => "FAIL",
-        };
-        out.push_str(&format!("{mark} {:<22} {}\n", f.check, f.detail));
-        if let (Some(fix), true) = (&f.fix, f.verdict != Verdict::Ok) {
-            out.push_str(&format!("     {:<22} fix: {fix}\n", ""));
-        }
-    }
-    let failed = findings
-        .iter()
-        .filter(|f| f.verdict == Verdict::Fail)
-        .count();
-    if failed == 0 {
-        out.push_str("everything walhook run needs holds\n");
-    } else {
-        out.push_str(&format!(
-            "{failed} check{} failed: apply the fixes above, then run walhook doctor again\n",
-            if failed == 1 { "" } else { "s" }
-        ));
-    }
-    out
 }

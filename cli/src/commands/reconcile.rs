@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use anyhow::Context;
-use walhook_reconcile::report::{Funnel, Report};
 use walhook_reconcile::{Progress, Reconciler, Request, Settings, Window};
 
 use crate::config::Config;
@@ -110,7 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let reconciler = Reconciler::new(platform.clone(), Some(store), settings);
     let report = reconciler.run(&request, &Bar(bar.clone())).await?;
     bar.finish_and_clear();
-    let summary = summary(&report);
+    let summary = walhook_reconcile::text::summary(&report);
     match (args.format.as_str(), &args.out) {
         ("text", None) => print!("{summary}"),
         (format, out) => {
@@ -132,7 +131,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let id = store_run(&platform, &request, &report, "command", started).await?;
+    let id =
+        walhook_reconcile::schedule::store_run(&platform, &request, &report, "command", started)
+            .await?;
     eprintln!("stored as reconciliation {id} (GET /v1/reconciliations/{id})");
     Ok(if report.clean {
         ExitCode::SUCCESS
@@ -144,166 +145,4 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn write_file(path: &Path, body: &str) -> anyhow::Result<()> {
     std::fs::write(path, body)
         .with_context(|| format!("--out {}: cannot write the report there", path.display()))
-}
-
-/// Stores a finished run of `request` (`command` or `scheduled`); returns
-/// its id.
-pub async fn store_run(
-    platform: &walhook_sql::Platform,
-    request: &Request,
-    report: &Report,
-    trigger: &str,
-    started: SystemTime,
-) -> anyhow::Result<i64> {
-    let id = platform
-        .save_reconciliation(&walhook_sql::reconcile::NewReconciliation {
-            trigger,
-            since: request.window.since,
-            until: request.window.until,
-            tenant_id: request.tenant.as_deref(),
-            repair: request.repair,
-            clean: report.clean,
-            open_gaps: report.open_gaps() as i64,
-            repaired: report.repaired_count() as i64,
-            gap_counts: serde_json::to_value(&report.gap_counts)?,
-            data_sha256: &report.data_sha256,
-            report: serde_json::to_value(report)?,
-            started_at: started,
-        })
-        .await
-        .context("could not store the reconciliation in the platform database")?;
-    Ok(id)
-}
-
-/// The report as a few lines for a terminal.
-pub fn summary(report: &Report) -> String {
-    use std::fmt::Write;
-    let p = &report.parameters;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "reconciliation of [{}, {}){} as of {}",
-        p.since,
-        p.until,
-        p.tenant
-            .as_ref()
-            .map(|t| format!(" for tenant {t:?}"))
-            .unwrap_or_default(),
-        p.as_of
-    );
-    for (name, value) in funnel_lines(&report.funnel) {
-        let _ = writeln!(s, "  {name:<28} {value:>12}");
-    }
-    for e in &report.explained {
-        let _ = writeln!(
-            s,
-            "  explained: {:<30} {:>10}{}",
-            serde_json::to_value(e.reason)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            e.count,
-            e.tenant
-                .as_ref()
-                .map(|t| format!("  (tenant {t})"))
-                .unwrap_or_default()
-        );
-    }
-    for a in report.archive.iter().filter(|a| !a.verified) {
-        let _ = writeln!(
-            s,
-            "  archive: {} {} g{} {}: {}",
-            a.table,
-            a.day,
-            a.generation,
-            a.state,
-            a.problem.as_deref().unwrap_or("not verified")
-        );
-    }
-    for (class, n) in &report.gap_counts {
-        let _ = writeln!(s, "  GAPS {:<28} {n:>10}", class.as_str());
-    }
-    for g in report.gaps.iter().take(20) {
-        let _ = writeln!(
-            s,
-            "    {}{}: {}",
-            g.id,
-            if g.repaired { " (repaired)" } else { "" },
-            g.detail
-        );
-    }
-    if report.gaps.len() > 20 || report.gaps_not_listed > 0 {
-        let _ = writeln!(
-            s,
-            "    … {} more (see --format json or html)",
-            report.gaps.len().saturating_sub(20) as u64 + report.gaps_not_listed
-        );
-    }
-    for r in &report.repairs {
-        let _ = writeln!(
-            s,
-            "  repaired {} {}: {}",
-            r.repaired,
-            r.class.as_str(),
-            r.action
-        );
-    }
-    let _ = writeln!(
-        s,
-        "{} (data sha256 {})",
-        if report.clean {
-            "CLEAN: every difference is explained".to_string()
-        } else {
-            format!("{} GAP(S) remain unexplained", report.open_gaps())
-        },
-        report.data_sha256
-    );
-    s
-}
-
-fn funnel_lines(f: &Funnel) -> Vec<(&'static str, u64)> {
-    let mut out = Vec::new();
-    if let Some(n) = f.captured_changes {
-        out.push(("captured changes", n));
-    }
-    if let Some(n) = f.captured_events {
-        out.push(("captured events", n));
-    }
-    out.extend([
-        ("events", f.events),
-        ("  of them archived", f.events_archived),
-        ("expected deliveries", f.expected_deliveries),
-        ("materialised deliveries", f.materialised_deliveries),
-        ("attempted deliveries", f.attempted_deliveries),
-        ("succeeded", f.succeeded),
-        ("failed", f.failed),
-        ("exhausted", f.exhausted),
-        ("cancelled", f.cancelled),
-        ("pending, due", f.pending_due),
-        ("pending, scheduled", f.pending_scheduled),
-        ("attempts counted", f.attempts_expected),
-        ("attempts (hot table)", f.attempts_hot),
-        ("deliveries archived", f.deliveries_archived),
-        ("attempts archived", f.attempts_archived),
-    ]);
-    out
-}
-
-/// Writes a scheduled run's reports into `dir` (`reconcile-<since>.json`
-/// and `.html`).
-pub fn write_reports(dir: &Path, report: &Report) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("[reconcile] report_dir {}: cannot create it", dir.display()))?;
-    let stem = format!(
-        "reconcile-{}",
-        report.parameters.since.replace([':', '-'], "")
-    );
-    write_file(
-        &dir.join(format!("{stem}.json")),
-        &(serde_json::to_string_pretty(report)? + "\n"),
-    )?;
-    write_file(
-        &dir.join(format!("{stem}.html")),
-        &walhook_reconcile::html::render(report),
-    )
 }

@@ -134,93 +134,27 @@ async fn scheduled_archive(
 }
 
 /// `[reconcile] every`: reconciles the rolling window `[reconcile] window`
-/// that ended `settle` ago, first after `every` (at most 15 minutes), then at
-/// that interval, until shutdown. Each run is stored (GET
+/// that ended `settle` ago at that interval until the process stops
+/// (`walhook_reconcile::schedule`). Each run is stored (GET
 /// /v1/reconciliations, the `walhook_reconcile_*` metrics); gaps are logged
 /// as errors; `repair = true` repairs what it can.
-#[allow(clippy::disallowed_methods)] // bare spawn: each round in a task of its own so that a panic is logged; the schedule awaits it
 async fn scheduled_reconcile(
     cfg: Config,
     platform: walhook_sql::Platform,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let rc = cfg.reconcile.clone();
-    let mut wait = rc.every.min(std::time::Duration::from_secs(15 * 60));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = rc.every;
-        let store = match cfg.archive.open_store().await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::error!(
-                    error = format!("{e:#}"),
-                    "cannot open the archive store; reconciling without reading archived days"
-                );
-                None
-            }
-        };
-        let window =
-            walhook_reconcile::Window::rolling(std::time::SystemTime::now(), rc.window, rc.settle);
-        let request = walhook_reconcile::Request {
-            window,
-            tenant: None,
-            repair: rc.repair,
-        };
-        let settings = rc.settings(&cfg.source, cfg.retry.deadline);
-        let reconciler = walhook_reconcile::Reconciler::new(platform.clone(), store, settings);
-        let report_dir = rc.report_dir.clone();
-        let round_platform = platform.clone();
-        // A run in a task of its own: a panic is logged and the next run
-        // still happens.
-        let round = tokio::spawn(async move {
-            let started = std::time::SystemTime::now();
-            let report = reconciler
-                .run(&request, &walhook_reconcile::reconciler::Silent)
-                .await?;
-            let id = super::reconcile::store_run(
-                &round_platform,
-                &request,
-                &report,
-                "scheduled",
-                started,
-            )
-            .await?;
-            if let Some(dir) = &report_dir {
-                super::reconcile::write_reports(dir, &report)?;
-            }
-            anyhow::Ok((id, report))
-        });
-        match round.await {
-            Ok(Ok((id, report))) if report.clean => {
-                tracing::info!(
-                    reconciliation = id,
-                    since = %report.parameters.since,
-                    until = %report.parameters.until,
-                    events = report.funnel.events,
-                    deliveries = report.funnel.materialised_deliveries,
-                    repaired = report.repaired_count(),
-                    "reconciled: clean"
-                )
-            }
-            Ok(Ok((id, report))) => tracing::error!(
-                reconciliation = id,
-                since = %report.parameters.since,
-                until = %report.parameters.until,
-                gaps = report.open_gaps(),
-                classes = %serde_json::to_string(&report.gap_counts).unwrap_or_default(),
-                "reconciliation found gaps; see GET /v1/reconciliations/{id}"
-            ),
-            Ok(Err(e)) => tracing::error!(
-                error = format!("{e:#}"),
-                "the reconciliation failed; trying again at the next run"
-            ),
-            Err(e) => tracing::error!(
-                error = %e,
-                "the reconciliation panicked; trying again at the next run"
-            ),
-        }
-    }
+    let rc = &cfg.reconcile;
+    let schedule = walhook_reconcile::schedule::Schedule {
+        every: rc.every,
+        window: rc.window,
+        settle: rc.settle,
+        repair: rc.repair,
+        report_dir: rc.report_dir.clone(),
+        settings: rc.settings(&cfg.source, cfg.retry.deadline),
+    };
+    let open = || {
+        let cfg = &cfg.archive;
+        async move { cfg.open_store().await.map_err(|e| format!("{e:#}")) }
+    };
+    walhook_reconcile::schedule::run_every(schedule, platform, open, shutdown.cancelled()).await;
 }

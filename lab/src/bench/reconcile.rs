@@ -287,7 +287,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     Ok(if report.clean {
         std::process::ExitCode::SUCCESS
     } else {
-        eprintln!("{}", walhook_cli::commands::reconcile::summary(&report));
+        eprintln!("{}", walhook_reconcile::text::summary(&report));
         std::process::ExitCode::from(walhook_cli::commands::reconcile::EXIT_GAPS)
     })
 }

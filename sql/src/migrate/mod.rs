@@ -6,6 +6,7 @@
 //! changed after it was applied is refused (ship a new migration instead).
 //! An advisory lock serialises concurrent migrators.
 
+pub mod check;
 pub mod locks;
 
 use sha2::{Digest, Sha256};

@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn the_example_config_is_valid() {
-    let example = include_str!("../../../walhook.example.toml");
+    let example = include_str!("../../walhook.example.toml");
     let cfg = Config::parse(example).unwrap();
     assert_eq!(cfg.fanout.linger, walhook_pipeline::fanout::DEFAULT_LINGER);
     // A linger that would hold every event of a quiet moment for long

@@ -297,7 +297,7 @@ impl ApiConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
 
     const BASE: &str = "[source]\nurl = \"postgres://u@127.0.0.1/s\"\n\n[[rules]]\nname = \"m\"\nkind = \"message\"\nprefix = \"app\"\n";
 
