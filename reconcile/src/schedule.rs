@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use walhook_pipeline::objstore::ObjectStore;
+use walhook_pipeline::supervise::error_chain;
 use walhook_sql::Platform;
 
 use crate::reconciler::Silent;
@@ -46,10 +47,19 @@ pub enum KeepError {
     /// The platform database refused it.
     #[error("could not store the reconciliation in the platform database")]
     Store(#[source] walhook_sql::StoreError),
+    /// The report directory could not be created.
+    #[error("[reconcile] report_dir {}: cannot create it", path.display())]
+    ReportDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A report file could not be written.
     #[error("{}: cannot write the report there", path.display())]
     Write {
-        /// The file or directory.
+        /// The file.
         path: PathBuf,
         /// Why.
         #[source]
@@ -91,7 +101,7 @@ pub fn write_reports(dir: &Path, report: &Report) -> Result<(), KeepError> {
     let write = |path: PathBuf, body: String| {
         std::fs::write(&path, body).map_err(|source| KeepError::Write { path, source })
     };
-    std::fs::create_dir_all(dir).map_err(|source| KeepError::Write {
+    std::fs::create_dir_all(dir).map_err(|source| KeepError::ReportDir {
         path: dir.to_owned(),
         source,
     })?;
@@ -153,12 +163,12 @@ pub async fn run_every<S, O, F>(
             let report = reconciler
                 .run(&request, &Silent)
                 .await
-                .map_err(|e| error_text(&e))?;
+                .map_err(|e| error_chain(&e))?;
             let id = store_run(&run_platform, &request, &report, "scheduled", started)
                 .await
-                .map_err(|e| error_text(&e))?;
+                .map_err(|e| error_chain(&e))?;
             if let Some(dir) = &report_dir {
-                write_reports(dir, &report).map_err(|e| error_text(&e))?;
+                write_reports(dir, &report).map_err(|e| error_chain(&e))?;
             }
             Ok::<_, String>((id, report))
         });
@@ -190,8 +200,4 @@ pub async fn run_every<S, O, F>(
             ),
         }
     }
-}
-
-fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
-    walhook_pipeline::supervise::error_chain(e)
 }

@@ -312,11 +312,11 @@ where
         let refresher = sends.then(|| {
             let (d, store, stop) = (directory.clone(), store.clone(), CancellationToken::new());
             let until = stop.clone();
-            let refresh = async move { d.refresh(store, RefreshSettings::default(), until).await };
-            let task = supervisor.spawn(
-                "the endpoint directory refresher",
-                run_until_stopped(stop.clone(), refresh),
-            );
+            // The refresh ends on its own token.
+            let task = supervisor.spawn("the endpoint directory refresher", async move {
+                d.refresh(store, RefreshSettings::default(), until).await;
+                Ok::<(), Stopped>(())
+            });
             (stop, task)
         });
         let counters = Arc::new(Counters {
@@ -538,7 +538,8 @@ where
 }
 
 /// `fut` as a supervised task that ends when it does or when `stop` is
-/// cancelled (then dropped at its next await).
+/// cancelled (then dropped at its next await): a [`Task`]'s future may
+/// ignore its token.
 async fn run_until_stopped(
     stop: CancellationToken,
     fut: impl std::future::Future<Output = ()>,
