@@ -16,6 +16,13 @@ export WALHOOK_S3S_FS="${WALHOOK_S3S_FS:-$HOME/.cache/walhook-tools/bin/s3s-fs}"
 # Headless Chromium and chromedriver (Debian's packages) for the browser test
 # of the reconciliation's HTML report. The test fails without them.
 scripts/ensure-chromium.sh
+# The previous release (the first row of RELEASES.md) for the rolling-upgrade
+# test, built once from git history into ~/.cache/walhook-releases (the
+# first time takes as long as a build of walhook). The test fails without it.
+if [ -z "${WALHOOK_PREVIOUS_RELEASE:-}" ]; then
+  WALHOOK_PREVIOUS_RELEASE="$(scripts/ensure-previous-release.sh)"
+  export WALHOOK_PREVIOUS_RELEASE
+fi
 # A Fluvio cluster for the scale-out tests: no registry serves the Fluvio
 # server, so the tests start one (one or three SPUs, plain or TLS) from the
 # programs built from Fluvio's source (bin/fluvio-run, bin/fluvio) in

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use walhook_devkit::receiver::Behaviour;
 
-use crate::support::{Child, World, python, run, stderr, stdout, walhook};
+use crate::support::{Child, PLATFORM_ROLE, World, python, run, stderr, stdout, walhook};
 
 const TODAY_PLUS: i64 = 5;
 
@@ -170,14 +170,17 @@ async fn three_days() -> (World, String) {
     child.terminate();
     for (tenant, back) in [("globex", 1), ("initech", 2)] {
         let shift = format!("interval '{back} days'");
+        // As walhook's role, which owns the day partitions it makes.
         w.platform_sql
             .batch_execute(&format!(
-                "SELECT walhook.ensure_day_partition(t, (now() AT TIME ZONE 'UTC')::date - {back}) \
+                "SET ROLE {PLATFORM_ROLE};
+                 SELECT walhook.ensure_day_partition(t, (now() AT TIME ZONE 'UTC')::date - {back}) \
                    FROM unnest(ARRAY['events', 'deliveries', 'attempts']) t;
                  UPDATE walhook.events SET occurred_at = occurred_at - {shift}, created_at = created_at - {shift} WHERE tenant_id = '{tenant}';
                  UPDATE walhook.deliveries SET event_occurred_at = event_occurred_at - {shift}, created_at = created_at - {shift}, \
                    updated_at = updated_at - {shift}, next_attempt_at = next_attempt_at - {shift}, expires_at = expires_at - {shift} WHERE tenant_id = '{tenant}';
-                 UPDATE walhook.attempts SET started_at = started_at - {shift}, finished_at = finished_at - {shift} WHERE tenant_id = '{tenant}';"
+                 UPDATE walhook.attempts SET started_at = started_at - {shift}, finished_at = finished_at - {shift} WHERE tenant_id = '{tenant}';
+                 RESET ROLE;"
             ))
             .await
             .unwrap();
@@ -233,7 +236,7 @@ async fn clone_platform(w: &mut World, name: &str) -> String {
         .await
         .unwrap();
     w.platform_sql = w.pg.connect("platform").await.unwrap();
-    w.pg.url(name)
+    w.platform_role_url(name)
 }
 
 fn config_for(w: &World, platform_url: &str, store: &Path) -> PathBuf {
@@ -269,7 +272,7 @@ async fn three_days_become_parquet_that_duckdb_and_pyarrow_read_back_exactly() {
     let clean_url = clone_platform(&mut w, "platform_clean").await;
     let crashed_store = w.dir.path().join("crashed");
     let clean_store = w.dir.path().join("clean");
-    let crashed_cfg = config_for(&w, &w.pg.url("platform"), &crashed_store);
+    let crashed_cfg = config_for(&w, &w.platform_role_url("platform"), &crashed_store);
     let clean_cfg = config_for(&w, &clean_url, &clean_store);
 
     // --dry-run writes nothing and lists the nine due days.
@@ -411,7 +414,7 @@ fn normalise(v: &serde_json::Value) -> serde_json::Value {
 async fn corrupt_missing_and_miscounted_objects_stop_the_drop() {
     let (w, later) = three_days().await;
     let store = w.dir.path().join("store");
-    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let cfg = config_for(&w, &w.platform_role_url("platform"), &store);
     let attempts_only = |env: &[(&str, &str)]| archive_tables(&cfg, &later, &["attempts"], env);
     // Written and recorded, not yet verified.
     let out = attempts_only(&[("WALHOOK_FAILPOINTS", "archive.before_verify=exit@1")]);
@@ -567,7 +570,7 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
     use crate::support::api::{Http, api_section, at, free_port, onboard};
     let (w, later) = three_days().await;
     let store = w.dir.path().join("store");
-    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let cfg = config_for(&w, &w.platform_role_url("platform"), &store);
     let out = archive(&cfg, &later, &[]);
     assert_all_archived(&w, &out).await;
     let sent = at(&w.receiver.received(), "globex");
@@ -796,7 +799,7 @@ async fn postgres_and_rust_put_every_tenant_in_the_same_bucket() {
 async fn late_rows_and_a_second_archiver_are_handled() {
     let (w, later) = three_days().await;
     let store = w.dir.path().join("store");
-    let cfg = config_for(&w, &w.pg.url("platform"), &store);
+    let cfg = config_for(&w, &w.platform_role_url("platform"), &store);
     let attempts_only = |env: &[(&str, &str)]| archive_tables(&cfg, &later, &["attempts"], env);
 
     // Another round holds the lock: this one refuses, changing nothing.

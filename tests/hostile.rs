@@ -143,6 +143,7 @@ async fn hostile_producers_become_incidents_and_capture_goes_on() {
         )
         .await
         .unwrap();
+    w.publish("outbox").await;
     w.endpoint("acme", "things", &["thing.happened"]).await;
     let cfg = w.config(HOSTILE_RULES);
     let log = w.dir.path().join("hostile-producers.log");

@@ -42,6 +42,11 @@ pub const VERSION: &str = concat!(
 /// The production subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Read the captured database's tables and write a commented
+    /// walhook.toml (a rule per table and operation, outboxes recognised)
+    /// and walhook-setup.sql (least-privilege roles, publication, replica
+    /// identity), to review and apply. Changes nothing in the database.
+    Init(commands::init::Args),
     /// Create or upgrade the platform schema `walhook` (idempotent).
     Migrate(commands::migrate::Args),
     /// Check every precondition of `walhook run` at once, changing nothing:
@@ -132,6 +137,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Doctor(args) => commands::doctor::run(args).await,
+        Command::Init(args) => commands::init::run(args).await,
         Command::Run(args) => commands::run::run(args).await,
         Command::Api(args) => commands::api::run(args).await,
         Command::Capture(args) => commands::capture::run(args).await,

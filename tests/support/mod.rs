@@ -99,6 +99,114 @@ object_id_column = "id"
 include = ["id", "email"]
 "#;
 
+/// The role walhook captures as (REPLICATION, SELECT on the shop tables).
+pub const SOURCE_ROLE: &str = "walhook_source";
+/// The role that owns the platform schema.
+pub const PLATFORM_ROLE: &str = "walhook_platform";
+
+/// Runs the least-privilege walhook-setup.sql that `walhook init` writes
+/// for the shop schema (the source part on the shop's cluster, the
+/// platform part on the platform's); returns the URLs of the captured and
+/// the platform database as the two roles.
+async fn least_privilege(pg: &LocalPostgres, ppg: &LocalPostgres, dir: &Path) -> (String, String) {
+    use walhook_connectors::postgres::init::{self, render};
+    let shop = pg.connect("shop").await.unwrap();
+    let shapes = init::introspect(&shop, &init::Selection::default())
+        .await
+        .unwrap();
+    let plan = init::plan(&shapes);
+    let source_url = format!("postgres://{SOURCE_ROLE}@127.0.0.1:{}/shop", pg.port());
+    let platform_url = format!(
+        "postgres://{PLATFORM_ROLE}@127.0.0.1:{}/platform",
+        ppg.port()
+    );
+    let targets = render::Targets {
+        source_url: source_url.clone(),
+        platform_url: platform_url.clone(),
+        source_database: "shop".into(),
+        platform_database: "platform".into(),
+        source_name: "main".into(),
+        slot: "walhook".into(),
+        publication: "walhook".into(),
+        source_role: SOURCE_ROLE.into(),
+        platform_role: PLATFORM_ROLE.into(),
+        master_key_file: "master.key".into(),
+    };
+    for (cluster, database, sql, name) in [
+        (
+            pg,
+            "shop",
+            render::source_setup_sql(&plan, &targets),
+            "setup-source.sql",
+        ),
+        (
+            ppg,
+            "postgres",
+            render::platform_setup_sql(&targets),
+            "setup-platform.sql",
+        ),
+    ] {
+        let file = dir.join(name);
+        std::fs::write(&file, sql).unwrap();
+        let out = psql_file(cluster, database, &file);
+        assert!(
+            out.status.success(),
+            "{name}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+    (source_url, platform_url)
+}
+
+/// Runs the SQL file `file` with psql on `database` as the superuser,
+/// stopping at the first error (as an administrator applies
+/// walhook-setup.sql).
+pub fn psql_file(pg: &LocalPostgres, database: &str, file: &Path) -> Output {
+    run(Command::new(pg.bin_dir().join("psql"))
+        .arg(pg.url(database))
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(file))
+}
+
+/// Creates `tenant` (if new) on `platform` and an endpoint of it at `url`
+/// for `types` (all when empty), with settings changed by `tweak`; returns
+/// its id and signing secret.
+pub async fn create_endpoint_on(
+    platform: &Platform,
+    tenant: &str,
+    url: &str,
+    types: &[&str],
+    tweak: impl FnOnce(&mut NewEndpoint),
+) -> (EndpointId, walhook_pipeline::signing::SigningSecret) {
+    let tenant_id = TenantId::new(tenant).unwrap();
+    platform.create_tenant(&tenant_id, tenant).await.unwrap();
+    let mut endpoint = NewEndpoint {
+        tenant_id,
+        url: url.to_owned(),
+        event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
+        description: String::new(),
+        rate_limit_per_sec: None,
+        max_in_flight: None,
+        enabled: true,
+        retry: Default::default(),
+        ordering: Default::default(),
+        verify: false,
+    };
+    tweak(&mut endpoint);
+    platform.create_endpoint(&endpoint, "test").await.unwrap()
+}
+
+/// A plain connection to `url`, its driver spawned.
+#[allow(clippy::disallowed_methods)] // bare spawn: a test connection's driver
+async fn connect_as(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
 /// A shop database, a platform database and a receiver.
 pub struct World {
     /// The cluster (of both databases, unless [`World::new_split`]).
@@ -117,7 +225,9 @@ pub struct World {
     pub dir: tempfile::TempDir,
     /// The master key file (in `dir`) that `platform` and the config use.
     pub master_key_file: PathBuf,
-    shop_url: String,
+    /// The shop database as the source role (what walhook captures as).
+    source_url: String,
+    /// The platform database as the platform role.
     platform_url: String,
 }
 
@@ -148,35 +258,51 @@ pub fn write_master_key(dir: &Path, name: &str) -> PathBuf {
 impl World {
     /// Starts Postgres, creates both databases, migrates, starts a receiver.
     pub async fn new() -> World {
-        World::start(false).await
+        World::start(false, true).await
+    }
+
+    /// As [`World::new`], with the platform schema left for a `walhook
+    /// migrate` to create (the upgrade test migrates with an older binary).
+    pub async fn unmigrated() -> World {
+        World::start(false, false).await
     }
 
     /// As [`World::new`], with the platform database on a cluster of its
     /// own (`platform_pg`), so that each can fail alone.
     pub async fn new_split() -> World {
-        World::start(true).await
+        World::start(true, true).await
     }
 
-    async fn start(split: bool) -> World {
+    async fn start(split: bool, migrate: bool) -> World {
         let pg = LocalPostgres::start().await.unwrap();
         let platform_pg = if split {
             Some(LocalPostgres::start().await.unwrap())
         } else {
             None
         };
-        let shop_url = pg.create_database("shop").await.unwrap();
+        pg.create_database("shop").await.unwrap();
         let ppg = platform_pg.as_ref().unwrap_or(&pg);
-        let platform_url = ppg.create_database("platform").await.unwrap();
+        ppg.create_database("platform").await.unwrap();
         let shop = pg.connect("shop").await.unwrap();
         shop.batch_execute(SHOP_SCHEMA).await.unwrap();
-        let mut platform_sql = ppg.connect("platform").await.unwrap();
-        walhook_sql::migrate::run(&mut platform_sql).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
+        // walhook runs as the least-privilege roles of walhook-setup.sql,
+        // as `walhook init` writes it for this schema; the test itself
+        // (producers, assertions) keeps the superuser.
+        let (source_url, platform_url) = least_privilege(&pg, ppg, dir.path()).await;
+        if migrate {
+            let mut owner = connect_as(&platform_url).await;
+            walhook_sql::migrate::run(&mut owner).await.unwrap();
+        }
+        let platform_sql = ppg.connect("platform").await.unwrap();
         let master_key_file = write_master_key(dir.path(), "master.key");
         let keyring = walhook_sql::Keyring::new(
             walhook_sql::secrets::MasterKey::read_file(&master_key_file).unwrap(),
             vec![],
         );
+        // The test's own hand on the platform (tenants, endpoints, seeded
+        // history) is walhook's role too: what it creates (a day's
+        // partition) is then what walhook's processes own.
         let platform = Platform::new(&platform_url, 4)
             .unwrap()
             .with_keyring(keyring);
@@ -190,9 +316,31 @@ impl World {
             receiver,
             dir,
             master_key_file,
-            shop_url,
+            source_url,
             platform_url,
         }
+    }
+
+    /// Adds `table` (created by a test after the world started) to what
+    /// the source role may read and the publication carries, as an
+    /// administrator re-running walhook-setup.sql would.
+    pub async fn publish(&self, table: &str) {
+        self.shop
+            .batch_execute(&format!(
+                "GRANT SELECT ON {table} TO {SOURCE_ROLE}; ALTER PUBLICATION walhook ADD TABLE {table};"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// The platform database `database` of the platform's cluster, as the
+    /// platform role.
+    pub fn platform_role_url(&self, database: &str) -> String {
+        let pg = self.platform_pg.as_ref().unwrap_or(&self.pg);
+        format!(
+            "postgres://{PLATFORM_ROLE}@127.0.0.1:{}/{database}",
+            pg.port()
+        )
     }
 
     /// Registers an endpoint on the receiver at `path`; the receiver
@@ -232,33 +380,12 @@ impl World {
         types: &[&str],
         tweak: impl FnOnce(&mut NewEndpoint),
     ) -> (EndpointId, walhook_pipeline::signing::SigningSecret) {
-        let tenant_id = TenantId::new(tenant).unwrap();
-        self.platform
-            .create_tenant(&tenant_id, tenant)
-            .await
-            .unwrap();
-        let mut endpoint = NewEndpoint {
-            tenant_id,
-            url: url.to_owned(),
-            event_types: types.iter().map(|t| EventType::new(t).unwrap()).collect(),
-            description: String::new(),
-            rate_limit_per_sec: None,
-            max_in_flight: None,
-            enabled: true,
-            retry: Default::default(),
-            ordering: Default::default(),
-            verify: false,
-        };
-        tweak(&mut endpoint);
-        self.platform
-            .create_endpoint(&endpoint, "test")
-            .await
-            .unwrap()
+        create_endpoint_on(&self.platform, tenant, url, types, tweak).await
     }
 
     /// The business database's URL.
     pub fn shop_url(&self) -> String {
-        self.shop_url.clone()
+        self.pg.url("shop")
     }
 
     /// Waits until `walhook run` streams from the slot (writes before the
@@ -412,7 +539,7 @@ url = "{}"
 [source]
 url = "{}"
 create_slot = true
-create_publication = true
+create_publication = false
 heartbeat_interval = "1s"
 status_interval = "200ms"
 
@@ -433,7 +560,7 @@ lease = "10s"
 {extra}
 {SHOP_RULES}
 "#,
-                self.platform_url, self.shop_url
+                self.platform_url, self.source_url
             ),
         )
     }

@@ -52,6 +52,55 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The platform role owns schema `walhook` and everything in it
+/// (`walhook_sql::migrate::rights`), and is no superuser.
+fn rights_finding(
+    rights: Result<walhook_sql::migrate::rights::Rights, walhook_sql::StoreError>,
+) -> Finding {
+    let check = "platform.rights";
+    let r = match rights {
+        Ok(r) => r,
+        Err(e) => return Finding::new(check, Verdict::Fail, e.to_string(), None),
+    };
+    let role = &r.role;
+    if r.superuser {
+        Finding::new(
+            check,
+            Verdict::Warn,
+            format!("role {role} is a superuser: walhook needs only to own schema walhook"),
+            Some("`walhook init` writes walhook-setup.sql with a least-privilege platform role"),
+        )
+    } else if r.owns_everything() {
+        Finding::new(
+            check,
+            Verdict::Ok,
+            format!("role {role} owns schema walhook and everything in it (not a superuser)"),
+            None,
+        )
+    } else {
+        Finding::new(
+            check,
+            Verdict::Fail,
+            format!(
+                "role {role} {}; {} tables or views and {} functions in it belong to another role \
+                 (migrated as another role?): migrations, new day partitions and the archive's \
+                 drops would be refused",
+                if r.owns_schema {
+                    "owns schema walhook"
+                } else {
+                    "does not own schema walhook"
+                },
+                r.foreign_relations,
+                r.foreign_functions
+            ),
+            Some(&format!(
+                "as a superuser on the platform database: {}",
+                r.fix_sql()
+            )),
+        )
+    }
+}
+
 /// The platform database, the master key and the clock.
 #[allow(clippy::disallowed_methods)] // bare spawn: a connection's driver
 async fn check_platform(cfg: &Config) -> Vec<Finding> {
@@ -100,6 +149,9 @@ async fn check_platform(cfg: &Config) -> Vec<Finding> {
         Verdict::Ok,
         "the platform database answers".into(),
         None,
+    ));
+    out.push(rights_finding(
+        walhook_sql::migrate::rights::rights(&client).await,
     ));
     match walhook_sql::migrate::status(&client).await {
         Ok(s) if s.pending.is_empty() && s.changed.is_empty() && s.unknown.is_empty() => {

@@ -7,6 +7,7 @@ pub mod check_url;
 pub mod dispatch;
 pub mod doctor;
 pub mod fanout;
+pub mod init;
 pub mod migrate;
 pub mod reconcile;
 pub mod run;

@@ -25,12 +25,31 @@ pub struct Args {
     /// and says so; use it once, after deciding how to re-send the gap.
     #[arg(long)]
     pub accept_slot_loss: bool,
+    /// Check the config file (syntax, every section's settings, the rules
+    /// without a database, the database URLs and the master key) and exit:
+    /// 0 when walhook run would accept it. Touches no database; the
+    /// systemd unit's `reload` runs this (a restart applies the file).
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 /// Runs until SIGINT/SIGTERM, then stops intake, drains in-flight attempts
 /// (up to [dispatch].drain_timeout) and exits.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = Config::load(&args.config)?;
+    if args.check_config {
+        cfg.platform()?;
+        cfg.source.connect_options()?;
+        cfg.secrets
+            .keyring()
+            .context("walhook run needs the master key that seals endpoint secrets")?;
+        println!(
+            "{}: walhook run accepts it ({} rules); restart walhook to apply it",
+            args.config.display(),
+            cfg.rules.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     cfg.warn_unauthenticated_databases(true);
     cfg.accept_slot_loss = args.accept_slot_loss;
     let p = cfg.platform()?;

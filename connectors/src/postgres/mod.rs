@@ -15,6 +15,8 @@
 //! - [`catalog`]: start-up checks, slot and publication management;
 //!   [`preflight`]: every precondition checked at once, read-only
 //!   (`walhook doctor`).
+//! - [`init`]: a business schema read from the catalog becomes a proposed
+//!   config and the least-privilege setup SQL (`walhook init`).
 //! - [`pgoutput`]: the protocol decoder (fuzzed; never panics).
 //! - [`types`]: domains and arrays mapped to the type they are written as.
 //! - [`value`]: Postgres text values as typed canonical JSON.
@@ -27,6 +29,7 @@ pub mod config;
 pub mod connect;
 pub mod declared;
 pub mod error;
+pub mod init;
 pub mod pgoutput;
 pub mod preflight;
 pub mod rules;

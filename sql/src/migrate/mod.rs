@@ -8,6 +8,7 @@
 
 pub mod check;
 pub mod locks;
+pub mod rights;
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::GenericClient;
@@ -263,7 +264,11 @@ pub async fn run_until(
             .await
             .map_err(StoreError::query("take the migration lock"))?;
         tx.batch_execute(
-            "CREATE SCHEMA IF NOT EXISTS walhook;
+            // The schema may have been made beforehand for a platform role
+            // without CREATE on the database (walhook-setup.sql does).
+            "DO $$ BEGIN
+                 IF to_regnamespace('walhook') IS NULL THEN CREATE SCHEMA walhook; END IF;
+             END $$;
              CREATE TABLE IF NOT EXISTS walhook.schema_migrations (
                  version     integer PRIMARY KEY,
                  name        text NOT NULL,

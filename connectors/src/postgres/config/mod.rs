@@ -36,7 +36,8 @@ mod rule;
 mod tests;
 
 pub use rule::{
-    Condition, ObjectVersion, Operation, RowSelector, RuleConfig, RuleKind, Scalar, split_table,
+    Condition, ObjectIdColumns, ObjectVersion, Operation, RowSelector, RuleConfig, RuleKind,
+    Scalar, split_table,
 };
 
 /// Default replication slot name.

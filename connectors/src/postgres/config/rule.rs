@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::TenantId;
 
 use super::RuleError;
 
@@ -70,6 +71,29 @@ pub enum RowSelector {
     Old,
 }
 
+/// The column, or the columns of a composite key, that name the business
+/// object: `object_id_column = "id"` or `object_id_column = ["order_id",
+/// "line_no"]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ObjectIdColumns {
+    /// One column: its text is the object id.
+    One(String),
+    /// A composite key: the columns' texts joined by `:`, a `%` in a value
+    /// written `%25` and a `:` written `%3A`, so that the id stays unique.
+    Many(Vec<String>),
+}
+
+impl ObjectIdColumns {
+    /// The columns, in key order.
+    pub fn columns(&self) -> Vec<&str> {
+        match self {
+            ObjectIdColumns::One(c) => vec![c.as_str()],
+            ObjectIdColumns::Many(cs) => cs.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
 /// One condition; a rule's `when` list matches when all of them hold.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,8 +155,12 @@ pub struct RuleConfig {
     pub event_type: Option<String>,
     /// The column naming the tenant.
     pub tenant_column: Option<String>,
-    /// The column naming the business object.
-    pub object_id_column: Option<String>,
+    /// The one tenant of every event of the rule, for a table that holds no
+    /// tenant column (reference data, a single-tenant database).
+    pub tenant: Option<String>,
+    /// The column, or the columns of a composite key, naming the business
+    /// object.
+    pub object_id_column: Option<ObjectIdColumns>,
     /// The object version: `"lsn"` or `{ column = "…" }`.
     pub object_version: Option<ObjectVersion>,
     /// Columns to put in the payload (all when empty).
@@ -212,6 +240,44 @@ impl RuleConfig {
         } else {
             self.operations.clone()
         }
+    }
+
+    /// Table and outbox rules: exactly one of `tenant_column` and `tenant`,
+    /// and a fixed tenant must be a valid tenant id.
+    fn check_tenant(&self) -> Result<(), RuleError> {
+        let name = self.name.as_str();
+        match (&self.tenant_column, &self.tenant) {
+            (None, None) => Err(RuleError::new(
+                name,
+                "tenant_column",
+                "name the column that holds the tenant id, or give `tenant = \"…\"` when every \
+                 row belongs to one tenant",
+            )),
+            (Some(_), Some(_)) => Err(RuleError::new(
+                name,
+                "tenant",
+                "give either tenant_column (read from each row) or tenant (one for all rows), \
+                 not both",
+            )),
+            (None, Some(t)) => TenantId::new(t.as_str()).map(|_| ()).map_err(|e| {
+                RuleError::new(name, "tenant", format!("{t:?} is not a tenant id: {e}"))
+            }),
+            (Some(_), None) => Ok(()),
+        }
+    }
+
+    fn check_object_id_columns(&self) -> Result<(), RuleError> {
+        if let Some(ObjectIdColumns::Many(cs)) = &self.object_id_column {
+            let mut seen = std::collections::BTreeSet::new();
+            if cs.is_empty() || cs.iter().any(|c| !seen.insert(c)) {
+                return Err(RuleError::new(
+                    &self.name,
+                    "object_id_column",
+                    "a list names the key's columns, at least one and each once",
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn validate(&self) -> Result<(), RuleError> {
@@ -316,12 +382,8 @@ impl RuleConfig {
                         }
                     }
                 }
-                if self.tenant_column.is_none() {
-                    return err(
-                        "tenant_column",
-                        "name the column that holds the tenant id".into(),
-                    );
-                }
+                self.check_tenant()?;
+                self.check_object_id_columns()?;
                 forbid(
                     "event_types",
                     !self.event_types.is_empty(),
@@ -360,12 +422,13 @@ impl RuleConfig {
                 for (field, value) in [
                     ("type_column", &self.type_column),
                     ("payload_column", &self.payload_column),
-                    ("tenant_column", &self.tenant_column),
                 ] {
                     if value.is_none() {
                         return err(field, format!("outbox rules need `{field}`"));
                     }
                 }
+                self.check_tenant()?;
+                self.check_object_id_columns()?;
                 forbid(
                     "event_type",
                     self.event_type.is_some(),
@@ -402,6 +465,7 @@ impl RuleConfig {
                     ("table", self.table.is_some()),
                     ("event_type", self.event_type.is_some()),
                     ("tenant_column", self.tenant_column.is_some()),
+                    ("tenant", self.tenant.is_some()),
                     ("object_id_column", self.object_id_column.is_some()),
                     ("object_version", self.object_version.is_some()),
                     ("type_column", self.type_column.is_some()),

@@ -153,3 +153,58 @@ fn unknown_fields_are_refused() {
     .unwrap_err();
     assert!(err.to_string().contains("tabel"), "{err}");
 }
+
+#[test]
+fn a_fixed_tenant_or_a_tenant_column_exactly_one() {
+    let base = r#"name = "c"
+        table = "currencies"
+        event_type = "currency.changed""#;
+    let check = |extra: &str| {
+        source()
+            .validate(&[rule(&format!("{base}\n{extra}"))])
+            .map_err(|e| e.to_string())
+    };
+    check(r#"tenant = "default""#).unwrap();
+    check(r#"tenant_column = "tenant_id""#).unwrap();
+    let neither = check("").unwrap_err();
+    assert!(
+        neither.contains("tenant_column") && neither.contains("tenant = "),
+        "{neither}"
+    );
+    let both = check("tenant = \"a\"\ntenant_column = \"t\"").unwrap_err();
+    assert!(both.contains("not both"), "{both}");
+    let bad = check("tenant = \"\"").unwrap_err();
+    assert!(
+        bad.contains("rule \"c\"") && bad.contains("tenant"),
+        "{bad}"
+    );
+    let message = source()
+        .validate(&[rule(
+            "name = \"m\"\nkind = \"message\"\nprefix = \"p\"\ntenant = \"a\"",
+        )])
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("tenant"), "{message}");
+}
+
+#[test]
+fn a_composite_object_id_names_each_column_once() {
+    let base = r#"name = "lines"
+        table = "order_lines"
+        event_type = "line.changed"
+        tenant_column = "tenant_id""#;
+    let check = |extra: &str| {
+        source()
+            .validate(&[rule(&format!("{base}\n{extra}"))])
+            .map_err(|e| e.to_string())
+    };
+    check(r#"object_id_column = ["order_id", "line_no"]"#).unwrap();
+    check(r#"object_id_column = "id""#).unwrap();
+    for bad in [
+        r#"object_id_column = []"#,
+        r#"object_id_column = ["a", "a"]"#,
+    ] {
+        let e = check(bad).unwrap_err();
+        assert!(e.contains("object_id_column"), "{bad}: {e}");
+    }
+}

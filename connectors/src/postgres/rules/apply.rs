@@ -9,7 +9,7 @@ use walhook_pipeline::event::{EventType, check_object_id};
 use walhook_pipeline::ids::TenantId;
 
 use super::change::{Change, Rows, Val};
-use super::compile::{CompiledRule, VersionSource};
+use super::compile::{CompiledRule, TenantSource, VersionSource};
 use super::event::{EventParts, Outcome, TxContext};
 use crate::postgres::value::{oid, write_text_value};
 
@@ -17,6 +17,32 @@ fn text_of(v: Val<'_>) -> Option<String> {
     match v {
         Val::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
         _ => None,
+    }
+}
+
+/// The object id: one column's text, or a composite key's texts joined by
+/// `:` (with `%` and `:` in a value escaped as `%25` and `%3A`). None when
+/// the rule names no column or a key column is null.
+fn object_id_of(columns: &[usize], rows: &Rows<'_, '_>) -> Option<String> {
+    match columns {
+        [] => None,
+        [one] => text_of(rows.data(*one)),
+        many => {
+            let mut id = String::new();
+            for (n, i) in many.iter().enumerate() {
+                if n > 0 {
+                    id.push(':');
+                }
+                for c in text_of(rows.data(*i))?.chars() {
+                    match c {
+                        '%' => id.push_str("%25"),
+                        ':' => id.push_str("%3A"),
+                        c => id.push(c),
+                    }
+                }
+            }
+            Some(id)
+        }
     }
 }
 
@@ -66,34 +92,37 @@ impl CompiledRule {
                 }
             }
         }
-        let tenant = match rows.data(self.tenant) {
-            Val::Text(t) => match TenantId::new(String::from_utf8_lossy(t)) {
-                Ok(t) => t,
-                Err(e) => {
+        let tenant = match &self.tenant {
+            TenantSource::Fixed(t) => t.clone(),
+            TenantSource::Column(i) => match rows.data(*i) {
+                Val::Text(t) => match TenantId::new(String::from_utf8_lossy(t)) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return self.incident(
+                            IncidentKind::InvalidRow,
+                            tx,
+                            ordinal,
+                            format!("tenant column: {e}"),
+                        );
+                    }
+                },
+                Val::Null => {
                     return self.incident(
                         IncidentKind::InvalidRow,
                         tx,
                         ordinal,
-                        format!("tenant column: {e}"),
+                        "the tenant column is null".into(),
+                    );
+                }
+                Val::Unknown => {
+                    return self.incident(
+                        IncidentKind::InvalidRow,
+                        tx,
+                        ordinal,
+                        "the tenant column was not in the WAL".into(),
                     );
                 }
             },
-            Val::Null => {
-                return self.incident(
-                    IncidentKind::InvalidRow,
-                    tx,
-                    ordinal,
-                    "the tenant column is null".into(),
-                );
-            }
-            Val::Unknown => {
-                return self.incident(
-                    IncidentKind::InvalidRow,
-                    tx,
-                    ordinal,
-                    "the tenant column was not in the WAL".into(),
-                );
-            }
         };
         // Raw values bigger than an event may be are refused before any
         // envelope is built from them (memory stays bounded).
@@ -121,7 +150,7 @@ impl CompiledRule {
                 ),
             );
         }
-        let object_id = self.object_id.and_then(|i| text_of(rows.data(i)));
+        let object_id = object_id_of(&self.object_id, &rows);
         if let Some(Err(problem)) = object_id.as_deref().map(check_object_id) {
             return self.incident(IncidentKind::InvalidRow, tx, ordinal, problem);
         }

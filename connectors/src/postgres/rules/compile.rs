@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use walhook_pipeline::event::EventType;
+use walhook_pipeline::ids::TenantId;
 
 use super::table::TableInfo;
 use crate::postgres::config::{
@@ -32,6 +33,15 @@ pub(super) struct CompiledCondition {
     pub(super) op: CondOp,
 }
 
+/// Where a rule's events take their tenant from.
+#[derive(Debug, Clone)]
+pub(super) enum TenantSource {
+    /// A column of the row.
+    Column(usize),
+    /// The rule's `tenant`, the same for every row.
+    Fixed(TenantId),
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum VersionSource {
     Lsn,
@@ -50,8 +60,10 @@ pub struct CompiledRule {
     pub(super) schema_version: u32,
     /// The version the config names.
     schema_version_configured: u32,
-    pub(super) tenant: usize,
-    pub(super) object_id: Option<usize>,
+    pub(super) tenant: TenantSource,
+    /// The object id's columns (none: events carry no object id; more
+    /// than one: a composite key).
+    pub(super) object_id: Vec<usize>,
     pub(super) version: Option<VersionSource>,
     /// Payload columns sorted by name: (name, index, type).
     pub(super) payload: Vec<(String, usize, u32)>,
@@ -96,15 +108,24 @@ pub fn compile(rule: &RuleConfig, table: &TableInfo) -> Result<CompiledRule, Rul
         })
     };
     let tenant_field = "tenant_column";
-    let tenant = column(
-        tenant_field,
-        rule.tenant_column.as_deref().unwrap_or_default(),
-    )?;
+    let tenant = match (&rule.tenant, &rule.tenant_column) {
+        (Some(fixed), _) => TenantSource::Fixed(
+            TenantId::new(fixed.as_str())
+                .map_err(|e| RuleError::new(name, "tenant", e.to_string()))?,
+        ),
+        (None, c) => TenantSource::Column(column(tenant_field, c.as_deref().unwrap_or_default())?),
+    };
     let object_id = rule
         .object_id_column
-        .as_deref()
-        .map(|c| column("object_id_column", c))
-        .transpose()?;
+        .as_ref()
+        .map(|cs| {
+            cs.columns()
+                .into_iter()
+                .map(|c| column("object_id_column", c))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
     let version = match &rule.object_version {
         None => None,
         Some(ObjectVersion::Named(_)) => Some(VersionSource::Lsn),
@@ -160,9 +181,11 @@ pub fn compile(rule: &RuleConfig, table: &TableInfo) -> Result<CompiledRule, Rul
             Ok(())
         }
     };
-    check_delete_column(tenant_field, tenant)?;
-    if let Some(i) = object_id {
-        check_delete_column("object_id_column", i)?;
+    if let TenantSource::Column(i) = tenant {
+        check_delete_column(tenant_field, i)?;
+    }
+    for i in &object_id {
+        check_delete_column("object_id_column", *i)?;
     }
     if let Some(VersionSource::Column(i)) = version {
         check_delete_column("object_version", i)?;
