@@ -145,6 +145,18 @@ fn connect_kind(e: &tokio_postgres::Error) -> ErrorKind {
     kind_of(e)
 }
 
+/// Whether libpq `options` set `name`: `-c name=…`, `-cname=…` or
+/// `--name=…` (not a longer setting that starts with `name`).
+fn sets(options: &str, name: &str) -> bool {
+    options.split_whitespace().any(|w| {
+        w.strip_prefix("-c")
+            .unwrap_or(w)
+            .trim_start_matches('-')
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('='))
+    })
+}
+
 /// Settings every connection of a pool starts with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionOptions {
@@ -165,6 +177,17 @@ impl SessionOptions {
     /// table that was large when it was last analyzed) made the plan
     /// tidier's few-millisecond delete spend about half a second of CPU
     /// compiling, every 30 s, under load (docs/performance.md).
+    ///
+    /// It also plans every execution of a prepared statement for the
+    /// tables as they are then (`plan_cache_mode = force_custom_plan`),
+    /// unless the URL's options set `plan_cache_mode`. The queue tables
+    /// (`fanouts`, `pending`) empty out whenever walhook catches up, and a
+    /// generic plan cached then (after five executions) believed them
+    /// empty for good: the recorder's statement scanned all of `fanouts`
+    /// for each row of a batch, took seconds once the queue refilled, and
+    /// stalled dispatch until the plan was replaced. A custom plan sees
+    /// each table's current size; it costs a planning per execution
+    /// (docs/performance.md, "Plans that outlive the queue").
     fn apply(&self, cfg: &mut tokio_postgres::Config) {
         let from_url = cfg.get_options().unwrap_or_default().to_owned();
         let mut options = vec![from_url.clone()];
@@ -173,15 +196,12 @@ impl SessionOptions {
             let ms = timeout.as_millis().max(1);
             options.push(format!("-c statement_timeout={ms}"));
         }
-        // `-c jit=on`, `-cjit=on` or `--jit=on` (not `jit_above_cost`).
-        let sets_jit = from_url.split_whitespace().any(|w| {
-            w.strip_prefix("-c")
-                .unwrap_or(w)
-                .trim_start_matches('-')
-                .starts_with("jit=")
-        });
+        let sets_jit = sets(&from_url, "jit");
         if !sets_jit {
             options.push("-c jit=off".to_owned());
+        }
+        if !sets(&from_url, "plan_cache_mode") {
+            options.push("-c plan_cache_mode=force_custom_plan".to_owned());
         }
         options.retain(|o| !o.is_empty());
         cfg.options(options.join(" "));
@@ -444,7 +464,9 @@ mod tests {
         session.apply(&mut cfg);
         assert_eq!(
             cfg.get_options(),
-            Some("-c work_mem=4MB -c statement_timeout=10000 -c jit=off")
+            Some(
+                "-c work_mem=4MB -c statement_timeout=10000 -c jit=off -c plan_cache_mode=force_custom_plan"
+            )
         );
         assert_eq!(cfg.get_application_name(), Some("walhook-api"));
         let mut named =
@@ -453,7 +475,7 @@ mod tests {
         assert_eq!(named.get_application_name(), Some("mine"));
         assert_eq!(
             named.get_options(),
-            Some("-c statement_timeout=10000 -c jit=off")
+            Some("-c statement_timeout=10000 -c jit=off -c plan_cache_mode=force_custom_plan")
         );
     }
 
@@ -462,18 +484,38 @@ mod tests {
         use std::str::FromStr;
         let mut plain = tokio_postgres::Config::from_str("postgres://u@h/d").unwrap();
         SessionOptions::default().apply(&mut plain);
-        assert_eq!(plain.get_options(), Some("-c jit=off"));
+        assert_eq!(
+            plain.get_options(),
+            Some("-c jit=off -c plan_cache_mode=force_custom_plan")
+        );
         let mut chosen =
             tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20jit%3Don").unwrap();
         SessionOptions::default().apply(&mut chosen);
-        assert_eq!(chosen.get_options(), Some("-c jit=on"));
+        assert_eq!(
+            chosen.get_options(),
+            Some("-c jit=on -c plan_cache_mode=force_custom_plan")
+        );
         let mut tuned =
             tokio_postgres::Config::from_str("postgres://u@h/d?options=-c%20jit_above_cost%3D1000")
                 .unwrap();
         SessionOptions::default().apply(&mut tuned);
         assert_eq!(
             tuned.get_options(),
-            Some("-c jit_above_cost=1000 -c jit=off")
+            Some("-c jit_above_cost=1000 -c jit=off -c plan_cache_mode=force_custom_plan")
+        );
+    }
+
+    #[test]
+    fn every_execution_is_planned_unless_the_url_says_otherwise() {
+        use std::str::FromStr;
+        let mut chosen = tokio_postgres::Config::from_str(
+            "postgres://u@h/d?options=-c%20plan_cache_mode%3Dauto",
+        )
+        .unwrap();
+        SessionOptions::default().apply(&mut chosen);
+        assert_eq!(
+            chosen.get_options(),
+            Some("-c plan_cache_mode=auto -c jit=off")
         );
     }
 }
