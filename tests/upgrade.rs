@@ -123,6 +123,20 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_and_repeats_nothing()
         &logs.join("new-dispatch.log"),
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let serving: i64 = w
+        .platform_sql
+        .query_one(
+            "SELECT count(*) FROM walhook.dispatch_nodes \
+              WHERE node_id = 'upgraded-dispatch' AND lease_until > now()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        serving, 1,
+        "the new-version node holds a lease beside the old process"
+    );
 
     // The old process stops (SIGTERM drains it) and the new one replaces it.
     let status = old_run.terminate();

@@ -108,18 +108,19 @@ pub const PLATFORM_ROLE: &str = "walhook_platform";
 /// for the shop schema (the source part on the shop's cluster, the
 /// platform part on the platform's); returns the URLs of the captured and
 /// the platform database as the two roles.
-async fn least_privilege(pg: &LocalPostgres, ppg: &LocalPostgres, dir: &Path) -> (String, String) {
+async fn least_privilege(
+    pg: &LocalPostgres,
+    ppg: &LocalPostgres,
+    shop: &tokio_postgres::Client,
+    dir: &Path,
+) -> (String, String) {
     use walhook_connectors::postgres::init::{self, render};
-    let shop = pg.connect("shop").await.unwrap();
-    let shapes = init::introspect(&shop, &init::Selection::default())
+    let shapes = init::introspect(shop, &init::Selection::default())
         .await
         .unwrap();
     let plan = init::plan(&shapes);
-    let source_url = format!("postgres://{SOURCE_ROLE}@127.0.0.1:{}/shop", pg.port());
-    let platform_url = format!(
-        "postgres://{PLATFORM_ROLE}@127.0.0.1:{}/platform",
-        ppg.port()
-    );
+    let source_url = role_url(SOURCE_ROLE, pg, "shop");
+    let platform_url = role_url(PLATFORM_ROLE, ppg, "platform");
     let targets = render::Targets {
         source_url: source_url.clone(),
         platform_url: platform_url.clone(),
@@ -157,6 +158,12 @@ async fn least_privilege(pg: &LocalPostgres, ppg: &LocalPostgres, dir: &Path) ->
         );
     }
     (source_url, platform_url)
+}
+
+/// `database` of `pg` as `role` (no password: the test clusters trust
+/// loopback).
+fn role_url(role: &str, pg: &LocalPostgres, database: &str) -> String {
+    format!("postgres://{role}@127.0.0.1:{}/{database}", pg.port())
 }
 
 /// Runs the SQL file `file` with psql on `database` as the superuser,
@@ -289,7 +296,7 @@ impl World {
         // walhook runs as the least-privilege roles of walhook-setup.sql,
         // as `walhook init` writes it for this schema; the test itself
         // (producers, assertions) keeps the superuser.
-        let (source_url, platform_url) = least_privilege(&pg, ppg, dir.path()).await;
+        let (source_url, platform_url) = least_privilege(&pg, ppg, &shop, dir.path()).await;
         if migrate {
             let mut owner = connect_as(&platform_url).await;
             walhook_sql::migrate::run(&mut owner).await.unwrap();
@@ -336,10 +343,10 @@ impl World {
     /// The platform database `database` of the platform's cluster, as the
     /// platform role.
     pub fn platform_role_url(&self, database: &str) -> String {
-        let pg = self.platform_pg.as_ref().unwrap_or(&self.pg);
-        format!(
-            "postgres://{PLATFORM_ROLE}@127.0.0.1:{}/{database}",
-            pg.port()
+        role_url(
+            PLATFORM_ROLE,
+            self.platform_pg.as_ref().unwrap_or(&self.pg),
+            database,
         )
     }
 

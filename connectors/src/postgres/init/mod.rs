@@ -225,7 +225,7 @@ async fn read_columns(
 /// in as `role` without a password, on `database` when given; with the
 /// database's name. Other parameters (host, port, `sslmode`) are kept.
 pub fn as_role(url: &str, role: &str, database: Option<&str>) -> Result<(String, String), String> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    let rewritten = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let mut u = url::Url::parse(url).map_err(|e| format!("{e}"))?;
         u.set_username(role)
             .map_err(|()| "the URL cannot carry a user name".to_owned())?;
@@ -244,37 +244,34 @@ pub fn as_role(url: &str, role: &str, database: Option<&str>) -> Result<(String,
         if let Some(db) = database {
             u.set_path(&format!("/{db}"));
         }
-        let db = u.path().trim_start_matches('/');
-        let db = if db.is_empty() { role } else { db };
-        let db = percent_decode(db);
-        return Ok((u.to_string(), db));
-    }
-    let mut parts: Vec<String> = Vec::new();
-    let mut db = None;
-    for part in url.split_whitespace() {
-        let Some((k, v)) = part.split_once('=') else {
-            return Err(format!("{part:?} is not key=value"));
-        };
-        match k {
-            "user" | "password" => {}
-            "dbname" => db = Some(v.to_owned()),
-            _ => parts.push(part.to_owned()),
+        u.to_string()
+    } else {
+        let mut parts = Vec::new();
+        for part in url.split_whitespace() {
+            let Some((k, _)) = part.split_once('=') else {
+                return Err(format!("{part:?} is not key=value"));
+            };
+            match (k, database) {
+                ("user" | "password", _) | ("dbname", Some(_)) => {}
+                _ => parts.push(part.to_owned()),
+            }
         }
-    }
-    let db = database
-        .map(str::to_owned)
-        .or(db)
-        .unwrap_or_else(|| role.to_owned());
-    parts.push(format!("dbname={db}"));
-    parts.push(format!("user={role}"));
-    Ok((parts.join(" "), db))
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| s.to_owned())
+        if let Some(db) = database {
+            parts.push(format!("dbname={db}"));
+        }
+        parts.push(format!("user={role}"));
+        parts.join(" ")
+    };
+    // The database's name as walhook reads the URL (percent-decoded; the
+    // user's name when none is given).
+    let parsed = walhook_pgtls::ConnectOptions::parse(
+        &walhook_pgtls::DatabaseUrl::new(rewritten.clone()),
+        "the URL",
+        &walhook_pgtls::TlsFields::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let db = parsed.config().get_dbname().unwrap_or(role).to_owned();
+    Ok((rewritten, db))
 }
 
 #[cfg(test)]

@@ -20,33 +20,53 @@ fn text_of(v: Val<'_>) -> Option<String> {
     }
 }
 
-/// The object id: one column's text, or a composite key's texts joined by
-/// `:` (with `%` and `:` in a value escaped as `%25` and `%3A`). None when
-/// the rule names no column or a key column is null.
+/// The object id: one column's text, or a composite key's texts joined
+/// ([`join_key`]). None when the rule names no column or a key column is
+/// null.
 fn object_id_of(columns: &[usize], rows: &Rows<'_, '_>) -> Option<String> {
     match columns {
         [] => None,
         [one] => text_of(rows.data(*one)),
         many => {
-            let mut id = String::new();
-            for (n, i) in many.iter().enumerate() {
-                if n > 0 {
-                    id.push(':');
-                }
-                for c in text_of(rows.data(*i))?.chars() {
-                    match c {
-                        '%' => id.push_str("%25"),
-                        ':' => id.push_str("%3A"),
-                        c => id.push(c),
-                    }
-                }
-            }
-            Some(id)
+            let parts: Option<Vec<String>> = many.iter().map(|i| text_of(rows.data(*i))).collect();
+            Some(join_key(&parts?))
         }
     }
 }
 
+/// A composite key's values joined by `:`, with `%` and `:` inside a value
+/// written `%25` and `%3A`, so that two keys never make the same id.
+fn join_key(parts: &[String]) -> String {
+    let mut id = String::new();
+    for (n, part) in parts.iter().enumerate() {
+        if n > 0 {
+            id.push(':');
+        }
+        for c in part.chars() {
+            match c {
+                '%' => id.push_str("%25"),
+                ':' => id.push_str("%3A"),
+                c => id.push(c),
+            }
+        }
+    }
+    id
+}
+
 impl CompiledRule {
+    /// The row's tenant, or why it has none.
+    fn tenant_of(&self, rows: &Rows<'_, '_>) -> Result<TenantId, String> {
+        match &self.tenant {
+            TenantSource::Fixed(t) => Ok(t.clone()),
+            TenantSource::Column(i) => match rows.data(*i) {
+                Val::Text(t) => TenantId::new(String::from_utf8_lossy(t))
+                    .map_err(|e| format!("tenant column: {e}")),
+                Val::Null => Err("the tenant column is null".into()),
+                Val::Unknown => Err("the tenant column was not in the WAL".into()),
+            },
+        }
+    }
+
     fn incident(
         &self,
         kind: IncidentKind,
@@ -92,37 +112,9 @@ impl CompiledRule {
                 }
             }
         }
-        let tenant = match &self.tenant {
-            TenantSource::Fixed(t) => t.clone(),
-            TenantSource::Column(i) => match rows.data(*i) {
-                Val::Text(t) => match TenantId::new(String::from_utf8_lossy(t)) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        return self.incident(
-                            IncidentKind::InvalidRow,
-                            tx,
-                            ordinal,
-                            format!("tenant column: {e}"),
-                        );
-                    }
-                },
-                Val::Null => {
-                    return self.incident(
-                        IncidentKind::InvalidRow,
-                        tx,
-                        ordinal,
-                        "the tenant column is null".into(),
-                    );
-                }
-                Val::Unknown => {
-                    return self.incident(
-                        IncidentKind::InvalidRow,
-                        tx,
-                        ordinal,
-                        "the tenant column was not in the WAL".into(),
-                    );
-                }
-            },
+        let tenant = match self.tenant_of(&rows) {
+            Ok(t) => t,
+            Err(why) => return self.incident(IncidentKind::InvalidRow, tx, ordinal, why),
         };
         // Raw values bigger than an event may be are refused before any
         // envelope is built from them (memory stays bounded).

@@ -255,3 +255,40 @@ fn messages_carry_their_own_type_and_tenant() {
     ));
     assert!(matches!(r.apply(b"not json", &TX, 2), Outcome::Incident(_)));
 }
+
+#[test]
+fn a_fixed_tenant_and_a_composite_key_that_stays_unambiguous() {
+    let r = compile(
+        &rule(
+            r#"name = "lines"
+            table = "invoices"
+            operations = ["insert"]
+            event_type = "invoice.line"
+            tenant = "solo"
+            object_id_column = ["status", "notes"]"#,
+        ),
+        &table(b'd'),
+    )
+    .unwrap();
+    let id_of = |status: &str, notes: &str| {
+        let new = tuple(&[
+            Some("7"),
+            Some("acme"),
+            Some(status),
+            Some("1"),
+            Some(notes),
+        ]);
+        let Outcome::Event(e) = r.apply(Change::Insert { new: &new }, &[true; 5], &TX, 0) else {
+            panic!("no event")
+        };
+        let body: serde_json::Value = serde_json::from_slice(&e.payload).unwrap();
+        assert_eq!(
+            body["tenant_id"], "solo",
+            "the fixed tenant, not the column"
+        );
+        body["object_id"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(id_of("a:b", "c"), "a%3Ab:c");
+    assert_eq!(id_of("a", "b:c"), "a:b%3Ac");
+    assert_eq!(id_of("50%", "x"), "50%25:x");
+}
