@@ -51,7 +51,25 @@ enum Command {
     Lab(walhook_lab::Command),
 }
 
+/// Transparent huge pages off for this process, unless the operator set
+/// `MIMALLOC_ALLOW_THP` (their choice wins). mimalloc asks for huge pages
+/// on its arenas (`madvise`), and the first touch of each one zeroes 2 MiB
+/// in the thread that allocated: when a burst grew the heap (a tenant's
+/// 1,000 failing endpoints arriving at once), a tokio worker stalled for
+/// tens of milliseconds and a healthy tenant's p99 in that second went from
+/// about 10 to 27–48 ms (docs/performance.md, "Isolation under load").
+/// walhook's heap is tens of MiB, so huge pages buy it little.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()
+        && let Err(e) = rustix::thread::disable_transparent_huge_pages(true)
+    {
+        eprintln!("walhook: could not turn transparent huge pages off ({e}); going on with them");
+    }
+}
+
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     #[cfg(feature = "lab")]
     let args = walhook_lab::scenario_flag_as_subcommand(args);

@@ -127,6 +127,24 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .await?;
     let (quiet_fanout, quiet_dispatch) = world.stage_p99("healthy", 0, PHASE_TWO).await?;
     let (loud_fanout, loud_dispatch) = world.stage_p99("healthy", PHASE_TWO, i64::MAX).await?;
+    // When the tail happened: the first seconds of the noise (its
+    // endpoints failing before their circuits open) or all along.
+    let noise = ["noisy", "slowpoke"];
+    let quiet_seconds = world.p99_by_second("healthy", 0, PHASE_TWO, &noise).await?;
+    let loud_seconds = world
+        .p99_by_second("healthy", PHASE_TWO, i64::MAX, &noise)
+        .await?;
+    let by_second = |v: &[(f64, i64)]| {
+        v.iter()
+            .map(|(p99, others)| serde_json::json!({ "p99_ms": p99, "noise_attempts": others }))
+            .collect::<Vec<_>>()
+    };
+    let profile = |v: &[(f64, i64)]| {
+        v.iter()
+            .map(|(p99, _)| format!("{p99:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let noisy_attempts: i64 = world
         .platform_sql
         .query_one(
@@ -154,6 +172,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "quiet": { "commit_to_delivery_made": quiet_fanout, "made_to_first_attempt": quiet_dispatch },
             "noisy": { "commit_to_delivery_made": loud_fanout, "made_to_first_attempt": loud_dispatch },
         },
+        "healthy_by_second": { "quiet": by_second(&quiet_seconds), "noisy": by_second(&loud_seconds) },
         "ratio_p50": l50 / q50,
         "ratio_p99": l99 / q99,
     });
@@ -178,6 +197,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
         println!("  p99 made→first attempt     {quiet_dispatch:>10.1} {loud_dispatch:>10.1}");
         println!("  noisy/slow attempts made   {noisy_attempts:>10}");
+        println!("  healthy p99 ms, second by second:");
+        println!("    alone           {}", profile(&quiet_seconds));
+        println!("    with the noise  {}", profile(&loud_seconds));
     }
     println!("{}", serde_json::to_string(&result)?);
     Ok(ExitCode::SUCCESS)

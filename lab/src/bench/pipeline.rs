@@ -309,20 +309,30 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     }
     let (world, shutdown, deployment, api_port) = start(&args).await?;
 
-    // Slot lag sampler.
+    // Slot lag sampler: the maximum, and the maximum of each minute (flat
+    // from the first minute to the last, or growing).
     let max_lag = Arc::new(AtomicI64::new(0));
+    let lag_by_minute = Arc::new(parking_lot::Mutex::new(Vec::<i64>::new()));
     let sampler_stop = CancellationToken::new();
     {
-        let max_lag = max_lag.clone();
+        let (max_lag, by_minute) = (max_lag.clone(), lag_by_minute.clone());
         let stop = sampler_stop.clone();
         let sampler = world.pg.connect("shop").await?;
+        let began = std::time::Instant::now();
         tokio::spawn(async move {
             while !stop.is_cancelled() {
                 if let Ok(row) = sampler
                     .query_one("SELECT coalesce(max(pg_current_wal_lsn() - confirmed_flush_lsn), 0)::int8 FROM pg_replication_slots", &[])
                     .await
                 {
-                    max_lag.fetch_max(row.get(0), Ordering::Relaxed);
+                    let lag: i64 = row.get(0);
+                    max_lag.fetch_max(lag, Ordering::Relaxed);
+                    let minute = (began.elapsed().as_secs() / 60) as usize;
+                    let mut m = by_minute.lock();
+                    if m.len() <= minute {
+                        m.resize(minute + 1, 0);
+                    }
+                    m[minute] = m[minute].max(lag);
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -461,6 +471,7 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         "attempts_per_second": att as f64 / total_secs,
         "first_attempt_latency_ms": { "p50": p50, "p99": p99, "p99_9": p999 },
         "slot_max_lag_bytes": max_lag.load(Ordering::Relaxed),
+        "slot_max_lag_bytes_by_minute": lag_by_minute.lock().clone(),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         "cpu_cores_while_writing": { "walhook_process": cpu.0, "postgres": cpu.1, "receiver_process": cpu.3, "machine_busy": cpu.2 },
         "per_delivery": cost,
@@ -512,8 +523,14 @@ pub async fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "  commit→first attempt      p50 {p50:.0} ms   p99 {p99:.0} ms   p99.9 {p999:.0} ms"
         );
         println!(
-            "  slot max lag              {:>10} bytes",
-            max_lag.load(Ordering::Relaxed)
+            "  slot max lag              {:>10} bytes (by minute: {})",
+            max_lag.load(Ordering::Relaxed),
+            lag_by_minute
+                .lock()
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         println!(
             "  peak RSS                  {:>10.0} MiB",

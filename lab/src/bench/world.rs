@@ -257,6 +257,42 @@ impl World {
 }
 
 impl World {
+    /// Per second of commit, for `tenant`'s orders with ids in `[from,
+    /// to)`: the p99 of commit → first attempt (ms) and the attempts of
+    /// `others` started in that second: when the tail happened and what
+    /// ran beside it.
+    pub async fn p99_by_second(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+        others: &[&str],
+    ) -> anyhow::Result<Vec<(f64, i64)>> {
+        let others: Vec<String> = others.iter().map(|s| (*s).to_owned()).collect();
+        let rows = self
+            .platform_sql
+            .query(
+                "WITH h AS ( \
+                   SELECT date_trunc('second', e.occurred_at) s, \
+                          extract(epoch FROM a.started_at - e.occurred_at) * 1000 ms \
+                   FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
+                   JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+                   WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
+                     AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3), \
+                 o AS ( \
+                   SELECT date_trunc('second', started_at) s, count(*) n \
+                   FROM walhook.attempts WHERE tenant_id = ANY($4) GROUP BY 1) \
+                 SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY h.ms)::float8, \
+                        coalesce(max(o.n), 0)::int8 \
+                 FROM h LEFT JOIN o USING (s) GROUP BY h.s ORDER BY h.s",
+                &[&tenant, &from, &to, &others],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+impl World {
     /// p99 in ms of (commit → delivery made, delivery made → first attempt)
     /// for `tenant`'s orders with ids in `[from, to)`: which stage waits.
     pub async fn stage_p99(&self, tenant: &str, from: i64, to: i64) -> anyhow::Result<(f64, f64)> {
