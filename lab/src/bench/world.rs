@@ -33,6 +33,13 @@ object_id_column = "id"
 object_version = "lsn"
 "#;
 
+/// The automatic first attempts of `$1`'s orders with ids in `[$2, $3)`,
+/// with their delivery `d` and event `e`: what the latency queries read.
+const FIRST_ATTEMPTS: &str = "FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
+     JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
+     WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
+       AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3";
+
 /// A benchmark's world.
 pub struct World {
     /// The cluster (kept alive).
@@ -242,12 +249,11 @@ impl World {
         let row = self
             .platform_sql
             .query_one(
-                "SELECT percentile_disc(ARRAY[0.5, 0.99, 0.999]) WITHIN GROUP \
+                &format!(
+                    "SELECT percentile_disc(ARRAY[0.5, 0.99, 0.999]) WITHIN GROUP \
                    (ORDER BY (extract(epoch FROM a.started_at - e.occurred_at) * 1000)::float8) \
-                 FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
-                 JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
-                 WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
-                   AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3",
+                 {FIRST_ATTEMPTS}"
+                ),
                 &[&tenant, &from, &to],
             )
             .await?;
@@ -272,39 +278,33 @@ impl World {
         let rows = self
             .platform_sql
             .query(
-                "WITH h AS ( \
+                &format!(
+                    "WITH h AS ( \
                    SELECT date_trunc('second', e.occurred_at) s, \
                           extract(epoch FROM a.started_at - e.occurred_at) * 1000 ms \
-                   FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
-                   JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
-                   WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
-                     AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3), \
+                   {FIRST_ATTEMPTS}), \
                  o AS ( \
                    SELECT date_trunc('second', started_at) s, count(*) n \
                    FROM walhook.attempts WHERE tenant_id = ANY($4) GROUP BY 1) \
                  SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY h.ms)::float8, \
                         coalesce(max(o.n), 0)::int8 \
-                 FROM h LEFT JOIN o USING (s) GROUP BY h.s ORDER BY h.s",
+                 FROM h LEFT JOIN o USING (s) GROUP BY h.s ORDER BY h.s"
+                ),
                 &[&tenant, &from, &to, &others],
             )
             .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
-}
 
-impl World {
     /// p99 in ms of (commit → delivery made, delivery made → first attempt)
     /// for `tenant`'s orders with ids in `[from, to)`: which stage waits.
     pub async fn stage_p99(&self, tenant: &str, from: i64, to: i64) -> anyhow::Result<(f64, f64)> {
         let row = self
             .platform_sql
             .query_one(
-                "SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY (extract(epoch FROM d.created_at - e.occurred_at) * 1000)::float8), \
+                &format!("SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY (extract(epoch FROM d.created_at - e.occurred_at) * 1000)::float8), \
                         percentile_disc(0.99) WITHIN GROUP (ORDER BY (extract(epoch FROM a.started_at - d.created_at) * 1000)::float8) \
-                 FROM walhook.attempts a JOIN walhook.deliveries d ON d.id = a.delivery_id \
-                 JOIN walhook.events e ON e.id = d.event_id AND e.occurred_at = d.event_occurred_at \
-                 WHERE a.number = 1 AND a.trigger = 'auto' AND e.tenant_id = $1 \
-                   AND e.object_id::int8 >= $2 AND e.object_id::int8 < $3",
+                 {FIRST_ATTEMPTS}"),
                 &[&tenant, &from, &to],
             )
             .await?;
