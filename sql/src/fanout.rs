@@ -203,16 +203,18 @@ static MATERIALIZE_EVENTS: std::sync::LazyLock<String> =
 /// an earlier run (another creation time), one claimed since (a later
 /// lease) or one nobody holds is left to the claims that handle it. The
 /// outer select reads the statement's snapshot, which does not show the
-/// plans inserted by `stored_plans`: none comes back twice.
+/// plans inserted by `stored_plans`: none comes back twice. Each plan is a
+/// primary-key probe (`LATERAL … LIMIT 1`), never a join over the whole
+/// queue (see `dispatch::first_rows::fresh_sql`).
 static MATERIALIZE_PLANS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH stored_plans AS ({}) SELECT unnest(delivery_ids) FROM stored_plans \
          UNION ALL \
          SELECT t.id FROM {} AS t \
-         JOIN walhook.fanouts p ON p.event_id = t.ev \
-         WHERE p.lease_owner = t.owner AND p.lease_version = 1 \
-           AND (p.created_at = t.created OR t.owner = '{held}') \
-           AND t.id = ANY (p.delivery_ids) \
+         CROSS JOIN LATERAL (SELECT p.delivery_ids FROM walhook.fanouts p \
+                             WHERE p.event_id = t.ev AND p.lease_owner = t.owner AND p.lease_version = 1 \
+                               AND (p.created_at = t.created OR t.owner = '{held}') LIMIT 1) p \
+         WHERE t.id = ANY (p.delivery_ids) \
            AND (SELECT true FROM walhook.deliveries d WHERE d.id = t.id) IS NULL",
         plans_sql(1, true),
         plan_rows(1),

@@ -921,3 +921,156 @@ async fn stored_names_read_back_as_enums_and_an_unknown_one_is_named() {
         .unwrap_err();
     assert!(err.to_string().contains("\"mystery\""), "{err}");
 }
+
+/// How many sequential scans of `walhook.{table}` the statistics show.
+async fn seq_scans(sql: &tokio_postgres::Client, table: &str) -> i64 {
+    sql.query_one(
+        "SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = 'walhook' AND relname = $1",
+        &[&table],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The client sessions other than `sql`'s own.
+async fn other_sessions(sql: &tokio_postgres::Client) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Waits until the sessions other than `sql`'s are back to `sessions`
+/// (a closed session has handed its statistics over as it ended).
+async fn sessions_back_to(sql: &tokio_postgres::Client, sessions: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while other_sessions(sql).await != sessions {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed session did not end in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Dispatch behind: 50,000 plans and 50,000 retries queued, and the
+/// recorder's batches of 4,200 first attempts and then their retries. Each
+/// batch reaches the plans and the queue by their primary keys; a plan the
+/// planner chose by the tables' sizes hashed the whole queue for every batch
+/// (a sequential scan each), so that the further behind dispatch was, the
+/// slower it caught up.
+#[tokio::test]
+async fn a_long_queue_is_probed_by_key_not_scanned_for_each_batch() {
+    let w = world().await;
+    let mut events = Vec::new();
+    let mut planned = Vec::new();
+    for i in 0..1_400u64 {
+        let (event, deliveries) = w.batch(10_000 + i * 10, Some("a"), Duration::ZERO);
+        events.push(event);
+        planned.push(deliveries);
+    }
+    let all: Vec<NewDelivery> = planned.iter().flatten().cloned().collect();
+    assert_eq!(
+        w.platform.materialize(&events, &all).await.unwrap().len(),
+        4_200
+    );
+    w.sql
+        .batch_execute(
+            "INSERT INTO walhook.fanouts (event_id, event_occurred_at, tenant_id, event_type, delivery_ids, \
+                 endpoint_ids, config_versions, created_at, expires_at, lease_owner) \
+             SELECT gen_random_uuid(), now(), 'acme', 'order.created', \
+                    ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], \
+                    ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], \
+                    ARRAY[1, 1, 1, 1], now(), now() + interval '1 day', 'b' \
+             FROM generate_series(1, 50000); \
+             INSERT INTO walhook.pending (delivery_id, endpoint_id, created_at, next_attempt_at, lease_owner) \
+             SELECT gen_random_uuid(), gen_random_uuid(), now(), now() + interval '1 hour', 'b' \
+             FROM generate_series(1, 50000); \
+             ANALYZE walhook.fanouts, walhook.pending",
+        )
+        .await
+        .unwrap();
+    let jobs: Vec<DeliveryJob> = events
+        .iter()
+        .zip(&planned)
+        .flat_map(|(event, deliveries)| deliveries.iter().map(|d| job_of(d.id, event, deliveries)))
+        .collect();
+    let failed: Vec<AttemptRecord> = jobs
+        .iter()
+        .map(|job| {
+            let mut failed = contract::attempt(job, DeliveryStatus::Pending);
+            failed.hold_until = Some(Timestamp::now().plus(Duration::from_secs(60)));
+            failed
+        })
+        .collect();
+    let retried: Vec<AttemptRecord> = jobs
+        .iter()
+        .map(|job| {
+            let mut held = job.clone();
+            held.attempt_count = 1;
+            held.materialized = true;
+            success(&held)
+        })
+        .collect();
+
+    // This session's own counts (the migrations' index builds scan both
+    // tables) are handed over before the count is read.
+    w.sql
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    let sessions = other_sessions(&w.sql).await;
+    let before = (
+        seq_scans(&w.sql, "fanouts").await,
+        seq_scans(&w.sql, "pending").await,
+    );
+    // The recorder's batches on a session of their own, closed after them
+    // so that its statistics are in before they are read.
+    let recorder = Platform::new(&w._pg.url("postgres"), 1).unwrap();
+    assert!(recorder.record(&failed).await.unwrap().is_empty());
+    assert!(recorder.record(&retried).await.unwrap().is_empty());
+    drop(recorder);
+    sessions_back_to(&w.sql, sessions).await;
+    // A control: one sequential scan of each, counted the same way.
+    let control = w._pg.connect("postgres").await.unwrap();
+    control
+        .batch_execute(
+            "SET enable_indexscan = off; SET enable_bitmapscan = off; SET enable_indexonlyscan = off; \
+             SET max_parallel_workers_per_gather = 0; \
+             SELECT count(*) FROM walhook.fanouts; SELECT count(*) FROM walhook.pending",
+        )
+        .await
+        .unwrap();
+    drop(control);
+    sessions_back_to(&w.sql, sessions).await;
+    let after = (
+        seq_scans(&w.sql, "fanouts").await,
+        seq_scans(&w.sql, "pending").await,
+    );
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 1),
+        "sequential scans of (fanouts, pending) besides the control's one each"
+    );
+
+    // And the batches did their work.
+    assert_eq!(
+        w.count("walhook.deliveries WHERE status = 'succeeded'")
+            .await,
+        4_200
+    );
+    assert_eq!(
+        w.count("walhook.fanouts").await,
+        50_000,
+        "the 1,400 plans are done"
+    );
+    assert_eq!(
+        w.count("walhook.pending").await,
+        50_000,
+        "the 4,200 retries left the queue"
+    );
+}

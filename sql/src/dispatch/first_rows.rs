@@ -21,7 +21,13 @@ use crate::{Platform, StoreError};
 /// dispatch falls behind. A plan whose deliveries all came in this batch
 /// (the common case) is done without reading `deliveries`; otherwise the
 /// rows from before are counted by primary-key probes (they and the new
-/// rows are disjoint: the statement's snapshot shows none of `first_rows`). `careful` adds
+/// rows are disjoint: the statement's snapshot shows none of `first_rows`).
+/// Plans are read by primary-key probes (`LATERAL … LIMIT 1`, a subquery
+/// the planner cannot turn into a join, and `= ANY (ARRAY(…))`, an index
+/// condition), never by a join the planner may choose: `fanouts` grows when dispatch falls behind, batches
+/// grow with it, and past a few tens of thousands of plans a planner's join
+/// hashed the whole queue for every batch, so the further behind, the
+/// slower each batch (docs/performance.md, "A queue hashed whole"). `careful` adds
 /// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
 /// it is and counts as stale).
 pub(super) fn fresh_sql(first: usize, careful: bool) -> String {
@@ -36,7 +42,8 @@ pub(super) fn fresh_sql(first: usize, careful: bool) -> String {
                    x.hold, x.http, x.err, \
                    x.created, now() \
             FROM {} AS x \
-            JOIN walhook.fanouts f ON f.event_id = x.ev AND f.lease_version = x.lease \
+            CROSS JOIN LATERAL (SELECT f.lease_owner FROM walhook.fanouts f \
+                                WHERE f.event_id = x.ev AND f.lease_version = x.lease LIMIT 1) f \
             {} \
             RETURNING id, event_id, endpoint_id, created_at, next_attempt_at, lease_owner, status), \
         first_pending AS ( \
@@ -46,7 +53,7 @@ pub(super) fn fresh_sql(first: usize, careful: bool) -> String {
             SELECT event_id, count(*) AS fresh FROM first_rows GROUP BY event_id), \
         done AS ( \
             DELETE FROM walhook.fanouts p USING made m \
-            WHERE p.event_id = m.event_id \
+            WHERE p.event_id = ANY (ARRAY(SELECT event_id FROM made)) AND p.event_id = m.event_id \
               AND CASE WHEN m.fresh >= cardinality(p.delivery_ids) THEN true \
                        ELSE m.fresh + (SELECT count(*) FROM walhook.deliveries d \
                                       WHERE d.id = ANY (p.delivery_ids)) \

@@ -108,7 +108,9 @@ static INSERT_ATTEMPTS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
 /// `pending`; one handed back becomes due for any node), for parameters
 /// from `$first` on (9 arrays; the last, when each delivery was made,
 /// names its day partition). The state change touches no indexed column
-/// of `deliveries`: a HOT update.
+/// of `deliveries`: a HOT update. `pending` is reached through its primary
+/// key (`= ANY (ARRAY(…))`), whatever its size: a queue of retries that
+/// grew behind failing endpoints is never hashed whole for one batch.
 fn states_sql(first: usize) -> String {
     format!(
         "new_states AS ( \
@@ -126,11 +128,12 @@ fn states_sql(first: usize) -> String {
               AND d.status = 'pending' \
             RETURNING d.id, d.status, d.lease_owner, d.next_attempt_at), \
         gone AS ( \
-            DELETE FROM walhook.pending p USING new_states s \
-            WHERE p.delivery_id = s.id AND s.status <> 'pending'), \
+            DELETE FROM walhook.pending p \
+            WHERE p.delivery_id = ANY (ARRAY(SELECT id FROM new_states WHERE status <> 'pending'))), \
         freed AS ( \
             UPDATE walhook.pending p SET lease_owner = NULL, next_attempt_at = s.next_attempt_at FROM new_states s \
-            WHERE p.delivery_id = s.id AND s.status = 'pending' AND s.lease_owner IS NULL)",
+            WHERE p.delivery_id = ANY (ARRAY(SELECT id FROM new_states WHERE status = 'pending' AND lease_owner IS NULL)) \
+              AND p.delivery_id = s.id)",
         crate::unnested(
             first,
             &[
