@@ -24,10 +24,12 @@ use crate::{Platform, StoreError};
 /// rows are disjoint: the statement's snapshot shows none of `first_rows`).
 /// Plans are read by primary-key probes (`LATERAL … LIMIT 1`, a subquery
 /// the planner cannot turn into a join, and `= ANY (ARRAY(…))`, an index
-/// condition), never by a join the planner may choose: `fanouts` grows when dispatch falls behind, batches
-/// grow with it, and past a few tens of thousands of plans a planner's join
-/// hashed the whole queue for every batch, so the further behind, the
-/// slower each batch (docs/performance.md, "A queue hashed whole"). `careful` adds
+/// condition), never by a join the planner may choose: `fanouts` grows
+/// when dispatch falls behind, batches grow with it, and past a few tens
+/// of thousands of plans a planner's join hashed the whole queue for
+/// every batch, so the further behind, the slower each batch
+/// (docs/performance.md, "The issue's baseline, and a queue hashed
+/// whole"). `careful` adds
 /// `ON CONFLICT DO NOTHING` (a row written by another writer is left as
 /// it is and counts as stale).
 pub(super) fn fresh_sql(first: usize, careful: bool) -> String {
