@@ -743,6 +743,12 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         gauge("walhook_archive_verification_failures{name=\"events\"}"),
         0.0
     );
+    // Today's attempts (the replay's) are hot: their partition's oldest
+    // unfrozen row is some transactions old.
+    assert!(
+        gauge("walhook_archive_xid_age{name=\"attempts\"}") > 0.0,
+        "{metrics}"
+    );
     child.terminate();
 
     // The restored delivery and event leave again, as generation 1 of

@@ -107,6 +107,7 @@ struct SqlGauges {
     archive_failures: Family<NameLabel, Gauge>,
     archive_failed_days: Family<NameLabel, Gauge>,
     archive_oldest_hot_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
+    archive_xid_age: Family<NameLabel, Gauge>,
     reconcile_gaps: Family<ClassLabel, Gauge>,
     reconcile_open_gaps: Gauge,
     reconcile_last_clean: Gauge<f64, AtomicU64>,
@@ -243,6 +244,11 @@ impl Metrics {
             ARCHIVE_OLDEST_HOT_AGE,
             "Seconds since the oldest day still in the hot tables began, by table",
             sql.archive_oldest_hot_age.clone(),
+        );
+        registry.register(
+            ARCHIVE_XID_AGE,
+            "Transactions since the oldest row not yet frozen in the table's partitions, by table",
+            sql.archive_xid_age.clone(),
         );
         registry.register(
             RECONCILE_GAPS,
@@ -394,6 +400,7 @@ impl Metrics {
                     a.bytes += b.bytes;
                     a.verification_failures += b.verification_failures;
                     a.oldest_hot_age_secs = a.oldest_hot_age_secs.max(b.oldest_hot_age_secs);
+                    a.xid_age = a.xid_age.max(b.xid_age);
                     a
                 };
                 for (table, a) in capped(archive, fold) {
@@ -412,6 +419,10 @@ impl Metrics {
                         .archive_oldest_hot_age
                         .get_or_create(&label)
                         .set(a.oldest_hot_age_secs);
+                    self.sql
+                        .archive_xid_age
+                        .get_or_create(&label)
+                        .set(a.xid_age);
                 }
                 if let Some(r) = g.reconcile {
                     for class in walhook_reconcile::GapClass::ALL {

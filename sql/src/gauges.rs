@@ -61,6 +61,10 @@ pub struct ArchiveGauges {
     /// Days whose last archive attempt failed and that no run has archived
     /// since (open `archive_day_failed` incidents).
     pub failed_days: i64,
+    /// Transactions since the oldest row not yet frozen in the table's
+    /// partitions (the largest `age(relfrozenxid)`): Postgres freezes a
+    /// partition in an anti-wraparound pass at `autovacuum_freeze_max_age`.
+    pub xid_age: i64,
 }
 
 impl Platform {
@@ -119,7 +123,9 @@ impl Platform {
                    coalesce((SELECT sum(verify_failures) FROM walhook.archive_partitions a WHERE a.table_name = t.name), 0)::int8, \
                    coalesce((SELECT extract(epoch FROM now() - min(o.at))::float8 FROM oldest o WHERE o.name = t.name), 0), \
                    (SELECT count(*) FROM walhook.incidents i WHERE i.stage = 'archive' AND i.kind = 'archive_day_failed' \
-                      AND i.resolved_at IS NULL AND split_part(i.subject, '/', 1) = t.name) \
+                      AND i.resolved_at IS NULL AND split_part(i.subject, '/', 1) = t.name), \
+                   coalesce((SELECT max(age(c.relfrozenxid)) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                             WHERE i.inhparent = ('walhook.' || t.name)::regclass), 0)::int8 \
                  FROM t ORDER BY t.name",
                 &[],
             )
@@ -162,6 +168,7 @@ impl Platform {
                     verification_failures: r.get(3),
                     oldest_hot_age_secs: r.get(4),
                     failed_days: r.get(5),
+                    xid_age: r.get(6),
                 })
                 .collect(),
             pending: row.get(0),

@@ -3,6 +3,7 @@
 
 mod ledger;
 mod membership;
+mod partitions;
 mod plans;
 mod routing;
 mod store_contract;

@@ -135,6 +135,12 @@ pub const ARCHIVE_FAILED_DAYS: &str = "walhook_archive_failed_days";
 /// Seconds since the oldest day still in the hot tables began, by table
 /// (gauge, SQL): above the hot window plus a day, archiving is behind.
 pub const ARCHIVE_OLDEST_HOT_AGE: &str = "walhook_archive_oldest_hot_age_seconds";
+/// Transactions since the oldest row not yet frozen in the table's
+/// partitions, by table (gauge, SQL: the largest `age(relfrozenxid)`).
+/// Postgres starts an anti-wraparound vacuum of a partition at
+/// `autovacuum_freeze_max_age`; day partitions skip insert-triggered
+/// passes (migration 0027), so that pass is where their rows freeze.
+pub const ARCHIVE_XID_AGE: &str = "walhook_archive_xid_age";
 /// Gaps the latest reconciliation over every tenant found, by class
 /// (gauge, SQL: from `walhook.reconcile_runs`; 0 for classes it did
 /// not find).

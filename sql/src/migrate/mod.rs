@@ -158,6 +158,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "delivery_partition",
         sql: include_str!("../../migrations/0026_delivery_partition.sql"),
     },
+    Migration {
+        version: 27,
+        name: "day_partitions_no_insert_vacuum",
+        sql: include_str!("../../migrations/0027_day_partitions_no_insert_vacuum.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).
