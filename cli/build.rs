@@ -1,7 +1,8 @@
 //! Records the commit the binary is built from (`WALHOOK_COMMIT`), for the
-//! benchmarks' results and `walhook --version`; "unknown" outside a git
-//! checkout, and "-dirty" after it when a file the binary is built from
-//! differs from that commit. And the platform schema version the binary brings
+//! benchmarks' results and `walhook --version`; in a tree exported by `git
+//! archive`, the commit it wrote into `cli/commit.txt`; "unknown" elsewhere;
+//! and "-dirty" after it when a file the binary is built from differs from
+//! that commit. And the platform schema version the binary brings
 //! (`WALHOOK_SCHEMA_LEVEL`: the highest-numbered file of `sql/migrations`),
 //! for `walhook --version`; a test holds it to the migrations compiled in.
 
@@ -12,6 +13,7 @@ fn main() {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .or_else(archived_commit)
         .unwrap_or_else(|| "unknown".into());
     // What the binary is built from: every crate's sources and manifest,
     // the lock file and the migrations. A change to one of them runs this
@@ -85,4 +87,14 @@ fn main() {
             println!("cargo:rerun-if-changed={path}");
         }
     }
+}
+
+/// The commit `git archive` wrote into `commit.txt` (its `export-subst`
+/// attribute, .gitattributes), when the tree is an export and not a
+/// checkout: the previous release that the upgrade test builds is one.
+fn archived_commit() -> Option<String> {
+    println!("cargo:rerun-if-changed=commit.txt");
+    let text = std::fs::read_to_string("commit.txt").ok()?;
+    let hash = text.trim();
+    (hash.len() >= 12 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then(|| hash[..12].to_owned())
 }

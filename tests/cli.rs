@@ -473,3 +473,28 @@ async fn doctor_names_each_problem_with_its_fix_and_passes_once_they_are_applied
     );
     assert!(!text.contains("FAIL"), "{text}");
 }
+
+/// A tree exported by `git archive` (how scripts/ensure-previous-release.sh
+/// builds the previous release) carries its commit in `cli/commit.txt`,
+/// which the build script reads when there is no checkout to ask.
+#[test]
+fn an_archived_tree_names_its_commit() {
+    #![allow(clippy::disallowed_methods)]
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .expect("git runs (the tests run from a clone)");
+        assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let head = git(&["rev-parse", "HEAD"]);
+    let archived = git(&["archive", "HEAD", "cli/commit.txt"]);
+    // A tar stream: the file's text follows its 512-byte header.
+    assert!(
+        archived.contains(head.trim()),
+        "cli/commit.txt in `git archive HEAD` does not hold {head}"
+    );
+}

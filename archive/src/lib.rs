@@ -179,14 +179,6 @@ impl ArchiveError {
         move |source| ArchiveError::Query { what, source }
     }
 
-    /// What a verification failure found (`None` for any other error).
-    pub fn verification_kind(&self) -> Option<VerificationKind> {
-        match self {
-            ArchiveError::Verification { kind, .. } => Some(*kind),
-            _ => None,
-        }
-    }
-
     /// Whether retrying may help (connection trouble, a lock not granted in
     /// time, a store that timed out) rather than the operator having to act.
     pub fn is_transient(&self) -> bool {

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use pgwire_replication::ReplicationClient;
 use tokio_util::sync::CancellationToken;
 use walhook_connectors::postgres::config::{RuleConfig, SourceConfig};
@@ -16,8 +15,8 @@ use walhook_connectors::postgres::{CaptureObserver, PostgresSource, RunOptions};
 use walhook_devkit::postgres::LocalPostgres;
 use walhook_devkit::tls::TestCa;
 use walhook_pgtls::ConnectOptions;
-use walhook_pipeline::capture::{CapturedTransaction, SinkError, TransactionSink};
-use walhook_pipeline::log::Receipt;
+
+use crate::capture::Collect;
 
 /// A TLS-only cluster with a database `shop`, and two CA files: the one
 /// that signed the server's certificate and another.
@@ -92,16 +91,6 @@ struct Rules {
     rules: Vec<RuleConfig>,
 }
 
-#[derive(Clone, Default)]
-struct Collect(Arc<Mutex<Vec<CapturedTransaction>>>);
-
-impl TransactionSink for Collect {
-    async fn hand_off(&mut self, tx: CapturedTransaction) -> Result<Receipt, SinkError> {
-        self.0.lock().push(tx);
-        Ok(Receipt::ready())
-    }
-}
-
 struct Quiet;
 impl CaptureObserver for Quiet {}
 
@@ -169,10 +158,9 @@ async fn capture_streams_a_change_over_verified_tls() {
     .expect("capture did not catch up")
     .unwrap();
     let events: Vec<String> = sink
-        .0
-        .lock()
+        .events()
         .iter()
-        .flat_map(|t| t.events.iter().map(|e| e.event_type.to_string()))
+        .map(|e| e.event_type.to_string())
         .collect();
     // The server takes TCP over TLS only, so the stream that read this
     // used TLS (verified against the test CA).
