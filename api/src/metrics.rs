@@ -108,6 +108,7 @@ struct SqlGauges {
     archive_failed_days: Family<NameLabel, Gauge>,
     archive_oldest_hot_age: Family<NameLabel, Gauge<f64, AtomicU64>>,
     archive_xid_age: Family<NameLabel, Gauge>,
+    archive_freeze_progress: Family<NameLabel, Gauge<f64, AtomicU64>>,
     reconcile_gaps: Family<ClassLabel, Gauge>,
     reconcile_open_gaps: Gauge,
     reconcile_last_clean: Gauge<f64, AtomicU64>,
@@ -249,6 +250,11 @@ impl Metrics {
             ARCHIVE_XID_AGE,
             "Transactions since the oldest row not yet frozen in the table's partitions, by table",
             sql.archive_xid_age.clone(),
+        );
+        registry.register(
+            ARCHIVE_FREEZE_PROGRESS,
+            "The largest share of its effective autovacuum_freeze_max_age a partition's oldest unfrozen row has reached, by table (at 1 the anti-wraparound vacuum starts)",
+            sql.archive_freeze_progress.clone(),
         );
         registry.register(
             RECONCILE_GAPS,
@@ -401,6 +407,7 @@ impl Metrics {
                     a.verification_failures += b.verification_failures;
                     a.oldest_hot_age_secs = a.oldest_hot_age_secs.max(b.oldest_hot_age_secs);
                     a.xid_age = a.xid_age.max(b.xid_age);
+                    a.freeze_progress = a.freeze_progress.max(b.freeze_progress);
                     a
                 };
                 for (table, a) in capped(archive, fold) {
@@ -423,6 +430,10 @@ impl Metrics {
                         .archive_xid_age
                         .get_or_create(&label)
                         .set(a.xid_age);
+                    self.sql
+                        .archive_freeze_progress
+                        .get_or_create(&label)
+                        .set(a.freeze_progress);
                 }
                 if let Some(r) = g.reconcile {
                     for class in walhook_reconcile::GapClass::ALL {

@@ -65,6 +65,10 @@ pub struct ArchiveGauges {
     /// partitions (the largest `age(relfrozenxid)`): Postgres freezes a
     /// partition in an anti-wraparound pass at `autovacuum_freeze_max_age`.
     pub xid_age: i64,
+    /// The largest share of its effective `autovacuum_freeze_max_age` (the
+    /// cluster's, or the partition's own when lower) that a partition's
+    /// `age(relfrozenxid)` has reached: at 1 that pass starts.
+    pub freeze_progress: f64,
 }
 
 impl Platform {
@@ -108,12 +112,19 @@ impl Platform {
         let archive = client
             .query(
                 "WITH t(name) AS (VALUES ('events'), ('deliveries'), ('attempts')), \
-                 parts AS (SELECT p.relname::text AS relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid \
-                    WHERE i.inhparent IN ('walhook.events'::regclass, 'walhook.attempts'::regclass)), \
+                 cluster AS (SELECT current_setting('autovacuum_freeze_max_age')::float8 AS freeze_max), \
+                 parts AS ( \
+                    SELECT parent.relname::text AS name, c.relname::text AS relname, age(c.relfrozenxid) AS xid_age, \
+                           age(c.relfrozenxid) / least(cluster.freeze_max, coalesce( \
+                             (SELECT split_part(o, '=', 2)::float8 FROM unnest(c.reloptions) o \
+                              WHERE split_part(o, '=', 1) = 'autovacuum_freeze_max_age'), cluster.freeze_max)) AS freeze_progress \
+                    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                    JOIN pg_class parent ON parent.oid = i.inhparent, cluster \
+                    WHERE i.inhparent IN ('walhook.events'::regclass, 'walhook.deliveries'::regclass, \
+                                          'walhook.attempts'::regclass)), \
                  oldest AS ( \
-                    SELECT split_part(relname, '_', 1) AS name, \
-                           min(to_date(split_part(relname, '_', 2), 'YYYYMMDD'))::timestamp AT TIME ZONE 'UTC' AS at \
-                    FROM parts GROUP BY 1 \
+                    SELECT name, min(to_date(split_part(relname, '_', 2), 'YYYYMMDD'))::timestamp AT TIME ZONE 'UTC' AS at \
+                    FROM parts WHERE name IN ('events', 'attempts') GROUP BY 1 \
                     UNION ALL SELECT 'deliveries', min(x.m) FROM walhook.tenants tn, \
                     LATERAL (SELECT date_trunc('day', min(created_at) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS m \
                              FROM walhook.deliveries d WHERE d.tenant_id = tn.id) x) \
@@ -124,8 +135,8 @@ impl Platform {
                    coalesce((SELECT extract(epoch FROM now() - min(o.at))::float8 FROM oldest o WHERE o.name = t.name), 0), \
                    (SELECT count(*) FROM walhook.incidents i WHERE i.stage = 'archive' AND i.kind = 'archive_day_failed' \
                       AND i.resolved_at IS NULL AND split_part(i.subject, '/', 1) = t.name), \
-                   coalesce((SELECT max(age(c.relfrozenxid)) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                             WHERE i.inhparent = ('walhook.' || t.name)::regclass), 0)::int8 \
+                   coalesce((SELECT max(p.xid_age) FROM parts p WHERE p.name = t.name), 0)::int8, \
+                   coalesce((SELECT max(p.freeze_progress) FROM parts p WHERE p.name = t.name), 0)::float8 \
                  FROM t ORDER BY t.name",
                 &[],
             )
@@ -169,6 +180,7 @@ impl Platform {
                     oldest_hot_age_secs: r.get(4),
                     failed_days: r.get(5),
                     xid_age: r.get(6),
+                    freeze_progress: r.get(7),
                 })
                 .collect(),
             pending: row.get(0),

@@ -66,7 +66,7 @@ async fn day_partitions_before_and_after_the_migration_skip_insert_triggered_vac
         );
     }
     let report = walhook_sql::migrate::run(&mut sql).await.unwrap();
-    assert_eq!(report.applied, vec![27]);
+    assert_eq!(report.applied.first(), Some(&27));
     for name in &before {
         has_the_settings(name, &options(&sql, name).await);
     }
@@ -123,4 +123,77 @@ async fn autovacuum_analyzes_a_day_partition_but_does_not_vacuum_it_for_inserts(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The archive's gauges over the day partitions, read as a scrape reads
+/// them: the oldest hot day, and how near each table's partitions are to
+/// their anti-wraparound vacuum, measured against the effective
+/// `autovacuum_freeze_max_age` (a partition's own value counts only when
+/// lower than the cluster's, as in Postgres).
+#[tokio::test]
+async fn the_archive_gauges_read_the_oldest_day_and_the_freeze_horizon_of_each_table() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let mut sql = pg.connect("postgres").await.unwrap();
+    walhook_sql::migrate::run(&mut sql).await.unwrap();
+    let three_days_ago = make_day(&sql, -3).await;
+    let today = make_day(&sql, 0).await;
+    let named = |names: &[String], parent: &str| {
+        names
+            .iter()
+            .find(|n| n.starts_with(&format!("{parent}_")))
+            .unwrap()
+            .clone()
+    };
+    // Today's attempts: a lower limit of its own (the least Postgres
+    // accepts); both days of events: a higher one, which Postgres ignores.
+    sql.batch_execute(&format!(
+        "ALTER TABLE walhook.{} SET (autovacuum_freeze_max_age = 100000);
+         ALTER TABLE walhook.{} SET (autovacuum_freeze_max_age = 1000000000);
+         ALTER TABLE walhook.{} SET (autovacuum_freeze_max_age = 1000000000);",
+        named(&today, "attempts"),
+        named(&three_days_ago, "events"),
+        named(&today, "events"),
+    ))
+    .await
+    .unwrap();
+    for _ in 0..300 {
+        sql.query_one("SELECT txid_current()", &[]).await.unwrap();
+    }
+    let cluster: f64 = sql
+        .query_one(
+            "SELECT current_setting('autovacuum_freeze_max_age')::float8",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let platform = walhook_sql::Platform::new(&pg.url("postgres"), 2).unwrap();
+    let gauges = platform.pipeline_gauges().await.unwrap();
+    let table = |name: &str| {
+        gauges
+            .archive
+            .iter()
+            .find(|a| a.table == name)
+            .unwrap_or_else(|| panic!("no gauges for {name}: {:?}", gauges.archive))
+            .clone()
+    };
+    let (events, attempts) = (table("events"), table("attempts"));
+    for t in [&events, &attempts] {
+        assert!(t.xid_age >= 300, "{t:?}");
+        assert!(
+            (3.0 * 86_400.0..4.0 * 86_400.0).contains(&t.oldest_hot_age_secs),
+            "the oldest hot day began three days ago (UTC midnight): {t:?}"
+        );
+    }
+    // 300 and more transactions of the 100,000 the partition allows itself.
+    assert!(
+        (0.003..0.05).contains(&attempts.freeze_progress),
+        "{attempts:?}"
+    );
+    // Against the cluster's limit: the partition's larger one is ignored.
+    let expected = events.xid_age as f64 / cluster;
+    assert!(
+        (events.freeze_progress - expected).abs() < expected * 0.1,
+        "{events:?}: expected about {expected} of the cluster's {cluster}"
+    );
 }

@@ -141,6 +141,12 @@ pub const ARCHIVE_OLDEST_HOT_AGE: &str = "walhook_archive_oldest_hot_age_seconds
 /// `autovacuum_freeze_max_age`; day partitions skip insert-triggered
 /// passes (migration 0027), so that pass is where their rows freeze.
 pub const ARCHIVE_XID_AGE: &str = "walhook_archive_xid_age";
+/// [`ARCHIVE_XID_AGE`] as a share of the effective
+/// `autovacuum_freeze_max_age` (the cluster's setting, or a partition's own
+/// storage parameter when lower), the largest over the table's partitions
+/// (gauge, SQL): at 1 Postgres starts the anti-wraparound vacuum, whatever
+/// the cluster is set to.
+pub const ARCHIVE_FREEZE_PROGRESS: &str = "walhook_archive_freeze_progress";
 /// Gaps the latest reconciliation over every tenant found, by class
 /// (gauge, SQL: from `walhook.reconcile_runs`; 0 for classes it did
 /// not find).
