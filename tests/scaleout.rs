@@ -56,6 +56,26 @@ fn fluvio_log_named(cluster: &FluvioCluster) -> (String, String) {
     )
 }
 
+/// Runs `walhook fanout` with `args` beside members it must not run with:
+/// it exits with an error, whose text (stderr) is returned.
+fn refused_fanout(cfg: &std::path::Path, args: &[&str]) -> String {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Child(
+        crate::support::walhook()
+            .args(["fanout", "--config"])
+            .arg(cfg)
+            .args(args)
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let status = child
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("walhook fanout {args:?} started beside the running members"));
+    assert!(!status.success(), "walhook fanout {args:?}: {status}");
+    std::fs::read_to_string(log.path()).unwrap()
+}
+
 async fn insert_orders(w: &World, ids: std::ops::RangeInclusive<i64>) {
     for id in ids {
         w.shop
@@ -239,6 +259,24 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
     let mut member1 = Child::stage("fanout", &cfg, &["--member", "1/2"], &[]);
     let standby = Child::stage("dispatch", &cfg, &["--node-id", "standby"], &[]);
     w.wait_streaming().await;
+    // The fixed members hold their shares: a member that would join the
+    // group, or a fixed one of another count, does not start beside them.
+    w.wait_count(
+        "both fixed shares taken",
+        "SELECT count(*) FROM walhook.stage_members WHERE grp LIKE '%#fixed/2' AND lease_until > now()",
+        2,
+    )
+    .await;
+    let why = refused_fanout(&cfg, &[]);
+    assert!(
+        why.contains("member 0/2") && why.contains("member 1/2") && why.contains("--member too"),
+        "{why}"
+    );
+    let why = refused_fanout(&cfg, &["--member", "2/3"]);
+    assert!(
+        why.contains("--member 2/3") && why.contains("the same N"),
+        "{why}"
+    );
 
     insert_orders(&w, 1..=20).await;
     w.wait_count(
@@ -280,7 +318,15 @@ async fn separate_processes_on_fluvio_lose_nothing_through_kills_and_a_broker_cr
     // capture ledger (written by capture once the cluster stored the
     // events), the events and deliveries fan-out made, and the attempts.
     assert_recent_window_reconciles(&cfg);
-    for child in [capture, member0, member1, standby] {
+    // A second process given 0/2 takes the share over; the first stops at
+    // its next renewal, with an error for its supervisor.
+    let member0_again = Child::stage("fanout", &cfg, &["--member", "0/2"], &[]);
+    let mut member0 = member0;
+    let status = member0
+        .wait_exit(Duration::from_secs(30))
+        .expect("the member whose share was taken over kept running");
+    assert!(!status.success(), "{status}");
+    for child in [capture, member0_again, member1, standby] {
         assert!(
             child.terminate().success(),
             "a process did not stop cleanly"
@@ -1166,6 +1212,12 @@ async fn members_without_a_share_split_the_partitions_and_move_them_when_one_die
     assert_eq!(
         scrape_labelled(&a_listen, "walhook_member_partitions", "member=\"0\"").await,
         1.0
+    );
+    // A fixed share does not start beside members that joined.
+    let why = refused_fanout(&cfg, &["--member", "0/2"]);
+    assert!(
+        why.contains("--member 0/2: members that joined group") && why.contains("without --member"),
+        "{why}"
     );
     assert!(
         scrape_labelled(

@@ -90,6 +90,10 @@ pub enum StoreError {
     /// master key, an altered row): the operator must act.
     #[error(transparent)]
     Secrets(#[from] secrets::SecretsError),
+    /// What was asked conflicts with what runs (the message says what and
+    /// how to resolve it): the operator must act.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl StoreError {

@@ -5,6 +5,14 @@
 //! transaction-scoped advisory lock, so a member never sees a partition as
 //! free while another is taking it, and a renewal's list of holdings is
 //! never older than a claim that took one of them.
+//!
+//! Members with a fixed share (`walhook fanout --member I/N`) hold no
+//! partition here, but they hold a lease of their own, in the group
+//! `<group>#fixed/<N>` with slot I, under the same lock: a fixed member
+//! does not start beside live joined members or beside fixed members of
+//! another N, a joined member does not start beside live fixed members,
+//! and of two processes given the same I/N the later takes the share and
+//! the earlier stops at its next renewal.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -19,6 +27,16 @@ use crate::{Platform, StoreError};
 const LOCK_SPACE: i32 = 0x7768_6b6d;
 
 const LOCK: &str = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
+
+/// The live members with a fixed share of group $1, of any N: N, I and
+/// the holder.
+const LIVE_FIXED: &str = "\
+SELECT substr(grp, length($1::text) + 8), slot, holder FROM walhook.stage_members \
+WHERE left(grp, length($1::text) + 7) = $1::text || '#fixed/' AND lease_until > now() ORDER BY 1, 2";
+
+/// The live members that joined group $1: slot and holder.
+const LIVE_JOINED: &str = "\
+SELECT slot, holder FROM walhook.stage_members WHERE grp = $1 AND lease_until > now() ORDER BY slot";
 
 /// Takes the lowest slot held by no live member (among 0..=rows, one of
 /// which is free), bumping its epoch.
@@ -102,6 +120,153 @@ impl Platform {
     }
 }
 
+impl Platform {
+    /// Takes share I of N (`walhook fanout --member I/N`) of `group`: a
+    /// lease on slot I of `<group>#fixed/<N>`. Refused while members that
+    /// joined the group, or fixed members of another N, are live. A live
+    /// holder of the same I/N loses the share (it stops at its next
+    /// renewal): returned with the new member, so that the caller can say
+    /// whom it replaced.
+    pub async fn take_fixed_share(
+        &self,
+        group: &str,
+        holder: &str,
+        (member, members): (u32, u32),
+        lease: Duration,
+    ) -> Result<(Member, Option<String>), StoreError> {
+        let fixed = fixed_group(group, members);
+        let n = members.to_string();
+        let outcome = self
+            .locked(group, "take a fixed share", async |tx| {
+                let joined = tx.query(LIVE_JOINED, &[&group]).await?;
+                if !joined.is_empty() {
+                    return Ok(Err(format!(
+                        "members that joined group {group} are live: {}. A fixed share would read partitions \
+                         they hold, and the same events would be fanned out twice. Stop them, or run this \
+                         process without --member; a member that stopped leaves at once, one that was killed \
+                         when its lease ends ([log] member_lease)",
+                        joined
+                            .iter()
+                            .map(|r| format!("slot {} ({})", r.get::<_, i32>(0), r.get::<_, String>(1)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                let others: Vec<_> = tx
+                    .query(LIVE_FIXED, &[&group])
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.get::<_, String>(0) != n)
+                    .collect();
+                if !others.is_empty() {
+                    return Ok(Err(format!(
+                        "members with another count run in group {group}: {}. Members I/N and J/M with N \
+                         other than M read overlapping partitions: give every fixed member the same N",
+                        fixed_list(&others)
+                    )));
+                }
+                let before: Option<String> = tx
+                    .query_opt(
+                        "SELECT holder FROM walhook.stage_members \
+                         WHERE grp = $1 AND slot = $2 AND lease_until > now()",
+                        &[&fixed, &int(member)],
+                    )
+                    .await?
+                    .map(|r| r.get(0));
+                let row = tx
+                    .query_one(
+                        "INSERT INTO walhook.stage_members (grp, slot, epoch, holder, lease_until) \
+                         VALUES ($1, $2, 1, $3, now() + $4 * interval '1 millisecond') \
+                         ON CONFLICT (grp, slot) DO UPDATE SET epoch = walhook.stage_members.epoch + 1, \
+                             holder = EXCLUDED.holder, joined_at = now(), lease_until = EXCLUDED.lease_until \
+                         RETURNING slot, epoch",
+                        &[&fixed, &int(member), &holder, &millis(lease)],
+                    )
+                    .await?;
+                Ok(Ok((
+                    Member {
+                        slot: number(row.get(0)),
+                        epoch: row.get(1),
+                    },
+                    before,
+                )))
+            })
+            .await?;
+        outcome.map_err(|why| StoreError::Refused(format!("--member {member}/{members}: {why}")))
+    }
+
+    /// Renews a fixed share taken by [`Platform::take_fixed_share`]; false
+    /// once another process took the same I/N, or a member joined the
+    /// group while this lease had lapsed: the share is no longer this
+    /// process's.
+    pub async fn renew_fixed_share(
+        &self,
+        group: &str,
+        members: u32,
+        member: Member,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let fixed = fixed_group(group, members);
+        self.locked(group, "renew a fixed share", async |tx| {
+            tx.execute(
+                &format!(
+                    "UPDATE walhook.stage_members SET lease_until = now() + $4 * interval '1 millisecond' \
+                     WHERE grp = $1 AND slot = $2 AND epoch = $3 \
+                       AND NOT EXISTS ({LIVE_JOINED_EXISTS})"
+                ),
+                &[&fixed, &slot(member), &member.epoch, &millis(lease), &group],
+            )
+            .await
+        })
+        .await
+        .map(|n| n == 1)
+    }
+
+    /// Gives a fixed share up at once (a process that stops), so that
+    /// another mode can start without waiting for the lease.
+    pub async fn leave_fixed_share(
+        &self,
+        group: &str,
+        members: u32,
+        member: Member,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                "UPDATE walhook.stage_members SET lease_until = now() \
+                 WHERE grp = $1 AND slot = $2 AND epoch = $3",
+                &[&fixed_group(group, members), &slot(member), &member.epoch],
+            )
+            .await
+            .map_err(StoreError::query("give a fixed share up"))?;
+        Ok(())
+    }
+}
+
+/// A live member that joined group $5 (for a fixed share's renewal).
+const LIVE_JOINED_EXISTS: &str =
+    "SELECT 1 FROM walhook.stage_members j WHERE j.grp = $5 AND j.lease_until > now()";
+
+/// The group of the fixed shares of `group` with `members` members.
+fn fixed_group(group: &str, members: u32) -> String {
+    format!("{group}#fixed/{members}")
+}
+
+/// Fixed members as `member I/N (holder)`, from [`LIVE_FIXED`]'s rows.
+fn fixed_list(rows: &[tokio_postgres::Row]) -> String {
+    rows.iter()
+        .map(|r| {
+            format!(
+                "member {}/{} ({})",
+                r.get::<_, i32>(1),
+                r.get::<_, String>(0),
+                r.get::<_, String>(2)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn millis(lease: Duration) -> f64 {
     lease.as_millis() as f64
 }
@@ -132,15 +297,30 @@ impl MembershipStore for Platform {
             let count = int(partitions);
             let row = self
                 .locked(group, "join the group", async |tx| {
+                    let fixed = tx.query(LIVE_FIXED, &[&group]).await?;
+                    if !fixed.is_empty() {
+                        return Ok(Err(fixed));
+                    }
                     tx.execute(
                         "INSERT INTO walhook.stage_partitions (grp, partition) \
                          SELECT $1, generate_series(0, $2 - 1) ON CONFLICT DO NOTHING",
                         &[&group, &count],
                     )
                     .await?;
-                    tx.query_one(JOIN, &[&group, &holder, &millis(lease)]).await
+                    tx.query_one(JOIN, &[&group, &holder, &millis(lease)])
+                        .await
+                        .map(Ok)
                 })
-                .await?;
+                .await?
+                .map_err(|fixed| {
+                    StoreError::Refused(format!(
+                        "members with a fixed share (`walhook fanout --member I/N`) run in group {group}: {}. \
+                         A member that joins would read the partitions they read, and the same events would be \
+                         fanned out twice. Stop them, or give this process --member too; a member that stopped \
+                         leaves its share at once, one that was killed when its lease ends ([log] member_lease)",
+                        fixed_list(&fixed)
+                    ))
+                })?;
             Ok(Member {
                 slot: number(row.get(0)),
                 epoch: row.get(1),

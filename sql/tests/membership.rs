@@ -153,6 +153,77 @@ async fn a_lapsed_lease_loses_its_partitions_and_its_commits() {
     assert_eq!(store.renew(g, lapsing, LONG).await.unwrap(), None);
 }
 
+/// The refusal's message, or a panic naming what was returned instead.
+fn refused<T: std::fmt::Debug>(r: Result<T, walhook_sql::StoreError>) -> String {
+    match r {
+        Err(walhook_sql::StoreError::Refused(why)) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn fixed_shares_and_joined_members_do_not_run_in_one_group() {
+    let (_pg, store) = platform().await;
+    let g = "events/fanout";
+
+    // A fixed member beside a joined one is refused, and the other way round.
+    let joined = store.join(g, "host pid 1", 4, LONG).await.unwrap();
+    let why = refused(store.take_fixed_share(g, "host pid 2", (0, 2), LONG).await);
+    assert!(
+        why.contains("--member 0/2") && why.contains("slot 0 (host pid 1)"),
+        "{why}"
+    );
+    store.leave(g, joined).await.unwrap();
+    let (zero, before) = store
+        .take_fixed_share(g, "host pid 2", (0, 2), LONG)
+        .await
+        .unwrap();
+    assert_eq!((zero.slot, before), (0, None));
+    let err = store.join(g, "host pid 3", 4, LONG).await.unwrap_err();
+    assert!(err.to_string().contains("member 0/2 (host pid 2)"), "{err}");
+    assert_eq!(store.live(g).await.unwrap(), Vec::<u32>::new());
+
+    // Another N overlaps; the same N's other member does not.
+    let why = refused(store.take_fixed_share(g, "host pid 4", (1, 3), LONG).await);
+    assert!(
+        why.contains("--member 1/3") && why.contains("member 0/2 (host pid 2)"),
+        "{why}"
+    );
+    let (one, _) = store
+        .take_fixed_share(g, "host pid 5", (1, 2), LONG)
+        .await
+        .unwrap();
+    assert!(store.renew_fixed_share(g, 2, one, LONG).await.unwrap());
+
+    // The same I/N again (a restart, or a second process): the later takes
+    // the share and names the one it replaced; the earlier's renewal fails.
+    let (again, before) = store
+        .take_fixed_share(g, "host pid 6", (1, 2), LONG)
+        .await
+        .unwrap();
+    assert_eq!((again.slot, again.epoch), (1, one.epoch + 1));
+    assert_eq!(before.as_deref(), Some("host pid 5"));
+    assert!(!store.renew_fixed_share(g, 2, one, LONG).await.unwrap());
+    assert!(store.renew_fixed_share(g, 2, again, LONG).await.unwrap());
+
+    // Once every fixed member left, members join again.
+    store.leave_fixed_share(g, 2, zero).await.unwrap();
+    store.leave_fixed_share(g, 2, again).await.unwrap();
+    let joined = store.join(g, "host pid 7", 4, LONG).await.unwrap();
+
+    // A fixed member whose lease lapsed while a member joined loses its
+    // share at its next renewal, even though nobody took its I/N.
+    store.leave(g, joined).await.unwrap();
+    let short = Duration::from_millis(300);
+    let (frozen, _) = store
+        .take_fixed_share(g, "host pid 8", (0, 1), short)
+        .await
+        .unwrap();
+    tokio::time::sleep(short * 2).await;
+    store.join(g, "host pid 9", 4, LONG).await.unwrap();
+    assert!(!store.renew_fixed_share(g, 1, frozen, LONG).await.unwrap());
+}
+
 #[tokio::test]
 async fn concurrent_claims_of_one_partition_give_it_to_one_member() {
     let (_pg, store) = platform().await;

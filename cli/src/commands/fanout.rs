@@ -31,9 +31,11 @@ unless --node-id) and sends them; a process that takes a slot over takes
 back what the slot's node held, and any dispatcher node takes over what a
 dead member's node held once its lease lapsed.
 
---member I/N fixes the share instead (member I of N reads the partitions
-whose number is I modulo N; nothing checks that each I/N runs once): do
-not mix the two in one deployment.
+--member I/N fixes the share instead: member I of N reads the partitions
+whose number is I modulo N. It holds a lease on its share too, and does
+not start beside members that joined the group, nor beside fixed members
+of another N (nor does a joined member start beside fixed ones); a second
+process given the same I/N takes the share over and the first stops.
 
 With [log] dispatch = \"by-endpoint\" a member only fans out: it sends the
 deliveries to the deliveries topic, partitioned by endpoint, and the
@@ -101,6 +103,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         "walhook fanout sends deliveries: it needs the master key that seals endpoint secrets",
     )?;
     let platform = cfg.platform()?.platform()?.with_keyring(keyring);
+    let mut fixed = None;
     let (share, slot) = match args.member {
         Some((member, members)) => {
             if members > cfg.log.events_partitions {
@@ -117,12 +120,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 member as usize,
                 members as usize,
             );
+            let group = fanout_group(&cfg);
+            let (held, before) = platform
+                .take_fixed_share(&group, &crate::pipeline::holder(), (member, members), cfg.log.member_lease)
+                .await
+                .map_err(|e| match e {
+                    walhook_sql::StoreError::Refused(why) => anyhow::anyhow!("{why}"),
+                    e => anyhow::Error::new(e).context(format!(
+                        "could not take the share {member}/{members} of group {group} in the platform database \
+                         (was `walhook migrate` run?)"
+                    )),
+                })?;
+            if let Some(before) = before {
+                tracing::warn!(
+                    member,
+                    members,
+                    previous = %before,
+                    "took over a fixed share whose lease was still live: if that process runs, it stops at \
+                     its next renewal"
+                );
+            }
             tracing::info!(
                 member,
                 members,
                 ?partitions,
                 "fan-out member starting with a fixed share"
             );
+            fixed = Some((group, members, held));
             (Share::Fixed(partitions.into_iter().collect()), member)
         }
         None => {
@@ -143,6 +167,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "fan-out member sending its deliveries to the deliveries topic ([log] dispatch = \"by-endpoint\"): run `walhook dispatch` members to send them"
         );
     }
+    let tasks = fixed
+        .iter()
+        .map(|(group, members, held)| {
+            fixed_lease(
+                platform.clone(),
+                group.clone(),
+                *members,
+                *held,
+                cfg.log.member_lease,
+            )
+        })
+        .collect();
     let roles = Roles {
         capture: false,
         workers: Some(WorkerRole {
@@ -151,16 +187,70 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             route,
         }),
         dispatch: None,
-        tasks: Vec::new(),
+        tasks,
     };
-    super::run_stages(
+    let exit = super::run_stages(
         &cfg,
-        platform,
+        platform.clone(),
         roles,
         args.metrics_listen.as_deref(),
         "fanout",
     )
-    .await
+    .await;
+    if let Some((group, members, held)) = fixed
+        && let Err(e) = platform.leave_fixed_share(&group, members, held).await
+    {
+        tracing::warn!(error = %e, "could not give the fixed share up: it lapses with its lease");
+    }
+    exit
+}
+
+/// The fan-out group's key in the platform database.
+fn fanout_group(cfg: &Config) -> String {
+    walhook_pipeline::membership::MembershipSettings {
+        topic: cfg.log.events_topic(),
+        group: FANOUT_GROUP.to_owned(),
+        partitions: cfg.log.events_partitions,
+        lease: cfg.log.member_lease,
+    }
+    .key()
+}
+
+/// Renews a fixed share four times per lease; ends (which stops the
+/// process) once the share is no longer this process's.
+fn fixed_lease(
+    platform: walhook_sql::Platform,
+    group: String,
+    members: u32,
+    held: walhook_pipeline::membership::Member,
+    lease: std::time::Duration,
+) -> walhook_pipeline::runtime::Task {
+    walhook_pipeline::runtime::Task::new("the fixed share's lease", move |stop| async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(lease / 4) => {}
+            }
+            match platform
+                .renew_fixed_share(&group, members, held, lease)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::error!(
+                        member = held.slot,
+                        members,
+                        "the fixed share is no longer this process's: another process took the same \
+                         --member, or a member joined the group while this lease had lapsed; stopping"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not renew the fixed share; trying again")
+                }
+            }
+        }
+    })
 }
 
 /// Joins the fan-out group of the events topic in the platform database.

@@ -92,18 +92,14 @@ pub async fn join_group(
         partitions,
         lease: cfg.log.member_lease,
     };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "an unnamed host".into());
-    let holder = format!("{host} pid {}", std::process::id());
     let member = platform
-        .join(&settings.key(), &holder, settings.partitions, settings.lease)
+        .join(&settings.key(), &holder(), settings.partitions, settings.lease)
         .await
-        .map_err(anyhow::Error::new)
-        .with_context(|| {
-            format!(
+        .map_err(|e| match refusal(&e) {
+            Some(why) => anyhow::anyhow!("{why}"),
+            None => anyhow::Error::new(e).context(format!(
                 "could not join the {group} group in the platform database (was `walhook migrate` run?)"
-            )
+            )),
         })?;
     tracing::info!(
         slot = member.slot,
@@ -118,6 +114,22 @@ pub async fn join_group(
         lease: settings.lease,
         counters: Arc::new(MembershipCounters::new(&settings.key(), member)),
     })
+}
+
+/// This process, as the members' table names it: host and pid.
+pub fn holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "an unnamed host".into());
+    format!("{host} pid {}", std::process::id())
+}
+
+/// The platform database's refusal inside a store error, if it is one.
+fn refusal(e: &walhook_pipeline::store::StoreError) -> Option<&str> {
+    match std::error::Error::source(e)?.downcast_ref::<walhook_sql::StoreError>()? {
+        walhook_sql::StoreError::Refused(why) => Some(why),
+        _ => None,
+    }
 }
 
 /// Which stages a process runs.
