@@ -749,6 +749,8 @@ async fn archived_deliveries_are_listed_read_and_replayed_with_the_same_id_and_b
         gauge("walhook_archive_xid_age{name=\"attempts\"}") > 0.0,
         "{metrics}"
     );
+    let progress = gauge("walhook_archive_freeze_progress{name=\"attempts\"}");
+    assert!(progress > 0.0 && progress < 0.01, "{metrics}");
     child.terminate();
 
     // The restored delivery and event leave again, as generation 1 of
@@ -873,4 +875,79 @@ async fn late_rows_and_a_second_archiver_are_handled() {
     )
     .unwrap();
     assert_eq!(manifest["row_count"].as_i64().unwrap(), before + 1);
+
+    // A delivery of an exported day changes before the drop, stamped
+    // before the export began: a manual attempt whose transaction started
+    // first and committed after the export's snapshot. The drop goes by
+    // that snapshot, not by the stamp, and keeps the day hot.
+    let deliveries_only = |env: &[(&str, &str)]| archive_tables(&cfg, &later, &["deliveries"], env);
+    let out = deliveries_only(&[("WALHOOK_FAILPOINTS", "archive.before_drop=exit@1")]);
+    assert!(!out.status.success());
+    let row = w
+        .platform_sql
+        .query_one(
+            "SELECT to_char(a.day, 'YYYY-MM-DD'), d.id::text, d.manual_attempt_count \
+             FROM walhook.archive_partitions a \
+             JOIN walhook.deliveries d ON (d.created_at AT TIME ZONE 'UTC')::date = a.day \
+             WHERE a.table_name = 'deliveries' AND a.state = 'verified' ORDER BY d.id LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (day, id, manual): (String, String, i32) = (row.get(0), row.get(1), row.get(2));
+    w.platform_sql
+        .execute(
+            "UPDATE walhook.deliveries SET manual_attempt_count = manual_attempt_count + 1, \
+             attempt_count = attempt_count + 1, updated_at = created_at WHERE id = $1::text::uuid",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let hot_on_day = || async {
+        w.platform_sql
+            .query_one(
+                "SELECT count(*) FROM walhook.deliveries WHERE (created_at AT TIME ZONE 'UTC')::date = $1::text::date",
+                &[&day],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let day_rows = hot_on_day().await;
+    let out = deliveries_only(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("1 deliveries of the day changed after the export"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(hot_on_day().await, day_rows, "the changed day was dropped");
+
+    // The next round writes the day anew, with the change, and drops it.
+    let out = deliveries_only(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(hot_on_day().await, 0, "{}", stdout(&out));
+    let read = std::process::Command::new(crate::support::python())
+        .arg("-c")
+        .arg(
+            "import duckdb, sys; print(duckdb.connect().execute(\"SELECT manual_attempt_count FROM \
+             read_parquet(?) WHERE id::varchar = ?\", [sys.argv[1], sys.argv[2]]).fetchall()[0][0])",
+        )
+        .arg(format!(
+            "{}/table=deliveries/date={day}/*/*.parquet",
+            store.display()
+        ))
+        .arg(&id)
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout).trim(),
+        (manual + 1).to_string(),
+        "the archive holds the delivery's state before the change"
+    );
 }

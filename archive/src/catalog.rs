@@ -72,6 +72,9 @@ pub(crate) struct CatalogRow {
     pub(crate) manifest_key: String,
     pub(crate) manifest_sha256: String,
     pub(crate) written_at: std::time::SystemTime,
+    /// The snapshot the export read the day under (`pg_snapshot` text;
+    /// none for generations written before migration 0028).
+    pub(crate) export_snapshot: Option<String>,
 }
 
 impl<S: ObjectStore> Archiver<S> {
@@ -83,7 +86,7 @@ impl<S: ObjectStore> Archiver<S> {
         let client = self.platform.client().await?;
         let row = client
             .query_opt(
-                "SELECT generation, state, manifest_key, manifest_sha256, written_at \
+                "SELECT generation, state, manifest_key, manifest_sha256, written_at, export_snapshot \
                  FROM walhook.archive_partitions WHERE table_name = $1 AND day = $2 \
                  ORDER BY generation DESC LIMIT 1",
                 &[&table.name(), &NaiveDateSql(day)],
@@ -98,6 +101,7 @@ impl<S: ObjectStore> Archiver<S> {
                 manifest_key: r.get(2),
                 manifest_sha256: r.get(3),
                 written_at: r.get(4),
+                export_snapshot: r.get(5),
             })
         })
         .transpose()

@@ -8,9 +8,35 @@ use walhook_pipeline::objstore::ObjectStore;
 
 use super::{Archiver, DELETE_BATCH, DropOutcome, HotDay};
 use crate::ArchiveError;
+use crate::catalog::CatalogRow;
 use crate::dates::bounds;
 use crate::manifest::Manifest;
 use crate::table::Table;
+
+/// Whether delivery row `d` changed after the export, with the export's
+/// start (`$1`, the archiver's clock) and its snapshot (`$2`, `pg_snapshot`
+/// text, or null for generations written before migration 0028).
+///
+/// With a snapshot: the row's version (its `xmin`) is one the export could
+/// not see, whatever its `updated_at` says (a transaction stamps its start
+/// and may commit after the export's snapshot). `xmin` is a 32-bit xid: it
+/// is widened with the epoch of the newest xid, one epoch back when its low
+/// bits are above the newest's. A frozen row keeps its raw `xmin`, so a row
+/// frozen more than 2^32 transactions ago may widen to a recent xid: it then
+/// counts as changed (the day is written again, nothing is lost) only if it
+/// lands between the export's snapshot and now, a chance of one in
+/// 2^32 / (transactions since the export).
+const CHANGED: &str = "CASE WHEN $2::text IS NULL THEN d.updated_at > $1 ELSE NOT pg_visible_in_snapshot( \
+    ((greatest(0, (c.newest >> 32) - CASE WHEN d.xmin::text::int8 > (c.newest & 4294967295) THEN 1 ELSE 0 END) << 32) \
+      | d.xmin::text::int8)::text::xid8, $2::text::pg_snapshot) END";
+
+/// The newest transaction id (`c.newest`, 64 bits) for [`CHANGED`].
+const NEWEST: &str = "(SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS newest) c";
+
+/// [`CHANGED`] with its parameters where the legacy day's delete has them
+/// (`$4` the export's start, `$6` its snapshot).
+static LEGACY_CHANGED: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| CHANGED.replace("$1", "$4").replace("$2", "$6"));
 
 impl<S: ObjectStore> Archiver<S> {
     /// Removes the day's hot rows; returns how many stay (deliveries changed
@@ -20,13 +46,16 @@ impl<S: ObjectStore> Archiver<S> {
         table: Table,
         day: NaiveDate,
         manifest: &Manifest,
-        written_at: std::time::SystemTime,
+        exported: &CatalogRow,
     ) -> Result<DropOutcome, ArchiveError> {
         let mut client = self.platform.client().await?;
+        let (written_at, snapshot) = (exported.written_at, exported.export_snapshot.as_deref());
         let name = match self.hot_day(&client, table, day).await? {
             HotDay::Nowhere => return Ok(DropOutcome::Dropped { left: 0 }),
             HotDay::Legacy(legacy) => {
-                return self.empty_legacy_day(legacy, day, written_at).await;
+                return self
+                    .empty_legacy_day(legacy, day, written_at, snapshot)
+                    .await;
             }
             HotDay::Partition(name) => name,
         };
@@ -51,12 +80,12 @@ impl<S: ObjectStore> Archiver<S> {
         let changed: i64 = if table == Table::Deliveries {
             tx.query_one(
                 &format!(
-                    "SELECT count(*) FROM walhook.{name} d \
-                     WHERE d.status = 'pending' OR d.updated_at > $1 \
+                    "SELECT count(*) FROM walhook.{name} d, {NEWEST} \
+                     WHERE d.status = 'pending' OR {CHANGED} \
                      OR EXISTS (SELECT 1 FROM walhook.replay_requests r \
                      WHERE r.delivery_id = d.id AND r.done_at IS NULL)"
                 ),
-                &[&written_at],
+                &[&written_at, &snapshot],
             )
             .await
             .map_err(ArchiveError::query(
@@ -73,6 +102,7 @@ impl<S: ObjectStore> Archiver<S> {
             return Ok(DropOutcome::Changed {
                 hot: n as u64,
                 archived: manifest.hot_rows(),
+                changed: changed as u64,
             });
         }
         tx.batch_execute(&format!("DROP TABLE walhook.{name}"))
@@ -91,6 +121,7 @@ impl<S: ObjectStore> Archiver<S> {
         legacy: &'static str,
         day: NaiveDate,
         written_at: std::time::SystemTime,
+        snapshot: Option<&str>,
     ) -> Result<DropOutcome, ArchiveError> {
         let mut client = self.platform.client().await?;
         let (from, to) = bounds(day);
@@ -101,18 +132,19 @@ impl<S: ObjectStore> Archiver<S> {
             .into_iter()
             .map(|r| r.get(0))
             .collect();
+        let legacy_changed = &*LEGACY_CHANGED;
         for tenant in &tenants {
             loop {
                 let n = client
                     .execute(
                         &format!(
-                            "DELETE FROM walhook.{legacy} WHERE id IN (SELECT d.id FROM walhook.{legacy} d \
+                            "DELETE FROM walhook.{legacy} WHERE id IN (SELECT d.id FROM walhook.{legacy} d, {NEWEST} \
                              WHERE d.tenant_id = $1 AND d.created_at >= $2 AND d.created_at < $3 \
-                             AND d.status <> 'pending' AND d.updated_at <= $4 \
+                             AND d.status <> 'pending' AND NOT ({legacy_changed}) \
                              AND NOT EXISTS (SELECT 1 FROM walhook.replay_requests r \
                              WHERE r.delivery_id = d.id AND r.done_at IS NULL) LIMIT $5)"
                         ),
-                        &[tenant, &from, &to, &written_at, &DELETE_BATCH],
+                        &[tenant, &from, &to, &written_at, &DELETE_BATCH, &snapshot],
                     )
                     .await
                     .map_err(ArchiveError::query("delete a day of archived deliveries"))?;

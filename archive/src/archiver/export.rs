@@ -47,6 +47,13 @@ impl<S: ObjectStore> Archiver<S> {
             .map_err(ArchiveError::query(
                 "lift the statement timeout for the export",
             ))?;
+        // What this export can see: the drop keeps every row whose version
+        // this snapshot could not see (it changed after the export).
+        let snapshot: String = tx
+            .query_one("SELECT pg_current_snapshot()::text", &[])
+            .await
+            .map_err(ArchiveError::query("read the export's snapshot"))?
+            .get(0);
         let day_col = table.day_column();
         // COPY takes no parameters: the values below are a number and two
         // dates this code formats, never input.
@@ -170,12 +177,13 @@ impl<S: ObjectStore> Archiver<S> {
         client
             .execute(
                 "INSERT INTO walhook.archive_partitions (table_name, day, generation, state, manifest_key, \
-                 manifest_sha256, row_count, byte_count, file_count, store, written_at) \
-                 VALUES ($1, $2, $3, $11, $4, $5, $6, $7, $8, $9, $10) \
+                 manifest_sha256, row_count, byte_count, file_count, store, written_at, export_snapshot) \
+                 VALUES ($1, $2, $3, $11, $4, $5, $6, $7, $8, $9, $10, $12) \
                  ON CONFLICT (table_name, day, generation) DO UPDATE SET state = excluded.state, \
                  manifest_key = excluded.manifest_key, manifest_sha256 = excluded.manifest_sha256, \
                  row_count = excluded.row_count, byte_count = excluded.byte_count, \
                  file_count = excluded.file_count, store = excluded.store, written_at = excluded.written_at, \
+                 export_snapshot = excluded.export_snapshot, \
                  verified_at = NULL, dropped_at = NULL",
                 &[
                     &table.name(),
@@ -189,6 +197,7 @@ impl<S: ObjectStore> Archiver<S> {
                     &self.store.describe(),
                     &started_at,
                     &written.as_str(),
+                    &snapshot,
                 ],
             )
             .await
@@ -199,6 +208,7 @@ impl<S: ObjectStore> Archiver<S> {
             manifest_key: key,
             manifest_sha256: receipt.sha256,
             written_at: started_at,
+            export_snapshot: Some(snapshot),
         })
     }
 

@@ -181,8 +181,27 @@ enum DropOutcome {
     /// The rows are gone, but for `left` deliveries changed since the
     /// export (they stay hot for a later generation).
     Dropped { left: u64 },
-    /// The partition holds other rows than the manifest: nothing dropped.
-    Changed { hot: u64, archived: u64 },
+    /// The partition holds other rows than the manifest, or `changed` of
+    /// its deliveries changed after the export: nothing dropped.
+    Changed {
+        hot: u64,
+        archived: u64,
+        changed: u64,
+    },
+}
+
+/// Why a day partition was not dropped: rows that arrived after the export
+/// (`hot` at the drop against `archived`), or deliveries that changed.
+fn what_changed(hot: u64, archived: u64, changed: u64) -> String {
+    if hot != archived {
+        format!(
+            "the day partition holds {hot} rows at the drop, the export took {archived}: rows arrived after the export"
+        )
+    } else {
+        format!(
+            "{changed} deliveries of the day changed after the export, are pending or are being replayed (states the archive does not hold yet)"
+        )
+    }
 }
 
 /// A key for `pg_try_advisory_lock`: one archive round at a time per
@@ -392,24 +411,34 @@ impl<S: ObjectStore> Archiver<S> {
                 .await?;
         }
         failpoint::hit("archive.before_drop");
-        let left = match self.drop_hot(table, day, &manifest, row.written_at).await? {
+        let left = match self.drop_hot(table, day, &manifest, &row).await? {
             DropOutcome::Dropped { left } => left,
-            DropOutcome::Changed { hot, archived } if manifest.compaction.is_some() => {
+            DropOutcome::Changed {
+                hot,
+                archived,
+                changed,
+            } if manifest.compaction.is_some() => {
                 // Published: the generation stands, the partition stays,
                 // and the next generation takes its rows again.
                 self.clear_staged(&manifest).await?;
                 self.set_state(table, day, row.generation, PartitionState::Dropped)
                     .await?;
                 report.outcome = Outcome::Waiting(format!(
-                    "the day partition holds {hot} rows at the drop, this generation took {archived} from it: rows arrived after the export; nothing was dropped and the day is archived again as generation {} on a later run",
+                    "{}; nothing was dropped and the day is archived again as generation {} on a later run",
+                    what_changed(hot, archived, changed),
                     row.generation + 1
                 ));
                 return Ok(report);
             }
-            DropOutcome::Changed { hot, archived } => {
+            DropOutcome::Changed {
+                hot,
+                archived,
+                changed,
+            } => {
                 self.forget(table, day, row.generation).await?;
                 report.outcome = Outcome::Waiting(format!(
-                    "the day partition holds {hot} rows at the drop, the manifest {archived}: rows arrived after the export; nothing was dropped and the day is written anew on the next run"
+                    "{}; nothing was dropped and the day is written anew on the next run",
+                    what_changed(hot, archived, changed)
                 ));
                 return Ok(report);
             }

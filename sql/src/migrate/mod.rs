@@ -163,6 +163,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "day_partitions_no_insert_vacuum",
         sql: include_str!("../../migrations/0027_day_partitions_no_insert_vacuum.sql"),
     },
+    Migration {
+        version: 28,
+        name: "archive_export_snapshot",
+        sql: include_str!("../../migrations/0028_archive_export_snapshot.sql"),
+    },
 ];
 
 /// A key for `pg_advisory_xact_lock` ("walhook" in ASCII, roughly).

@@ -1,0 +1,14 @@
+-- The snapshot each archive export read its day under (stop 53).
+--
+-- The drop of a day's hot rows keeps a delivery that changed after the
+-- export (a manual attempt, a cancellation), so that the day is written
+-- anew with its latest state. It used to recognise such a row by
+-- `updated_at > written_at`: a stamp from the transaction's start on the
+-- database's clock against the archiver's clock before the export began.
+-- A change whose transaction started before the export and committed after
+-- its snapshot (or a clock ahead of the other) could carry an earlier
+-- stamp, and the drop then removed a row whose new state the archive did
+-- not hold. The export now records its snapshot (`pg_current_snapshot()`),
+-- and the drop keeps every row whose version that snapshot could not see.
+-- Rows of generations written before this column keep the old comparison.
+ALTER TABLE walhook.archive_partitions ADD COLUMN export_snapshot text;
