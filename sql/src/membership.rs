@@ -12,7 +12,8 @@
 //! does not start beside live joined members or beside fixed members of
 //! another N, a joined member does not start beside live fixed members,
 //! and of two processes given the same I/N the later takes the share and
-//! the earlier stops at its next renewal.
+//! the earlier stops at its next renewal. A member of either kind whose
+//! lease lapsed while one of the other kind started loses its renewal.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -55,7 +56,10 @@ RETURNING slot, epoch";
 const RENEW: &str = "\
 WITH me AS ( \
     UPDATE walhook.stage_members SET lease_until = now() + $4 * interval '1 millisecond' \
-    WHERE grp = $1 AND slot = $2 AND epoch = $3 RETURNING 1) \
+    WHERE grp = $1 AND slot = $2 AND epoch = $3 \
+      AND NOT EXISTS (SELECT 1 FROM walhook.stage_members f \
+                      WHERE left(f.grp, length($1::text) + 7) = $1::text || '#fixed/' AND f.lease_until > now()) \
+    RETURNING 1) \
 SELECT EXISTS (SELECT 1 FROM me), \
     coalesce(array_agg(partition ORDER BY partition), '{}'), \
     coalesce(array_agg(changes ORDER BY partition), '{}') \

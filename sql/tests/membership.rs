@@ -220,8 +220,19 @@ async fn fixed_shares_and_joined_members_do_not_run_in_one_group() {
         .await
         .unwrap();
     tokio::time::sleep(short * 2).await;
-    store.join(g, "host pid 9", 4, LONG).await.unwrap();
+    let joined = store.join(g, "host pid 9", 4, LONG).await.unwrap();
     assert!(!store.renew_fixed_share(g, 1, frozen, LONG).await.unwrap());
+
+    // And the other way round: a joined member frozen past its lease while
+    // a fixed member started loses its renewal.
+    store.leave(g, joined).await.unwrap();
+    let frozen = store.join(g, "host pid 10", 4, short).await.unwrap();
+    tokio::time::sleep(short * 2).await;
+    store
+        .take_fixed_share(g, "host pid 11", (0, 1), LONG)
+        .await
+        .unwrap();
+    assert_eq!(store.renew(g, frozen, LONG).await.unwrap(), None);
 }
 
 #[tokio::test]
