@@ -29,11 +29,24 @@ const LOCK_SPACE: i32 = 0x7768_6b6d;
 
 const LOCK: &str = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
 
+/// What follows a group's key in the groups of its fixed shares
+/// (`<group>#fixed/<N>`).
+const FIXED_MARK: &str = "#fixed/";
+
+/// Whether row `m` of `stage_members` is a live fixed member of group $1.
+fn live_fixed(m: &str) -> String {
+    format!("starts_with({m}.grp, $1::text || '{FIXED_MARK}') AND {m}.lease_until > now()")
+}
+
 /// The live members with a fixed share of group $1, of any N: N, I and
 /// the holder.
-const LIVE_FIXED: &str = "\
-SELECT substr(grp, length($1::text) + 8), slot, holder FROM walhook.stage_members \
-WHERE left(grp, length($1::text) + 7) = $1::text || '#fixed/' AND lease_until > now() ORDER BY 1, 2";
+static LIVE_FIXED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT substr(m.grp, length($1::text || '{FIXED_MARK}') + 1), m.slot, m.holder \
+         FROM walhook.stage_members m WHERE {} ORDER BY 1, 2",
+        live_fixed("m")
+    )
+});
 
 /// The live members that joined group $1: slot and holder.
 const LIVE_JOINED: &str = "\
@@ -53,17 +66,20 @@ ON CONFLICT (grp, slot) DO UPDATE SET epoch = walhook.stage_members.epoch + 1, \
     holder = EXCLUDED.holder, joined_at = now(), lease_until = EXCLUDED.lease_until \
 RETURNING slot, epoch";
 
-const RENEW: &str = "\
-WITH me AS ( \
-    UPDATE walhook.stage_members SET lease_until = now() + $4 * interval '1 millisecond' \
-    WHERE grp = $1 AND slot = $2 AND epoch = $3 \
-      AND NOT EXISTS (SELECT 1 FROM walhook.stage_members f \
-                      WHERE left(f.grp, length($1::text) + 7) = $1::text || '#fixed/' AND f.lease_until > now()) \
-    RETURNING 1) \
-SELECT EXISTS (SELECT 1 FROM me), \
-    coalesce(array_agg(partition ORDER BY partition), '{}'), \
-    coalesce(array_agg(changes ORDER BY partition), '{}') \
-FROM walhook.stage_partitions WHERE grp = $1 AND slot = $2 AND epoch = $3";
+static RENEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH me AS ( \
+            UPDATE walhook.stage_members SET lease_until = now() + $4 * interval '1 millisecond' \
+            WHERE grp = $1 AND slot = $2 AND epoch = $3 \
+              AND NOT EXISTS (SELECT 1 FROM walhook.stage_members f WHERE {}) \
+            RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM me), \
+            coalesce(array_agg(partition ORDER BY partition), '{{}}'), \
+            coalesce(array_agg(changes ORDER BY partition), '{{}}') \
+         FROM walhook.stage_partitions WHERE grp = $1 AND slot = $2 AND epoch = $3",
+        live_fixed("f")
+    )
+});
 
 /// A member is live while its lease runs.
 const LIVE_MEMBER: &str = "\
@@ -157,7 +173,7 @@ impl Platform {
                     )));
                 }
                 let others: Vec<_> = tx
-                    .query(LIVE_FIXED, &[&group])
+                    .query(&*LIVE_FIXED, &[&group])
                     .await?
                     .into_iter()
                     .filter(|r| r.get::<_, String>(0) != n)
@@ -253,7 +269,7 @@ const LIVE_JOINED_EXISTS: &str =
 
 /// The group of the fixed shares of `group` with `members` members.
 fn fixed_group(group: &str, members: u32) -> String {
-    format!("{group}#fixed/{members}")
+    format!("{group}{FIXED_MARK}{members}")
 }
 
 /// Fixed members as `member I/N (holder)`, from [`LIVE_FIXED`]'s rows.
@@ -301,7 +317,7 @@ impl MembershipStore for Platform {
             let count = int(partitions);
             let row = self
                 .locked(group, "join the group", async |tx| {
-                    let fixed = tx.query(LIVE_FIXED, &[&group]).await?;
+                    let fixed = tx.query(&*LIVE_FIXED, &[&group]).await?;
                     if !fixed.is_empty() {
                         return Ok(Err(fixed));
                     }
@@ -342,7 +358,7 @@ impl MembershipStore for Platform {
             let row = self
                 .locked(group, "renew the member's lease", async |tx| {
                     tx.query_one(
-                        RENEW,
+                        &*RENEW,
                         &[&group, &slot(member), &member.epoch, &millis(lease)],
                     )
                     .await

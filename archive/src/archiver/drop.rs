@@ -13,9 +13,10 @@ use crate::dates::bounds;
 use crate::manifest::Manifest;
 use crate::table::Table;
 
-/// Whether delivery row `d` changed after the export, with the export's
-/// start (`$1`, the archiver's clock) and its snapshot (`$2`, `pg_snapshot`
-/// text, or null for generations written before migration 0028).
+/// Whether delivery row `d` changed after the export, given the parameters
+/// holding the export's start (`stamp`, the archiver's clock) and its
+/// snapshot (`snapshot`, `pg_snapshot` text, or null for generations
+/// written before migration 0028); `c.newest` comes from [`NEWEST`].
 ///
 /// With a snapshot: the row's version (its `xmin`) is one the export could
 /// not see, whatever its `updated_at` says (a transaction stamps its start
@@ -26,17 +27,16 @@ use crate::table::Table;
 /// counts as changed (the day is written again, nothing is lost) only if it
 /// lands between the export's snapshot and now, a chance of one in
 /// 2^32 / (transactions since the export).
-const CHANGED: &str = "CASE WHEN $2::text IS NULL THEN d.updated_at > $1 ELSE NOT pg_visible_in_snapshot( \
-    ((greatest(0, (c.newest >> 32) - CASE WHEN d.xmin::text::int8 > (c.newest & 4294967295) THEN 1 ELSE 0 END) << 32) \
-      | d.xmin::text::int8)::text::xid8, $2::text::pg_snapshot) END";
+fn changed(stamp: &str, snapshot: &str) -> String {
+    format!(
+        "CASE WHEN {snapshot}::text IS NULL THEN d.updated_at > {stamp} ELSE NOT pg_visible_in_snapshot( \
+         ((greatest(0, (c.newest >> 32) - CASE WHEN d.xmin::text::int8 > (c.newest & 4294967295) THEN 1 ELSE 0 END) << 32) \
+           | d.xmin::text::int8)::text::xid8, {snapshot}::text::pg_snapshot) END"
+    )
+}
 
-/// The newest transaction id (`c.newest`, 64 bits) for [`CHANGED`].
+/// The newest transaction id (`c.newest`, 64 bits) for [`changed`].
 const NEWEST: &str = "(SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS newest) c";
-
-/// [`CHANGED`] with its parameters where the legacy day's delete has them
-/// (`$4` the export's start, `$6` its snapshot).
-static LEGACY_CHANGED: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| CHANGED.replace("$1", "$4").replace("$2", "$6"));
 
 impl<S: ObjectStore> Archiver<S> {
     /// Removes the day's hot rows; returns how many stay (deliveries changed
@@ -81,9 +81,10 @@ impl<S: ObjectStore> Archiver<S> {
             tx.query_one(
                 &format!(
                     "SELECT count(*) FROM walhook.{name} d, {NEWEST} \
-                     WHERE d.status = 'pending' OR {CHANGED} \
+                     WHERE d.status = 'pending' OR {} \
                      OR EXISTS (SELECT 1 FROM walhook.replay_requests r \
-                     WHERE r.delivery_id = d.id AND r.done_at IS NULL)"
+                     WHERE r.delivery_id = d.id AND r.done_at IS NULL)",
+                    changed("$1", "$2")
                 ),
                 &[&written_at, &snapshot],
             )
@@ -132,7 +133,7 @@ impl<S: ObjectStore> Archiver<S> {
             .into_iter()
             .map(|r| r.get(0))
             .collect();
-        let legacy_changed = &*LEGACY_CHANGED;
+        let legacy_changed = changed("$4", "$6");
         for tenant in &tenants {
             loop {
                 let n = client
